@@ -1,0 +1,33 @@
+# wheelforge: the two set-up commands are `make build` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+ARCH   ?= 12.0
+INDEX  ?= index
+RECIPES ?= causal-conv1d fla-core flash-linear-attention
+
+.PHONY: venv build test test-fast lint bench clean
+
+$(BIN)/wheelforge: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(BIN)/wheelforge  ## create .venv with wheelforge and the test tools
+
+build: venv  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
+	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX)
+
+test: venv  ## the whole suite, real end-to-end builds included
+	$(BIN)/python -m pytest tests
+
+test-fast: venv  ## unit tests only (no nvcc, no torch)
+	$(BIN)/python -m pytest tests -m 'not e2e and not nvcc'
+
+lint: venv
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,4 @@
+"""wheelforge: pinned, patched source builds of CUDA PyTorch extensions."""
+
+__version__ = "0.1.0"
+__all__ = ["__version__"]

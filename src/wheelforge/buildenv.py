@@ -1,0 +1,201 @@
+"""The build environment: an existing interpreter, or a cached managed venv.
+
+A managed environment is created once per (base interpreter, torch
+requirement, build requirements) and reused; it is complete only once its
+marker file exists, so an interrupted creation is redone, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from . import _proc
+from ._fs import atomic_write, locked
+from .errors import ToolchainError
+
+Progress = Callable[[str], None]
+
+#: Always installed into a managed environment besides torch.
+BASE_REQUIREMENTS = ("setuptools>=70", "wheel", "ninja", "packaging")
+MARKER = ".wheelforge-env.json"
+
+_PROBE = r"""
+import json, sys, importlib.metadata as md
+info = {
+    "python": sys.executable,
+    "version": "%d.%d.%d" % sys.version_info[:3],
+    "tag": "cp%d%d" % sys.version_info[:2],
+    "dists": {},
+    "torch": None, "torch_cuda": None, "cxx11_abi": None, "torch_error": None,
+}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name:
+        info["dists"][name.lower().replace("_", "-").replace(".", "-")] = d.version
+if "--torch" in sys.argv:
+    try:
+        import torch
+        info["torch"] = torch.__version__
+        info["torch_cuda"] = torch.version.cuda
+        info["cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    except Exception as exc:
+        info["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(info))
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildEnv:
+    python: Path
+    managed: bool
+    python_version: str
+    python_tag: str
+    torch_version: str | None
+    torch_cuda: str | None
+    cxx11_abi: bool | None
+    distributions: tuple[tuple[str, str], ...]
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.python.parent
+
+    @property
+    def torch_major_minor(self) -> str | None:
+        if self.torch_version is None:
+            return None
+        return ".".join(self.torch_version.split("+")[0].split(".")[:2])
+
+    def describe(self) -> str:
+        torch = (f"torch {self.torch_version} (CUDA {self.torch_cuda or 'none'})"
+                 if self.torch_version else "no torch")
+        kind = "managed" if self.managed else "given"
+        return f"{kind} env {self.python} (Python {self.python_version}, {torch})"
+
+
+def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False) -> BuildEnv:
+    """Ask ``python`` about itself and its torch."""
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise ToolchainError(f"{python} is not an executable Python interpreter",
+                             fix="pass --python the path of your environment's python, "
+                                 "e.g. ~/venvs/train/bin/python")
+    argv = [str(python), "-c", _PROBE] + (["--torch"] if with_torch else [])
+    try:
+        out = _proc.run(argv).output
+    except _proc.CommandFailed as exc:
+        raise ToolchainError(f"cannot run {python}", why=exc.tail.strip()[-500:],
+                             fix="check that the interpreter works") from exc
+    info = json.loads(out.strip().splitlines()[-1])
+    if with_torch and info["torch"] is None:
+        raise ToolchainError(
+            f"torch cannot be imported in {python}",
+            why=info["torch_error"] or "torch is not installed",
+            fix=f"install torch into that environment ({python} -m pip install torch), or leave "
+                "out --python to let wheelforge create a managed environment",
+        )
+    return BuildEnv(
+        python=python, managed=managed, python_version=info["version"], python_tag=info["tag"],
+        torch_version=info["torch"], torch_cuda=info["torch_cuda"], cxx11_abi=info["cxx11_abi"],
+        distributions=tuple(sorted(info["dists"].items())),
+    )
+
+
+def missing_requirements(env: BuildEnv, requirements: Sequence[str]) -> list[str]:
+    """The requirements ``env`` does not satisfy (name missing or version outside)."""
+    installed = dict(env.distributions)
+    missing = []
+    for text in requirements:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        have = installed.get(str(canonicalize_name(req.name)))
+        if have is None or (req.specifier and not req.specifier.contains(have, prereleases=True)):
+            missing.append(text if have is None else f"{text} (have {have})")
+    return missing
+
+
+def env_key(base_python: Path, torch_req: str, requirements: Sequence[str],
+            pip_args: Sequence[str]) -> str:
+    base = os.path.realpath(base_python)
+    blob = json.dumps([base, sys.platform, torch_req, sorted(requirements), list(pip_args)])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def managed_env(
+    cache_dir: Path,
+    *,
+    base_python: Path,
+    torch_req: str,
+    requirements: Sequence[str],
+    pip_args: Sequence[str] = (),
+    progress: Progress | None = None,
+    log: Path | None = None,
+) -> BuildEnv:
+    """Return the cached venv for (interpreter, torch), creating it if needed.
+
+    One environment serves every recipe built with the same interpreter and
+    torch; a recipe's extra requirements are installed into it when missing.
+    """
+    say = progress or (lambda _m: None)
+    key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
+    root = cache_dir / "envs" / key
+    python = root / "bin" / "python"
+    with locked(cache_dir / "envs" / f"{key}.lock"):
+        if (root / MARKER).is_file() and python.exists():
+            say(f"reusing build environment {root}")
+            env = inspect_env(python, managed=True)
+        else:
+            if root.exists():
+                shutil.rmtree(root)
+            say(f"creating build environment {root} ({torch_req}; takes a minute or two)")
+            try:
+                _proc.run([str(base_python), "-m", "venv", str(root)], log=log)
+                _pip_install(python, [*pip_args, torch_req, *BASE_REQUIREMENTS], say, log)
+            except ToolchainError:
+                shutil.rmtree(root, ignore_errors=True)
+                raise
+            except _proc.CommandFailed as exc:
+                shutil.rmtree(root, ignore_errors=True)
+                raise ToolchainError(f"cannot create a venv from {base_python}",
+                                     why=exc.tail.strip()[-500:],
+                                     fix="check that the interpreter has the venv module") from exc
+            env = inspect_env(python, managed=True)
+            atomic_write(root / MARKER, json.dumps({"torch": torch_req, "pip_args": list(pip_args),
+                                                    "torch_version": env.torch_version}, indent=1))
+        missing = [m.split(" (")[0] for m in missing_requirements(env, requirements)]
+        if missing:
+            say(f"installing {', '.join(missing)} into the build environment")
+            _pip_install(python, [*pip_args, torch_req, *missing], say, log)
+            env = inspect_env(python, managed=True)
+        return env
+
+
+def _pip_install(python: Path, args: Sequence[str], say: Progress, log: Path | None) -> None:
+    try:
+        _proc.run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
+                   "--progress-bar", "off", *args], log=log, on_line=_pip_progress(say))
+    except _proc.CommandFailed as exc:
+        raise ToolchainError(
+            f"pip could not install {' '.join(a for a in args if not a.startswith('-'))} into "
+            f"the build environment {python.parent.parent}",
+            why=exc.tail.strip()[-800:],
+            fix="check the torch requirement and its index (torch / torch-pip-args in "
+                "wheelforge.yaml) and that the package index is reachable",
+            log=str(log) if log else None,
+        ) from exc
+
+
+def _pip_progress(say: Progress) -> Callable[[str], None]:
+    def on_line(line: str) -> None:
+        if line.startswith(("Collecting ", "Successfully installed")):
+            say("pip: " + line.strip()[:120])
+    return on_line

@@ -1,0 +1,78 @@
+"""Run the PEP 517 build (pypa/build, no isolation) in the build environment."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import build as pypa_build
+
+from . import _proc
+from .buildenv import BuildEnv, missing_requirements
+from .errors import BuildError, ToolchainError
+
+NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
+
+
+def build_system_requires(tree: Path, env: BuildEnv) -> tuple[str, ...]:
+    return tuple(sorted(pypa_build.ProjectBuilder(tree, python_executable=str(env.python))
+                        .build_system_requires))
+
+
+def check_build_requires(tree: Path, env: BuildEnv, extra: tuple[str, ...], project: str) -> None:
+    """Without isolation the build environment must already hold every requirement."""
+    missing = missing_requirements(env, (*build_system_requires(tree, env), *extra))
+    if missing:
+        raise ToolchainError(
+            f"the build environment lacks what {project} needs to build",
+            why=f"{env.python} is missing: {', '.join(missing)}",
+            fix=f"{env.python} -m pip install " + " ".join(f"'{m.split(' (')[0]}'" for m in missing),
+        )
+
+
+def build_wheel(
+    *,
+    tree: Path,
+    env: BuildEnv,
+    environ: Mapping[str, str],
+    out_dir: Path,
+    log: Path,
+    on_line: Callable[[str], None] | None = None,
+) -> Path:
+    """Build one wheel from ``tree`` into ``out_dir``; the full output goes to ``log``."""
+
+    def runner(cmd: list[str] | tuple[str, ...], cwd: str | None = None,
+               extra_environ: Mapping[str, str] | None = None) -> None:
+        merged = dict(environ)
+        merged.update(extra_environ or {})
+        _proc.run(cmd, cwd=Path(cwd) if cwd else None, env=merged, log=log, on_line=on_line,
+                  keep_output=False)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    builder = pypa_build.ProjectBuilder(tree, python_executable=str(env.python), runner=runner)
+    with tempfile.TemporaryDirectory(prefix="wf-dist-", dir=out_dir.parent) as tmp:
+        try:
+            built = Path(builder.build("wheel", tmp))
+        except _proc.CommandFailed as exc:
+            raise BuildError(
+                f"the build of {tree.name} failed (exit status {exc.returncode})",
+                why=_first_error(exc.tail) or "see the log",
+                fix="read the log tail above; the work directory was kept for inspection",
+                log=str(log),
+            ) from exc
+        except pypa_build.BuildException as exc:
+            raise BuildError(f"the build of {tree.name} failed", why=str(exc),
+                             fix="check the project's pyproject.toml", log=str(log)) from exc
+        final = out_dir / built.name
+        built.replace(final)
+    return final
+
+
+def _first_error(tail: str) -> str:
+    for line in tail.splitlines():
+        low = line.lower()
+        if "error" in low and "warning" not in low:
+            return line.strip()[:300]
+    return ""

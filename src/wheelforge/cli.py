@@ -1,0 +1,192 @@
+"""The command line: thin click commands over the pipeline.
+
+This is the only module that prints results or turns a WheelforgeError into a
+message and an exit status.  Results go to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+from ._log import Reporter
+from .config import resolve
+from .errors import EXIT_CODES, WheelforgeError
+from .recipe import RecipeBook, SdistSource
+
+EPILOG = "Exit codes: " + ", ".join(f"{v} {k}" for k, v in sorted(EXIT_CODES.items(),
+                                                                    key=lambda kv: kv[1]))
+
+
+def _book(recipes: Path | None) -> RecipeBook:
+    rdir = recipes or Path(os.environ.get("WHEELFORGE_RECIPES", "recipes"))
+    return RecipeBook(rdir, rdir.parent / "patches")
+
+
+recipes_option = click.option(
+    "--recipes", type=click.Path(path_type=Path, file_okay=False), default=None,
+    help="Recipes directory (default: ./recipes or $WHEELFORGE_RECIPES); patches are read "
+         "from the 'patches' directory beside it.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EPILOG)
+@click.version_option(__version__, prog_name="wheelforge")
+def cli() -> None:
+    """Build CUDA PyTorch extensions from pinned, patched sources into verified wheels,
+    published to a local package index that pip and uv install from.
+
+    \b
+    Typical use:
+      wheelforge build causal-conv1d              # sm_120 wheel into ./index
+      wheelforge build causal-conv1d --arch '10.0;12.0'
+      wheelforge build causal-conv1d --python ~/venvs/train/bin/python
+      pip install --extra-index-url file://$PWD/index/simple causal-conv1d
+    """
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("names", nargs=-1, required=True)
+@click.option("--arch", help="CUDA architectures, as TORCH_CUDA_ARCH_LIST spells them: '12.0', "
+              "'10.0;12.0', '9.0a', '12.0+PTX'. Default: wheelforge.yaml, else "
+              "$TORCH_CUDA_ARCH_LIST, else 12.0.")
+@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
+              help="Build against this interpreter and its installed torch, as-is (your "
+                   "training venv). Default: a managed, cached venv with the configured torch.")
+@click.option("--torch", help="torch requirement for the managed venv (default from "
+                              "wheelforge.yaml, else torch==2.14.1).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs "
+              "(MAX_JOBS). Default: $MAX_JOBS, else from cores and available memory.")
+@click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Index directory to publish into (default ./index).")
+@click.option("--sources", "sources_dirs", multiple=True,
+              type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Directory holding source archives (matched by file name, verified by "
+                   "sha256) for air-gapped builds. Repeatable.")
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Cache for sources, build environments and logs (default "
+                   "~/.cache/wheelforge or $WHEELFORGE_CACHE).")
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where sources are unpacked and built (default: CACHE/work).")
+@click.option("--force", is_flag=True, help="Build even if a wheel with the same build key is "
+                                            "already published.")
+@click.option("--config", "project_file", type=click.Path(path_type=Path, dir_okay=False,
+                                                          exists=True),
+              help="Project file with defaults (default ./wheelforge.yaml if present).")
+@click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@recipes_option
+def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: str | None,
+          jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
+          cache_dir: Path | None, work_dir: Path | None, force: bool,
+          project_file: Path | None, verbose: bool, recipes: Path | None) -> None:
+    """Build, verify and publish the wheels of recipe NAMES.
+
+    Prints the resolved inputs first; at the end, each wheel, its CUDA architectures and the
+    pip command that installs it.
+    """
+    from .pipeline import build_one
+
+    book = _book(recipes)
+    loaded = [book.load(n) for n in names]
+    config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
+                     cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
+                     force=force, project_file=project_file)
+    reporter = Reporter(verbose=verbose)
+    reporter.header(f"wheelforge {__version__}: building {', '.join(r.name for r in loaded)}")
+    for line in config.summary():
+        reporter.info(line)
+    results = [build_one(r, config, reporter) for r in loaded]
+    simple = (config.index_dir / "simple").as_uri()
+    for res in results:
+        state = "already published" if res.skipped else "published"
+        archs = ", ".join(res.sass) if res.sass else "pure Python"
+        click.echo(f"{state}: {res.wheel.name}  [{archs}]")
+    pins = " ".join(shlex.quote(f"{r.recipe.name}=={_version_of(r.wheel)}") for r in results)
+    click.echo(f"install: pip install --extra-index-url {simple} {pins}")
+
+
+def _version_of(wheel: Path) -> str:
+    from packaging.utils import parse_wheel_filename
+    return str(parse_wheel_filename(wheel.name)[1])
+
+
+@cli.command("list")
+@recipes_option
+def list_(recipes: Path | None) -> None:
+    """List the recipes: name, version, kind."""
+    for r in _book(recipes).load_all():
+        click.echo(f"{r.name:28} {str(r.version):12} {r.build.kind}")
+
+
+@cli.command()
+@click.argument("name")
+@recipes_option
+def show(name: str, recipes: Path | None) -> None:
+    """Show one recipe as wheelforge understands it."""
+    r = _book(recipes).load(name)
+    click.echo(f"name:      {r.name}")
+    click.echo(f"version:   {r.version}")
+    if r.summary:
+        click.echo(f"summary:   {r.summary}")
+    click.echo(f"recipe:    {r.path}")
+    for i, s in enumerate(r.sources):
+        kind = "sdist" if isinstance(s, SdistSource) else "git"
+        click.echo(f"source {i}:  {kind} {s.identity}")
+        if isinstance(s, SdistSource) and s.url:
+            click.echo(f"           {s.url}")
+    for p in r.patches:
+        click.echo(f"patch:     {p}")
+    click.echo(f"build:     kind={r.build.kind} requires={', '.join(r.build.requires) or '-'}")
+    for k, v in r.build.env:
+        click.echo(f"env:       {k}={v}")
+    click.echo(f"label:     {r.build.local_version or '(none)'}  pin-torch={r.build.pin_torch}")
+    if r.build.drop_requires:
+        click.echo(f"drops:     {', '.join(r.build.drop_requires)}")
+    click.echo(f"imports:   {', '.join(r.verify.imports) or '-'}")
+
+
+@cli.command()
+@recipes_option
+def check(recipes: Path | None) -> None:
+    """Lint every recipe; report all problems at once."""
+    loaded = _book(recipes).load_all()
+    click.echo(f"{len(loaded)} recipe(s) OK: {', '.join(r.name for r in loaded)}")
+
+
+@cli.command()
+@click.argument("wheel", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+def inspect(wheel: Path) -> None:
+    """Print, per shared object in WHEEL, its SASS and PTX architectures."""
+    from .verify import shared_object_archs
+
+    found = shared_object_archs(wheel)
+    if not found:
+        click.echo(f"{wheel.name}: no shared objects")
+    for name, archs in found:
+        sass = ", ".join(sorted(archs.sass)) or "none"
+        ptx = ", ".join(sorted(archs.ptx)) or "none"
+        click.echo(f"{name}: SASS {sass}; PTX {ptx}")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except WheelforgeError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # keep the traceback for bugs, but say it is one
+        raise SystemExit(f"internal error (a wheelforge bug; please report it): {exc!r}") from exc

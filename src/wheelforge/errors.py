@@ -1,0 +1,86 @@
+"""One error hierarchy; each class carries its exit code.
+
+Core modules raise these; only the CLI turns them into a message and an exit
+status.  Every error says what failed, why, and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class WheelforgeError(Exception):
+    """Base class.  ``what`` failed ``why``; ``fix`` says what to do."""
+
+    exit_code = 1
+    label = "error"
+
+    def __init__(self, what: str, why: str = "", fix: str = "", *, log: str | None = None):
+        super().__init__(what)
+        self.what = what
+        self.why = why
+        self.fix = fix
+        self.log = log
+
+    def render(self) -> str:
+        lines = [f"{self.label}: {self.what}"]
+        if self.why:
+            lines.append(f"  why: {self.why}")
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
+        if self.log:
+            lines.append(f"  log: {self.log}")
+        return "\n".join(lines)
+
+
+class ConfigError(WheelforgeError):
+    exit_code = 2
+    label = "config error"
+
+
+class RecipeError(WheelforgeError):
+    exit_code = 3
+    label = "recipe error"
+
+
+class SourceError(WheelforgeError):
+    exit_code = 4
+    label = "source error"
+
+
+class PatchError(WheelforgeError):
+    exit_code = 5
+    label = "patch error"
+
+
+class ToolchainError(WheelforgeError):
+    exit_code = 6
+    label = "toolchain error"
+
+
+class BuildError(WheelforgeError):
+    exit_code = 7
+    label = "build error"
+
+
+class VerifyError(WheelforgeError):
+    exit_code = 8
+    label = "verify error"
+
+
+class PublishError(WheelforgeError):
+    exit_code = 9
+    label = "publish error"
+
+
+EXIT_CODES: dict[str, int] = {
+    cls.__name__: cls.exit_code
+    for cls in (
+        ConfigError,
+        RecipeError,
+        SourceError,
+        PatchError,
+        ToolchainError,
+        BuildError,
+        VerifyError,
+        PublishError,
+    )
+}

@@ -1,0 +1,188 @@
+"""The ordered build steps with typed hand-offs.
+
+fetch -> patch -> preflight -> build key (skip if published) -> build env ->
+compile -> relabel -> verify -> publish.  The work directory is removed after
+a successful publish and kept (and named) after a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, buildenv, index, toolchain
+from ._log import Reporter
+from .arch import label as arch_label
+from .buildenv import BuildEnv
+from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
+from .config import BuildConfig
+from .errors import WheelforgeError
+from .patch import apply_series
+from .recipe import Recipe
+from .source import extract, fetch
+from .verify import verify_wheel
+from .wheel import relabel
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    recipe: Recipe
+    wheel: Path
+    sass: tuple[str, ...]
+    channel: str | None
+    build_key: str
+    skipped: bool = False
+
+
+def build_key(recipe: Recipe, config: BuildConfig, *, source_identity: str,
+              toolchain_identity: dict[str, str]) -> str:
+    """A content hash of everything that changes the binary."""
+    h = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        h.update(label.encode() + b"\0" + hashlib.sha256(data).digest())
+
+    add("wheelforge", __version__.encode())
+    add("recipe", recipe.path.read_bytes())
+    for p in recipe.patches:
+        add(f"patch:{p.name}", p.read_bytes())
+    add("source", source_identity.encode())
+    add("toolchain", json.dumps(toolchain_identity, sort_keys=True).encode())
+    if recipe.build.kind == "extension":
+        add("archs", config.arch_list.encode())
+    return h.hexdigest()
+
+
+def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
+    if not recipe.build.local_version:
+        return ""
+    cuda = (env.torch_cuda or "").replace(".", "")
+    return recipe.build.local_version.format(
+        cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs))
+
+
+def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
+                 cuda: toolchain.Cuda | None) -> dict[str, str]:
+    environ = dict(os.environ)
+    path = [str(env.bin_dir)]
+    if cuda is not None:
+        path.append(str(cuda.home / "bin"))
+        environ["CUDA_HOME"] = str(cuda.home)
+        environ["TORCH_CUDA_ARCH_LIST"] = config.arch_list
+    environ["PATH"] = os.pathsep.join([*path, environ.get("PATH", "")])
+    environ["MAX_JOBS"] = str(config.jobs)
+    environ["NVCC_THREADS"] = str(config.nvcc_threads)
+    environ.pop("PYTHONPATH", None)
+    environ.update(dict(recipe.build.env))
+    return environ
+
+
+def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
+    if config.python is not None:
+        return buildenv.inspect_env(config.python)
+    return buildenv.managed_env(
+        config.cache_dir,
+        base_python=config.base_python,
+        torch_req=config.torch,
+        requirements=(*recipe.build.requires, *recipe.verify.requires),
+        pip_args=config.torch_pip_args,
+        progress=reporter.info,
+        log=log,
+    )
+
+
+def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildResult:
+    reporter.header(f"{recipe.name} {recipe.version}")
+    extension = recipe.build.kind == "extension"
+    config.work_dir.mkdir(parents=True, exist_ok=True)
+    work = config.work_dir / f"{recipe.name}-{recipe.version}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with reporter.step("fetch source"):
+            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
+            reporter.info(f"{fetched.source.identity} ({fetched.origin})")
+        with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
+            tree = extract(fetched.archive, work / "src")
+            apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
+            for p in recipe.patches:
+                reporter.info(f"applied {p.name}")
+        cuda = None
+        with reporter.step("preflight"):
+            if extension:
+                cuda = toolchain.find_cuda()
+                reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
+                toolchain.check_archs(cuda, config.archs)
+        with reporter.step("build environment"):
+            env = _get_env(recipe, config, reporter, log)
+            reporter.info(env.describe())
+            if extension:
+                assert cuda is not None
+                toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
+            check_build_requires(tree, env, recipe.build.requires, recipe.name)
+        identity = {"python": env.python_tag, "torch": env.torch_version or "",
+                    "torch_cuda": env.torch_cuda or "",
+                    "nvcc": str(cuda.version) if cuda else "",
+                    "env": json.dumps(sorted(recipe.build.env))}
+        key = build_key(recipe, config, source_identity=fetched.source.identity,
+                        toolchain_identity=identity)
+        if not config.force:
+            for rec in index.load_records(config.index_dir):
+                if rec.build_key == key and (config.index_dir / "files" / rec.filename).is_file():
+                    reporter.info(f"already published: {rec.filename} (build key {key[:12]})")
+                    shutil.rmtree(work, ignore_errors=True)
+                    return BuildResult(recipe, config.index_dir / "files" / rec.filename,
+                                       tuple(rec.archs), rec.channel, key, skipped=True)
+        what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
+               f"MAX_JOBS={config.jobs})"
+        with reporter.step(what):
+            def on_line(line: str) -> None:
+                reporter.line(line)
+                m = NINJA_PROGRESS.match(line)
+                if m:
+                    reporter.progress(int(m["done"]), int(m["total"]))
+                else:
+                    reporter.tick("building")
+
+            raw = build_wheel(tree=tree, env=env,
+                              environ=_environment(recipe, config, env, cuda),
+                              out_dir=work / "dist", log=log, on_line=on_line)
+            reporter.info(f"built {raw.name}")
+        with reporter.step("post-process wheel"):
+            pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
+                env.torch_major_minor else None
+            final = relabel(raw, work / "final", local=local_label(recipe, env, config),
+                            torch_pin=pin, drop_requires=recipe.build.drop_requires)
+            reporter.info(final.name)
+        with reporter.step("verify"):
+            verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
+            for so, found in verified.archs:
+                reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
+                              f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
+        channel = None
+        if extension and env.torch_cuda and env.torch_version:
+            channel = index.channel_name(env.torch_cuda, env.torch_version)
+        with reporter.step(f"publish to {config.index_dir}"):
+            published = index.publish(
+                config.index_dir, final, channel=channel,
+                cuda=env.torch_cuda if extension else None,
+                torch=env.torch_version if extension else None,
+                archs=verified.sass, build_key=key)
+            if published.noop:
+                reporter.info("identical file already published")
+    except WheelforgeError as exc:
+        if exc.log is None and log.exists():
+            exc.log = str(log)
+        exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    return BuildResult(recipe, published.path, verified.sass, channel, key)

@@ -1,0 +1,418 @@
+"""Recipes: one YAML file per project, loaded into frozen dataclasses.
+
+A recipe is pure data.  Loading collects every problem (with the file and the
+key path) and raises them together; unknown keys get a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NewType, cast, get_args
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from .errors import RecipeError
+
+FORMAT_VERSION = 1
+
+BuildKind = Literal["extension", "pure"]
+BUILD_KINDS: tuple[str, ...] = get_args(BuildKind)
+NormalizedName = NewType("NormalizedName", str)
+
+#: Placeholders a local-version template may use; see docs/recipe-format.md.
+LOCAL_VERSION_FIELDS = ("cuda", "torch", "sm")
+DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": ""}
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.(patch|diff)$")
+_SDIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.(tar\.gz|zip|tgz|tar\.bz2|tar\.xz)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SdistSource:
+    """A source archive pinned by file name and sha256; ``url`` is where to fetch it."""
+
+    filename: str
+    sha256: str
+    url: str | None = None
+
+    @property
+    def identity(self) -> str:
+        return f"sdist:{self.filename}@sha256:{self.sha256}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GitSource:
+    """A git repository pinned by a full commit; ``tag``, if given, must name it."""
+
+    url: str
+    commit: str
+    tag: str | None = None
+
+    @property
+    def identity(self) -> str:
+        return f"git:{self.url}@{self.commit}"
+
+
+Source = SdistSource | GitSource
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildSpec:
+    kind: BuildKind
+    requires: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    local_version: str = ""
+    pin_torch: bool = False
+    drop_requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifySpec:
+    imports: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    name: NormalizedName
+    version: Version
+    summary: str
+    sources: tuple[Source, ...]
+    patches: tuple[Path, ...]
+    build: BuildSpec
+    verify: VerifySpec
+    path: Path = field(compare=False)
+    homepage: str | None = None
+
+
+# --------------------------------------------------------------------------
+# schema: allowed keys per mapping, for unknown-key checks and did-you-mean
+
+_TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
+             "verify")
+_SDIST_KEYS = ("url", "filename", "sha256")
+_GIT_KEYS = ("url", "commit", "tag")
+_BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
+_VERIFY_KEYS = ("imports", "requires")
+
+
+class _Problems:
+    """Collects problems as ``file: key.path: message`` lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")
+
+    def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:
+        for key in data:
+            if key in allowed:
+                continue
+            hint = difflib.get_close_matches(str(key), allowed, n=1)
+            suggestion = f"; did you mean '{hint[0]}'?" if hint else f"; allowed: {', '.join(allowed)}"
+            self.add(_join(where, str(key)), f"unknown key{suggestion}")
+
+
+def _join(where: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else key
+
+
+def _string(p: _Problems, data: Mapping[str, Any], key: str, where: str, *,
+            required: bool = True) -> str | None:
+    value = data.get(key)
+    if value is None:
+        if required:
+            p.add(_join(where, key), "is required")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        p.add(_join(where, key), f"must be a non-empty string, got {value!r}")
+        return None
+    return value
+
+
+def _string_list(p: _Problems, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = data.get(key, [])
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        p.add(_join(where, key), f"must be a list of strings, got {type(value).__name__}")
+        return ()
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            p.add(_join(_join(where, key), i), f"must be a non-empty string, got {item!r}")
+        else:
+            out.append(item)
+    return tuple(out)
+
+
+def _requirements(p: _Problems, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    items = _string_list(p, data, key, where)
+    for i, item in enumerate(items):
+        try:
+            Requirement(item)
+        except InvalidRequirement as exc:
+            p.add(_join(_join(where, key), i), f"not a valid requirement: {exc}")
+    return items
+
+
+def _parse_source(p: _Problems, entry: Any, where: str) -> Source | None:
+    if not isinstance(entry, dict) or len(entry) != 1:
+        p.add(where, "each source is a mapping with exactly one key, 'sdist' or 'git'")
+        return None
+    ((kind, body),) = entry.items()
+    if kind not in ("sdist", "git"):
+        hint = difflib.get_close_matches(str(kind), ["sdist", "git"], n=1)
+        p.add(_join(where, str(kind)),
+              "unknown source kind" + (f"; did you mean '{hint[0]}'?" if hint else
+                                       "; use 'sdist' or 'git'"))
+        return None
+    where = _join(where, kind)
+    if not isinstance(body, dict):
+        p.add(where, "must be a mapping")
+        return None
+    if kind == "sdist":
+        p.unknown_keys(where, body, _SDIST_KEYS)
+        filename = _string(p, body, "filename", where)
+        sha = _string(p, body, "sha256", where)
+        url = _string(p, body, "url", where, required=False)
+        if filename and not _SDIST_NAME.match(filename):
+            p.add(_join(where, "filename"),
+                  f"{filename!r} is not a source archive name (.tar.gz, .zip, ...)")
+        if url and filename and url.rsplit("/", 1)[-1].split("#")[0] != filename:
+            p.add(_join(where, "url"), f"does not end in the file name {filename!r}")
+        if sha is not None and not _HEX64.match(sha):
+            p.add(_join(where, "sha256"), "must be 64 lowercase hex digits")
+            sha = None
+        if filename and sha:
+            return SdistSource(filename=filename, sha256=sha, url=url)
+        return None
+    p.unknown_keys(where, body, _GIT_KEYS)
+    url = _string(p, body, "url", where)
+    commit = _string(p, body, "commit", where)
+    tag = _string(p, body, "tag", where, required=False)
+    if commit is not None and not _HEX40.match(commit):
+        p.add(_join(where, "commit"),
+              "must be a full 40-hex commit id (a branch or tag can move; pin the commit "
+              "and give the tag separately as 'tag')")
+        commit = None
+    if url and commit:
+        return GitSource(url=url, commit=commit, tag=tag)
+    return None
+
+
+def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
+    where = "build"
+    if not isinstance(data, dict):
+        p.add(where, "is required and must be a mapping")
+        return None
+    p.unknown_keys(where, data, _BUILD_KEYS)
+    kind = data.get("kind")
+    if kind not in BUILD_KINDS:
+        p.add(_join(where, "kind"), f"must be one of {', '.join(BUILD_KINDS)}, got {kind!r}")
+        return None
+    kind = cast(BuildKind, kind)
+    env_raw = data.get("env", {}) or {}
+    env: list[tuple[str, str]] = []
+    if not isinstance(env_raw, dict):
+        p.add(_join(where, "env"), "must be a mapping of variable names to strings")
+    else:
+        for k, v in env_raw.items():
+            if not isinstance(k, str) or not _ENV_NAME.match(k):
+                p.add(_join(_join(where, "env"), str(k)), "is not a valid environment variable name")
+            elif not isinstance(v, str):
+                p.add(_join(_join(where, "env"), k),
+                      f"must be a string (quote it in YAML), got {v!r}")
+            else:
+                env.append((k, v))
+    local_version = data.get("local-version", DEFAULT_LOCAL_VERSION[kind])
+    if not isinstance(local_version, str):
+        p.add(_join(where, "local-version"), "must be a string template")
+        local_version = ""
+    else:
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(local_version) if f is not None}
+        except ValueError as exc:
+            p.add(_join(where, "local-version"), f"bad template: {exc}")
+            fields = set()
+        unknown = sorted(fields - set(LOCAL_VERSION_FIELDS))
+        if unknown:
+            p.add(_join(where, "local-version"),
+                  f"unknown field(s) {', '.join(unknown)}; use {{cuda}}, {{torch}}, {{sm}}")
+        literal = re.sub(r"\{[^}]*\}", "", local_version)
+        if literal and not re.fullmatch(r"[A-Za-z0-9.]*", literal):
+            p.add(_join(where, "local-version"), "may hold only letters, digits and '.'")
+    pin_torch = data.get("pin-torch", kind == "extension")
+    if not isinstance(pin_torch, bool):
+        p.add(_join(where, "pin-torch"), "must be true or false")
+        pin_torch = False
+    return BuildSpec(
+        kind=kind,
+        requires=_requirements(p, data, "requires", where),
+        env=tuple(env),
+        local_version=local_version,
+        pin_torch=pin_torch,
+        drop_requires=tuple(str(canonicalize_name(n)) for n in
+                            _string_list(p, data, "drop-requires", where)),
+    )
+
+
+def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
+    where = "verify"
+    if data is None:
+        return VerifySpec()
+    if not isinstance(data, dict):
+        p.add(where, "must be a mapping")
+        return VerifySpec()
+    p.unknown_keys(where, data, _VERIFY_KEYS)
+    imports = _string_list(p, data, "imports", where)
+    for i, mod in enumerate(imports):
+        if not _MODULE.match(mod):
+            p.add(_join(_join(where, "imports"), i), f"{mod!r} is not a module name")
+    return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where))
+
+
+def parse_recipe(data: Any, path: Path, patches_dir: Path) -> Recipe:
+    """Validate raw YAML data; raise :class:`RecipeError` listing every problem."""
+    p = _Problems(path)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping",
+                          fix="see docs/recipe-format.md for the format")
+    p.unknown_keys("", data, _TOP_KEYS)
+    fmt = data.get("format")
+    if fmt != FORMAT_VERSION:
+        p.add("format", f"must be {FORMAT_VERSION} (the recipe format version), got {fmt!r}")
+    name = _string(p, data, "name", "")
+    if name and canonicalize_name(name) != name:
+        p.add("name", f"must be the normalized project name {canonicalize_name(name)!r}")
+    if name and path.stem != name:
+        p.add("name", f"{name!r} does not match the file name {path.name!r}")
+    version: Version | None = None
+    raw_version = data.get("version")
+    if raw_version is None:
+        p.add("version", "is required")
+    elif not isinstance(raw_version, str):
+        p.add("version", f"must be a string (quote it in YAML: '{raw_version}')")
+    else:
+        try:
+            version = Version(raw_version)
+        except InvalidVersion:
+            p.add("version", f"{raw_version!r} is not a PEP 440 version")
+        else:
+            if version.local:
+                p.add("version", "must not carry a local label; wheelforge adds one")
+    summary = _string(p, data, "summary", "", required=False) or ""
+    homepage = _string(p, data, "homepage", "", required=False)
+
+    sources: list[Source] = []
+    raw_sources = data.get("sources")
+    if not isinstance(raw_sources, list) or not raw_sources:
+        p.add("sources", "is required: a list of one or more pinned sources (mirrors)")
+    else:
+        for i, entry in enumerate(raw_sources):
+            src = _parse_source(p, entry, _join("sources", i))
+            if src is not None:
+                sources.append(src)
+        if version is not None:
+            for i, src in enumerate(sources):
+                if isinstance(src, SdistSource) and str(version) not in src.filename:
+                    p.add(_join(_join("sources", i), "sdist.filename"),
+                          f"{src.filename!r} does not carry the recipe version {version}")
+
+    patches: list[Path] = []
+    for i, pname in enumerate(_string_list(p, data, "patches", "")):
+        where = _join("patches", i)
+        if not _PATCH_NAME.match(pname):
+            p.add(where, f"{pname!r} is not a patch file name (NAME.patch, no directories)")
+            continue
+        ppath = patches_dir / (name or path.stem) / pname
+        if not ppath.is_file():
+            p.add(where, f"patch file {ppath} does not exist")
+        patches.append(ppath)
+    if len(set(patches)) != len(patches):
+        p.add("patches", "lists a patch twice")
+
+    build = _parse_build(p, data.get("build"))
+    verify = _parse_verify(p, data.get("verify"))
+
+    if p.items:
+        raise RecipeError(
+            f"recipe {path} has {len(p.items)} problem(s)",
+            why="\n    " + "\n    ".join(p.items),
+            fix="correct the keys above; the format is described in docs/recipe-format.md",
+        )
+    assert name is not None and version is not None and build is not None
+    return Recipe(
+        name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
+        sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, path=path,
+    )
+
+
+def load_recipe(path: Path, patches_dir: Path) -> Recipe:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe {path}", why=str(exc)) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {path} is not valid YAML", why=str(exc),
+                          fix="fix the YAML syntax at the position shown") from exc
+    return parse_recipe(data, path, patches_dir)
+
+
+@dataclass(frozen=True)
+class RecipeBook:
+    """The recipes directory and the patches directory beside it."""
+
+    recipes_dir: Path
+    patches_dir: Path
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.recipes_dir.glob("*.yaml"))
+
+    def path_for(self, name: str) -> Path:
+        return self.recipes_dir / f"{canonicalize_name(name)}.yaml"
+
+    def load(self, name: str) -> Recipe:
+        path = self.path_for(name)
+        if not path.is_file():
+            known = self.names()
+            hint = difflib.get_close_matches(str(canonicalize_name(name)), known, n=1)
+            raise RecipeError(
+                f"no recipe named {name!r} in {self.recipes_dir}",
+                why=f"known recipes: {', '.join(known) or '(none)'}",
+                fix=(f"did you mean '{hint[0]}'?" if hint else
+                     "run 'wheelforge list', or write recipes/NAME.yaml"),
+            )
+        return load_recipe(path, self.patches_dir)
+
+    def load_all(self) -> list[Recipe]:
+        """Load every recipe; raise one error listing every broken recipe's problems."""
+        recipes, problems = [], []
+        for name in self.names():
+            try:
+                recipes.append(load_recipe(self.recipes_dir / f"{name}.yaml", self.patches_dir))
+            except RecipeError as exc:
+                problems.append(exc.why or exc.what)
+        if problems:
+            raise RecipeError(f"{len(problems)} recipe(s) have problems",
+                              why="".join(problems),
+                              fix="correct the keys above; see docs/recipe-format.md")
+        return recipes

@@ -1,0 +1,157 @@
+"""Find the CUDA toolkit and check it can build what was asked, before compiling.
+
+Compatibility rules are data (the tables below), not code paths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from . import _proc
+from .arch import Arch
+from .errors import ToolchainError
+
+#: The oldest CUDA release whose nvcc can emit SASS for a compute capability.
+MIN_CUDA_FOR_ARCH: dict[tuple[int, int], str] = {
+    (7, 5): "10.0",
+    (8, 0): "11.0",
+    (8, 6): "11.1",
+    (8, 7): "11.4",
+    (8, 9): "11.8",
+    (9, 0): "11.8",
+    (10, 0): "12.8",
+    (10, 1): "12.8",
+    (10, 3): "12.9",
+    (11, 0): "13.0",
+    (12, 0): "12.8",
+    (12, 1): "12.9",
+}
+
+#: Where nvcc may live, in search order, besides CUDA_HOME / CUDA_PATH / PATH.
+STANDARD_PREFIXES = ("/usr/local/cuda",)
+
+
+@dataclass(frozen=True)
+class Cuda:
+    """A CUDA toolkit: ``home`` holds ``bin/nvcc`` and ``include/cuda_runtime.h``."""
+
+    home: Path
+    nvcc: Path
+    version: Version
+    origin: str
+
+
+def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
+    out: list[tuple[str, Path]] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if environ.get(var):
+            out.append((f"${var}", Path(environ[var])))
+    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    if nvcc:
+        out.append(("nvcc on PATH", Path(nvcc).parent.parent))
+        real = Path(os.path.realpath(nvcc))
+        if str(real) != nvcc:
+            out.append(("nvcc on PATH (resolved)", real.parent.parent))
+        wrapped = _wrapped_nvcc(Path(nvcc))
+        if wrapped:
+            out.append(("nvcc on PATH (wrapper target)", wrapped.parent.parent))
+    out.extend(("standard prefix", Path(p)) for p in STANDARD_PREFIXES)
+    return out
+
+
+def _wrapped_nvcc(script: Path) -> Path | None:
+    """A tiny shell wrapper like ``exec /usr/local/cuda-13.0/bin/nvcc "$@"``."""
+    try:
+        if script.stat().st_size > 4096:
+            return None
+        text = script.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.search(r"exec\s+(\S+/bin/nvcc)\b", text)
+    return Path(m.group(1)) if m else None
+
+
+def find_cuda(environ: Mapping[str, str] | None = None) -> Cuda:
+    """Locate nvcc; raise ToolchainError listing every place searched."""
+    env = os.environ if environ is None else environ
+    searched: list[str] = []
+    for origin, home in _candidates(env):
+        nvcc = home / "bin" / "nvcc"
+        if os.access(nvcc, os.X_OK) and (home / "include" / "cuda_runtime.h").is_file():
+            return Cuda(home=home, nvcc=nvcc, version=nvcc_version(nvcc), origin=origin)
+        searched.append(f"{origin}: {home}")
+    raise ToolchainError(
+        "nvcc, the CUDA compiler, was not found",
+        why="searched " + "; ".join(searched) + " (a toolkit is a directory with bin/nvcc and "
+            "include/cuda_runtime.h)",
+        fix="install the CUDA toolkit (12.8 or newer for Blackwell) and set CUDA_HOME, e.g. "
+            "CUDA_HOME=/usr/local/cuda-13.0",
+    )
+
+
+def nvcc_version(nvcc: Path) -> Version:
+    try:
+        out = _proc.run([str(nvcc), "--version"]).output
+    except _proc.CommandFailed as exc:
+        raise ToolchainError(f"{nvcc} --version failed", why=exc.tail.strip(),
+                             fix="check the CUDA installation") from exc
+    m = re.search(r"release (\d+\.\d+)", out)
+    if not m:
+        raise ToolchainError(f"cannot read the CUDA version from {nvcc} --version",
+                             why=out.strip()[:200], fix="check the CUDA installation")
+    return Version(m.group(1))
+
+
+def supported_sass(nvcc: Path) -> frozenset[str]:
+    """Ask nvcc which real architectures it can compile for (``sm_120`` ...)."""
+    try:
+        out = _proc.run([str(nvcc), "--list-gpu-code"]).output
+    except _proc.CommandFailed:
+        return frozenset()
+    return frozenset(line.strip() for line in out.split() if line.strip().startswith("sm_"))
+
+
+def check_archs(cuda: Cuda, archs: tuple[Arch, ...]) -> None:
+    """Fail before compiling if nvcc cannot emit code for an arch."""
+    problems = []
+    known = supported_sass(cuda.nvcc)
+    for arch in archs:
+        base = f"sm_{arch.major}{arch.minor}"
+        need = MIN_CUDA_FOR_ARCH.get((arch.major, arch.minor))
+        if need is not None and cuda.version < Version(need):
+            problems.append(f"{arch} needs CUDA {need} or newer, nvcc is {cuda.version}")
+        elif known and base not in known:
+            problems.append(f"{arch}: nvcc {cuda.version} does not list {base} in --list-gpu-code")
+    if problems:
+        raise ToolchainError(
+            f"nvcc at {cuda.nvcc} cannot compile for the requested architectures",
+            why="; ".join(problems),
+            fix="install a newer CUDA toolkit (sm_120 and sm_100 need 12.8+) and point "
+                "CUDA_HOME at it, or change --arch",
+        )
+
+
+def check_torch_cuda(cuda: Cuda, torch_cuda: str | None, torch_version: str) -> None:
+    """torch and nvcc must share the CUDA major version."""
+    if torch_cuda is None:
+        raise ToolchainError(
+            f"torch {torch_version} in the build environment is a CPU-only build",
+            why="a CUDA extension must be built against a CUDA build of torch",
+            fix="install a CUDA build of torch (e.g. from the cu130 index) or use the managed "
+                "environment (leave out --python)",
+        )
+    if Version(torch_cuda).major != cuda.version.major:
+        raise ToolchainError(
+            f"torch {torch_version} is built for CUDA {torch_cuda} but nvcc is CUDA {cuda.version}",
+            why="an extension built with a different CUDA major than torch's fails to build or "
+                "to load",
+            fix=f"point CUDA_HOME at a CUDA {Version(torch_cuda).major}.x toolkit, or use a torch "
+                f"build for CUDA {cuda.version.major}",
+        )

@@ -1,0 +1,136 @@
+"""Check a built wheel against the recipe and the build configuration.
+
+Every check runs and every issue is collected; one VerifyError lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name
+
+from . import _proc
+from .arch import Arch, expected_ptx, expected_sass
+from .buildenv import BuildEnv
+from .errors import VerifyError
+from .fatbin import CudaArchs, FatbinError, cuda_archs
+from .recipe import Recipe
+from .wheel import inspect_wheel, record_problems
+
+
+@dataclass(frozen=True)
+class Verified:
+    wheel: Path
+    archs: tuple[tuple[str, CudaArchs], ...]  # per shared object in the wheel
+
+    @property
+    def sass(self) -> tuple[str, ...]:
+        return tuple(sorted({s for _, a in self.archs for s in a.sass}))
+
+
+def shared_object_archs(wheel: Path) -> list[tuple[str, CudaArchs]]:
+    out = []
+    with zipfile.ZipFile(wheel) as zf:
+        for name in sorted(zf.namelist()):
+            if name.endswith(".so") or ".so." in name.rsplit("/", 1)[-1]:
+                out.append((name, cuda_archs(zf.read(name))))
+    return out
+
+
+def _import_problems(wheel: Path, env: BuildEnv, modules: tuple[str, ...], extension: bool,
+                     log: Path | None) -> list[str]:
+    if not modules:
+        return []
+    with tempfile.TemporaryDirectory(prefix="wf-verify-") as tmp:
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(tmp)
+        script = "import importlib, sys\n"
+        if extension:
+            script += "import torch  # the extension links against torch's libraries\n"
+        script += (
+            "bad = []\n"
+            f"for m in {list(modules)!r}:\n"
+            "    try:\n"
+            "        importlib.import_module(m)\n"
+            "    except Exception as exc:\n"
+            "        bad.append('import %s failed: %s: %s' % (m, type(exc).__name__, exc))\n"
+            "print('\\n'.join(bad))\n"
+            "sys.exit(1 if bad else 0)\n"
+        )
+        environ = dict(os.environ, PYTHONPATH=tmp, PYTHONNOUSERSITE="1")
+        result = _proc.run([str(env.python), "-c", script], cwd=Path(tmp), env=environ,
+                           check=False, log=log)
+        if result.returncode == 0:
+            return []
+        lines = [ln for ln in result.output.splitlines() if ln.startswith("import ")]
+        return lines or [f"the import check exited with {result.returncode}: "
+                         f"{result.output.strip()[-300:]}"]
+
+
+def verify_wheel(
+    wheel: Path,
+    recipe: Recipe,
+    *,
+    archs: tuple[Arch, ...],
+    env: BuildEnv | None,
+    log: Path | None = None,
+) -> Verified:
+    """Run every check; raise one VerifyError with all issues, or return what was found."""
+    issues: list[str] = []
+    try:
+        info = inspect_wheel(wheel)
+    except (InvalidWheelFilename, ValueError, zipfile.BadZipFile) as exc:
+        raise VerifyError(f"{wheel.name} is not a valid wheel", why=str(exc),
+                          fix="inspect the build log; the backend produced a broken file") from exc
+    if canonicalize_name(info.name) != recipe.name:
+        issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
+    if info.version.public != str(recipe.version):
+        issues.append(f"version is {info.version}, the recipe pins {recipe.version}")
+    issues.extend(record_problems(wheel))
+
+    per_so: list[tuple[str, CudaArchs]] = []
+    try:
+        per_so = shared_object_archs(wheel)
+    except FatbinError as exc:
+        issues.append(f"cannot read CUDA code from a shared object: {exc}")
+    cuda_sos = [(n, a) for n, a in per_so if not a.empty]
+    if recipe.build.kind == "pure":
+        if not info.pure:
+            issues.append(f"tags {', '.join(info.tags)}: the recipe says pure, expected py3-none-any")
+        if per_so:
+            issues.append(f"a pure wheel holds shared objects: {', '.join(n for n, _ in per_so)}")
+    else:
+        if info.pure:
+            issues.append("the wheel is pure (py3-none-any) but the recipe builds a CUDA extension"
+                          ": the extension was not compiled (was the CUDA build skipped?)")
+        if not cuda_sos:
+            issues.append("no shared object in the wheel holds CUDA code")
+        want_sass, want_ptx = expected_sass(archs), expected_ptx(archs)
+        for name, found in cuda_sos:
+            if found.sass - want_sass:
+                issues.append(f"{name}: unrequested SASS {', '.join(sorted(found.sass - want_sass))}"
+                              f" (requested {', '.join(sorted(want_sass))}): the arch list was "
+                              "not honoured")
+            if want_sass - found.sass:
+                issues.append(f"{name}: no SASS for {', '.join(sorted(want_sass - found.sass))}")
+            if found.ptx - want_ptx:
+                issues.append(f"{name}: unrequested PTX {', '.join(sorted(found.ptx - want_ptx))}")
+            if want_ptx - found.ptx:
+                issues.append(f"{name}: no PTX for {', '.join(sorted(want_ptx - found.ptx))}")
+
+    if env is not None and not issues:
+        issues.extend(_import_problems(wheel, env, recipe.verify.imports,
+                                       recipe.build.kind == "extension", log))
+    if issues:
+        raise VerifyError(
+            f"{wheel.name} failed verification ({len(issues)} issue(s)); nothing was published",
+            why="\n    " + "\n    ".join(issues),
+            fix="read the issues above and the build log; a patch may have stopped applying "
+                "its fix, or the build environment differs from the recipe's expectations",
+            log=str(log) if log else None,
+        )
+    return Verified(wheel, tuple(cuda_sos))

@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny projects packed as sdists, recipe books, tool checks."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from wheelforge.config import default_cache_dir
+
+PACKAGES = Path(__file__).parent / "packages"
+REPO = Path(__file__).parent.parent
+IN_CI = os.environ.get("CI") == "true"
+
+
+def require_tool(name: str, path: str | None = None) -> str:
+    """Return the tool's path; skip with a reason when absent, but fail under CI=true."""
+    found = path if path and os.access(path, os.X_OK) else shutil.which(name)
+    if found:
+        return found
+    if IN_CI:
+        pytest.fail(f"{name} is required under CI=true and was not found")
+    pytest.skip(f"{name} not found on this machine")
+
+
+@pytest.fixture
+def nvcc() -> str:
+    return require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
+
+
+def make_sdist(src: Path, dest_dir: Path, name: str, version: str) -> tuple[Path, str]:
+    """Pack ``src`` as ``name-version.tar.gz`` with a single top-level directory."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / f"{name}-{version}.tar.gz"
+    with tarfile.open(out, "w:gz") as tf:
+        tf.add(src, arcname=f"{name}-{version}",
+               filter=lambda ti: None if "__pycache__" in ti.name else ti)
+    return out, hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def write_recipe(root: Path, name: str, body: str,
+                 patches: Mapping[str, str] | None = None) -> Path:
+    """Write recipes/NAME.yaml (and patches/NAME/*) under ``root``; return the recipes dir."""
+    rdir = root / "recipes"
+    rdir.mkdir(parents=True, exist_ok=True)
+    (rdir / f"{name}.yaml").write_text(body)
+    for pname, text in (patches or {}).items():
+        pdir = root / "patches" / name
+        pdir.mkdir(parents=True, exist_ok=True)
+        (pdir / pname).write_text(text)
+    return rdir
+
+
+def make_wheel(path: Path, files: Mapping[str, bytes | str], *, name: str = "demo",
+               version: str = "1.0", tag: str = "py3-none-any",
+               metadata_extra: str = "") -> Path:
+    """Build a valid wheel from a dict of files (dist-info and RECORD generated)."""
+    from wheelforge.wheel import record_hash
+
+    dist = f"{name.replace('-', '_')}-{version}.dist-info"
+    content = {k: (v.encode() if isinstance(v, str) else v) for k, v in files.items()}
+    content[f"{dist}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   f"{metadata_extra}\n").encode()
+    content[f"{dist}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: "
+                                f"{'true' if tag.endswith('any') else 'false'}\nTag: {tag}\n"
+                                ).encode()
+    record = "".join(f"{k},{record_hash(v)},{len(v)}\n" for k, v in content.items())
+    record += f"{dist}/RECORD,,\n"
+    fname = path / f"{name.replace('-', '_')}-{version}-{tag}.whl"
+    path.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for k, v in content.items():
+            zf.writestr(k, v)
+        zf.writestr(f"{dist}/RECORD", record)
+    fname.write_bytes(buf.getvalue())
+    return fname
+
+
+@pytest.fixture
+def wheel_factory(tmp_path: Path) -> Callable[..., Path]:
+    def factory(files: Mapping[str, bytes | str], **kw: str) -> Path:
+        return make_wheel(tmp_path / "wheels", files, **kw)
+    return factory
+
+
+@pytest.fixture(scope="session")
+def shared_cache() -> Path:
+    """The user's wheelforge cache: managed torch environments are shared with `make build`."""
+    return default_cache_dir()

@@ -1,0 +1,3 @@
+"""Tiny pure-Python fixture for wheelforge's tests."""
+
+VALUE = 42
