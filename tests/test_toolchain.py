@@ -1,0 +1,83 @@
+"""Toolchain detection and preflight, with fake nvcc scripts (no real compiler needed)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from wheelforge.arch import parse_arch_list
+from wheelforge.errors import ToolchainError
+from wheelforge.toolchain import check_archs, check_torch_cuda, find_cuda
+
+
+def fake_cuda(root: Path, release: str, codes: str = "sm_90 sm_100 sm_120") -> Path:
+    home = root / f"cuda-{release}"
+    (home / "bin").mkdir(parents=True)
+    (home / "include").mkdir()
+    (home / "include" / "cuda_runtime.h").write_text("")
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\nif [ \"$1\" = --list-gpu-code ]; then for c in "
+                    f"{codes}; do echo $c; done; exit 0; fi\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    return home
+
+
+def test_find_cuda_home(tmp_path: Path) -> None:
+    home = fake_cuda(tmp_path, "13.0")
+    cuda = find_cuda({"CUDA_HOME": str(home), "PATH": "/nonexistent"})
+    assert (cuda.home, str(cuda.version), cuda.origin) == (home, "13.0", "$CUDA_HOME")
+
+
+def test_find_cuda_on_path(tmp_path: Path) -> None:
+    home = fake_cuda(tmp_path, "12.8")
+    cuda = find_cuda({"PATH": str(home / "bin")})
+    assert cuda.home == home and cuda.origin == "nvcc on PATH"
+
+
+def test_find_cuda_follows_wrapper_script(tmp_path: Path) -> None:
+    home = fake_cuda(tmp_path, "13.0")
+    wrapper_dir = tmp_path / "bin"
+    wrapper_dir.mkdir()
+    (wrapper_dir / "nvcc").write_text(f'#!/bin/sh\nexec {home}/bin/nvcc "$@"\n')
+    (wrapper_dir / "nvcc").chmod(0o755)
+    cuda = find_cuda({"PATH": str(wrapper_dir)})
+    assert cuda.home == home
+
+
+def test_old_nvcc_fails_fast_for_blackwell(tmp_path: Path) -> None:
+    cuda = find_cuda({"CUDA_HOME": str(fake_cuda(tmp_path, "12.4", "sm_90")), "PATH": ""})
+    start = time.monotonic()
+    with pytest.raises(ToolchainError) as exc:
+        check_archs(cuda, parse_arch_list("12.0"))
+    assert time.monotonic() - start < 1.0
+    assert "12.0 needs CUDA 12.8 or newer, nvcc is 12.4" in exc.value.why
+    assert "CUDA_HOME" in exc.value.fix
+
+
+def test_arch_not_listed_by_nvcc(tmp_path: Path) -> None:
+    cuda = find_cuda({"CUDA_HOME": str(fake_cuda(tmp_path, "13.0", "sm_100 sm_120")),
+                      "PATH": ""})
+    check_archs(cuda, parse_arch_list("10.0;12.0"))
+    with pytest.raises(ToolchainError) as exc:
+        check_archs(cuda, parse_arch_list("7.5"))
+    assert "does not list sm_75 in --list-gpu-code" in exc.value.why
+
+
+def test_torch_cuda_major_mismatch(tmp_path: Path) -> None:
+    cuda = find_cuda({"CUDA_HOME": str(fake_cuda(tmp_path, "13.0")), "PATH": ""})
+    with pytest.raises(ToolchainError, match="built for CUDA 12.8 but nvcc is CUDA 13.0"):
+        check_torch_cuda(cuda, "12.8", "2.9.1+cu128")
+    with pytest.raises(ToolchainError, match="CPU-only build"):
+        check_torch_cuda(cuda, None, "2.14.1+cpu")
+    check_torch_cuda(cuda, "13.0", "2.14.1")
+
+
+def test_nothing_found_lists_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("wheelforge.toolchain.STANDARD_PREFIXES", (str(tmp_path / "std"),))
+    with pytest.raises(ToolchainError) as exc:
+        find_cuda({"CUDA_HOME": str(tmp_path / "nope"), "PATH": ""})
+    assert f"$CUDA_HOME: {tmp_path / 'nope'}" in exc.value.why
+    assert "standard prefix" in exc.value.why
