@@ -42,7 +42,8 @@ def test_failing_patch_leaves_tree_untouched(tree: Path, tmp_path: Path) -> None
                          "@@ -19,3 +19,3 @@\n line 19\n-no such line\n+x\n line 21\n")
     with pytest.raises(PatchError) as exc:
         apply_series(tree, [p1, two_hunks], project="demo 1.0")
-    assert exc.value.what == "patch 0002-bad.patch does not apply to demo 1.0 (hunk 2 at setup.py:19)"
+    assert exc.value.what == \
+        "patch 0002-bad.patch does not apply to demo 1.0 (hunk 2 at setup.py:19)"
     assert "no patch of the series was applied" in exc.value.why
     assert (tree / "setup.py").read_text() == ORIGINAL  # not even 0001
     assert not tree.with_name("proj.patching").exists()

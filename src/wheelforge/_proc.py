@@ -9,6 +9,7 @@ interrupt can stop the whole tree (nvcc, cicc, ptxas, ninja).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shlex
 import signal
@@ -112,8 +113,6 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()

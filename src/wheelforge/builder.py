@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import build as pypa_build
@@ -28,7 +28,8 @@ def check_build_requires(tree: Path, env: BuildEnv, extra: tuple[str, ...], proj
         raise ToolchainError(
             f"the build environment lacks what {project} needs to build",
             why=f"{env.python} is missing: {', '.join(missing)}",
-            fix=f"{env.python} -m pip install " + " ".join(f"'{m.split(' (')[0]}'" for m in missing),
+            fix=f"{env.python} -m pip install "
+            + " ".join(f"'{m.split(' (')[0]}'" for m in missing),
         )
 
 
@@ -43,7 +44,7 @@ def build_wheel(
 ) -> Path:
     """Build one wheel from ``tree`` into ``out_dir``; the full output goes to ``log``."""
 
-    def runner(cmd: list[str] | tuple[str, ...], cwd: str | None = None,
+    def runner(cmd: Sequence[str], cwd: str | None = None,
                extra_environ: Mapping[str, str] | None = None) -> None:
         merged = dict(environ)
         merged.update(extra_environ or {})

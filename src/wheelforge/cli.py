@@ -173,6 +173,53 @@ def inspect(wheel: Path) -> None:
         click.echo(f"{name}: SASS {sass}; PTX {ptx}")
 
 
+@cli.command(epilog=EPILOG)
+@click.argument("name")
+@click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=Path("index"), show_default=True, help="The index to install from.")
+@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
+              help="Interpreter whose torch (and GPU) the test uses; the wheel is installed "
+                   "into a fresh venv layered on it. Default: the python3 on PATH.")
+@click.option("--sources", "sources_dirs", multiple=True,
+              type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Directory holding source archives (for tests that live in the source).")
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False))
+@recipes_option
+def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Path, ...],
+         cache_dir: Path | None, recipes: Path | None) -> None:
+    """Prove a published wheel on this machine's GPU.
+
+    Installs NAME from the index into a fresh environment, runs the recipe's GPU test
+    (causal-conv1d: upstream's test file; fla: numerical checks against reference
+    implementations) and records the result with the wheel, shown in the index. Exits 10
+    when there is no GPU, 12 when the wheel has no code for this GPU, 11 when tests fail.
+    """
+    import shutil as _shutil
+    import time as _time
+
+    from .config import default_cache_dir
+    from .gputest import run_test
+
+    recipe = _book(recipes).load(name)
+    interp = python or Path(_shutil.which("python3") or sys.executable)
+    cache = cache_dir or default_cache_dir()
+    log = cache / "logs" / f"test-{recipe.name}-{_time.strftime('%Y%m%dT%H%M%S')}.log"
+    reporter = Reporter()
+    with reporter.step(f"test {recipe.name} from {index_dir}"):
+        record, outcome = run_test(recipe, index_dir=Path(os.path.abspath(index_dir)),
+                                   python=interp, cache_dir=cache, sources_dirs=sources_dirs,
+                                   progress=reporter.info, log=log)
+    click.echo(f"{outcome.status}: {record.filename} on {outcome.gpu} (sm {outcome.capability}): "
+               f"{outcome.passed} passed, {outcome.failed} failed, {outcome.skipped} skipped, "
+               f"{outcome.errors} errors in {outcome.duration_s:.0f}s  [log {log}]")
+    if outcome.status != "passed":
+        from .errors import GpuTestError
+
+        raise GpuTestError(f"the GPU test of {record.filename} failed",
+                           why=f"{outcome.failed} failed, {outcome.errors} errors",
+                           fix="read the log; the index marks the wheel as failed", log=str(log))
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
@@ -188,5 +235,10 @@ def main() -> None:
     except WheelforgeError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(exc.exit_code)
-    except Exception as exc:  # keep the traceback for bugs, but say it is one
-        raise SystemExit(f"internal error (a wheelforge bug; please report it): {exc!r}") from exc
+    except Exception:  # a bug: keep the traceback, and say it is one
+        import traceback
+
+        traceback.print_exc()
+        click.echo("internal error: this is a wheelforge bug; please report it with the "
+                   "traceback above", err=True)
+        sys.exit(70)

@@ -71,6 +71,21 @@ class PublishError(WheelforgeError):
     label = "publish error"
 
 
+class NoGpuError(WheelforgeError):
+    exit_code = 10
+    label = "no GPU"
+
+
+class GpuTestError(WheelforgeError):
+    exit_code = 11
+    label = "test failed"
+
+
+class IncompatibleGpuError(WheelforgeError):
+    exit_code = 12
+    label = "incompatible GPU"
+
+
 EXIT_CODES: dict[str, int] = {
     cls.__name__: cls.exit_code
     for cls in (
@@ -82,5 +97,8 @@ EXIT_CODES: dict[str, int] = {
         BuildError,
         VerifyError,
         PublishError,
+        NoGpuError,
+        GpuTestError,
+        IncompatibleGpuError,
     )
 }

@@ -176,7 +176,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 config.index_dir, final, channel=channel,
                 cuda=env.torch_cuda if extension else None,
                 torch=env.torch_version if extension else None,
-                archs=verified.sass, build_key=key)
+                archs=verified.sass + verified.ptx, build_key=key)
             if published.noop:
                 reporter.info("identical file already published")
     except WheelforgeError as exc:

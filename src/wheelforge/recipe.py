@@ -12,11 +12,11 @@ import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NewType, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .errors import RecipeError
@@ -25,7 +25,6 @@ FORMAT_VERSION = 1
 
 BuildKind = Literal["extension", "pure"]
 BUILD_KINDS: tuple[str, ...] = get_args(BuildKind)
-NormalizedName = NewType("NormalizedName", str)
 
 #: Placeholders a local-version template may use; see docs/recipe-format.md.
 LOCAL_VERSION_FIELDS = ("cuda", "torch", "sm")
@@ -85,6 +84,19 @@ class VerifySpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TestSpec:
+    """The GPU test of a recipe, run by ``wheelforge test`` against the installed wheel."""
+
+    source_files: tuple[str, ...] = ()  # test files from the pinned source tree
+    files: tuple[Path, ...] = ()  # test files shipped beside the recipe (gputests/NAME/)
+    requires: tuple[str, ...] = ()  # must be importable in the test environment
+
+    @property
+    def empty(self) -> bool:
+        return not (self.source_files or self.files)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Recipe:
     name: NormalizedName
     version: Version
@@ -93,6 +105,7 @@ class Recipe:
     patches: tuple[Path, ...]
     build: BuildSpec
     verify: VerifySpec
+    test: TestSpec = field(default_factory=TestSpec)
     path: Path = field(compare=False)
     homepage: str | None = None
 
@@ -101,11 +114,13 @@ class Recipe:
 # schema: allowed keys per mapping, for unknown-key checks and did-you-mean
 
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
-             "verify")
+             "verify", "test")
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
 _VERIFY_KEYS = ("imports", "requires")
+_TEST_KEYS = ("source-files", "files", "requires")
+_TEST_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
 
 
 class _Problems:
@@ -116,14 +131,16 @@ class _Problems:
         self.items: list[str] = []
 
     def add(self, where: str, message: str) -> None:
-        self.items.append(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")
+        prefix = f"{self.path}: {where}" if where else str(self.path)
+        self.items.append(f"{prefix}: {message}")
 
     def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:
         for key in data:
             if key in allowed:
                 continue
             hint = difflib.get_close_matches(str(key), allowed, n=1)
-            suggestion = f"; did you mean '{hint[0]}'?" if hint else f"; allowed: {', '.join(allowed)}"
+            suggestion = (f"; did you mean '{hint[0]}'?" if hint
+                          else f"; allowed: {', '.join(allowed)}")
             self.add(_join(where, str(key)), f"unknown key{suggestion}")
 
 
@@ -235,7 +252,8 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
     else:
         for k, v in env_raw.items():
             if not isinstance(k, str) or not _ENV_NAME.match(k):
-                p.add(_join(_join(where, "env"), str(k)), "is not a valid environment variable name")
+                p.add(_join(_join(where, "env"), str(k)),
+                      "is not a valid environment variable name")
             elif not isinstance(v, str):
                 p.add(_join(_join(where, "env"), k),
                       f"must be a string (quote it in YAML), got {v!r}")
@@ -288,7 +306,33 @@ def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
     return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where))
 
 
-def parse_recipe(data: Any, path: Path, patches_dir: Path) -> Recipe:
+def _parse_test(p: _Problems, data: Any, tests_dir: Path) -> TestSpec:
+    where = "test"
+    if data is None:
+        return TestSpec()
+    if not isinstance(data, dict):
+        p.add(where, "must be a mapping")
+        return TestSpec()
+    p.unknown_keys(where, data, _TEST_KEYS)
+    source_files = _string_list(p, data, "source-files", where)
+    for i, f in enumerate(source_files):
+        if not _TEST_FILE.match(f) or ".." in f.split("/"):
+            p.add(_join(_join(where, "source-files"), i),
+                  f"{f!r} must be a relative path to a .py file in the source tree")
+    files = []
+    for i, f in enumerate(_string_list(p, data, "files", where)):
+        fpath = tests_dir / f
+        if not _TEST_FILE.match(f) or ".." in f.split("/"):
+            p.add(_join(_join(where, "files"), i), f"{f!r} must be a relative path to a .py file")
+        elif not fpath.is_file():
+            p.add(_join(_join(where, "files"), i), f"test file {fpath} does not exist")
+        files.append(fpath)
+    return TestSpec(source_files=source_files, files=tuple(files),
+                    requires=_requirements(p, data, "requires", where))
+
+
+def parse_recipe(data: Any, path: Path, patches_dir: Path,
+                 tests_dir: Path | None = None) -> Recipe:
     """Validate raw YAML data; raise :class:`RecipeError` listing every problem."""
     p = _Problems(path)
     if not isinstance(data, dict):
@@ -350,6 +394,8 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path) -> Recipe:
 
     build = _parse_build(p, data.get("build"))
     verify = _parse_verify(p, data.get("verify"))
+    gputests = (tests_dir or patches_dir.parent / "gputests") / (name or path.stem)
+    test = _parse_test(p, data.get("test"), gputests)
 
     if p.items:
         raise RecipeError(
@@ -360,7 +406,8 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path) -> Recipe:
     assert name is not None and version is not None and build is not None
     return Recipe(
         name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
-        sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, path=path,
+        sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, test=test,
+        path=path,
     )
 
 

@@ -160,8 +160,8 @@ def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path) -> Path:
             ) from exc
         if src.tag:
             try:
-                tagged = _git(["rev-parse", "--verify", "--quiet", f"refs/tags/{src.tag}^{{commit}}"],
-                              repo)
+                tagged = _git(["rev-parse", "--verify", "--quiet",
+                               f"refs/tags/{src.tag}^{{commit}}"], repo)
             except _proc.CommandFailed as exc:
                 raise SourceError(f"tag {src.tag} of {recipe.name} is not in {src.url}",
                                   why="the recipe names a tag the repository does not have",

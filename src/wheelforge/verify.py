@@ -31,6 +31,10 @@ class Verified:
     def sass(self) -> tuple[str, ...]:
         return tuple(sorted({s for _, a in self.archs for s in a.sass}))
 
+    @property
+    def ptx(self) -> tuple[str, ...]:
+        return tuple(sorted({s for _, a in self.archs for s in a.ptx}))
+
 
 def shared_object_archs(wheel: Path) -> list[tuple[str, CudaArchs]]:
     out = []
@@ -100,7 +104,8 @@ def verify_wheel(
     cuda_sos = [(n, a) for n, a in per_so if not a.empty]
     if recipe.build.kind == "pure":
         if not info.pure:
-            issues.append(f"tags {', '.join(info.tags)}: the recipe says pure, expected py3-none-any")
+            issues.append(f"tags {', '.join(info.tags)}: the recipe says pure, "
+                          "expected py3-none-any")
         if per_so:
             issues.append(f"a pure wheel holds shared objects: {', '.join(n for n, _ in per_so)}")
     else:
@@ -112,7 +117,8 @@ def verify_wheel(
         want_sass, want_ptx = expected_sass(archs), expected_ptx(archs)
         for name, found in cuda_sos:
             if found.sass - want_sass:
-                issues.append(f"{name}: unrequested SASS {', '.join(sorted(found.sass - want_sass))}"
+                extra = ", ".join(sorted(found.sass - want_sass))
+                issues.append(f"{name}: unrequested SASS {extra}"
                               f" (requested {', '.join(sorted(want_sass))}): the arch list was "
                               "not honoured")
             if want_sass - found.sass:

@@ -4,8 +4,6 @@ CUDAExtension records the compile arguments it is given to $FAKE_TORCH_RECORD so
 tests can see which -gencode / --threads flags setup.py chose.
 """
 
-import os
-
 from . import utils, version  # noqa: F401
 
 __version__ = "2.14.1+cu130"

@@ -1,0 +1,365 @@
+"""Check the machine before a build: every check runs, none raises.
+
+``run_checks`` returns one finding per check (OK, WARN or FAIL, with the fix
+for anything not OK); ``render`` lays them out one per line, without colour.
+Compatibility rules are data: the host compilers each CUDA release accepts are
+in ``HOST_COMPILER_MAX`` (the toolkit's own crt/host_config.h wins when found),
+the architectures in ``toolchain.MIN_CUDA_FOR_ARCH``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packaging.version import Version
+
+from . import _proc, config
+from .arch import Arch
+from .buildenv import inspect_env
+from .errors import WheelforgeError
+from .toolchain import MIN_CUDA_FOR_ARCH, Cuda, find_cuda, supported_sass
+
+__all__ = [
+    "DISK_FAIL_GIB",
+    "DISK_WARN_GIB",
+    "HOST_COMPILER_MAX",
+    "Finding",
+    "Status",
+    "failures",
+    "render",
+    "run_checks",
+]
+
+Status = Literal["OK", "WARN", "FAIL"]
+Compiler = Literal["gcc", "clang"]
+
+DISK_WARN_GIB = 20.0
+DISK_FAIL_GIB = 5.0
+#: The newest host compiler major each CUDA release accepts (its include/crt/host_config.h).
+#: A release missing here is judged by the closest older row, as a warning only.
+HOST_COMPILER_MAX: dict[str, dict[Compiler, int]] = {
+    "11.8": {"gcc": 11, "clang": 14},
+    "12.0": {"gcc": 12, "clang": 14},
+    "12.1": {"gcc": 12},
+    "12.2": {"gcc": 12},
+    "12.3": {"gcc": 12},
+    "12.4": {"gcc": 13},
+    "12.5": {"gcc": 13},
+    "12.6": {"gcc": 13},
+    "12.8": {"gcc": 14, "clang": 19},
+    "12.9": {"gcc": 14},
+    "13.0": {"gcc": 15, "clang": 20},
+}
+_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def failures(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status == "FAIL"]
+
+
+def render(findings: Iterable[Finding]) -> str:
+    """One line per finding: status, check, detail and, when there is one, the fix."""
+    lines = []
+    for f in findings:
+        line = f"{f.status:<6}{f.check:<12} {f.detail}"
+        if f.fix:
+            line += f"  -> fix: {f.fix}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def run_checks(
+    *,
+    archs: tuple[Arch, ...],
+    python: Path | None,
+    work_dir: Path,
+    cache_dir: Path,
+    jobs: int | None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """Every check, collected; a check that cannot run is a finding, never an exception."""
+    env = dict(os.environ if environ is None else environ)
+    findings: list[Finding] = []
+    cuda_box: list[Cuda | None] = [None]
+
+    def nvcc() -> list[Finding]:
+        finding, cuda_box[0] = _check_nvcc(env)
+        return [finding]
+
+    _collect(findings, "nvcc", nvcc)
+    cuda = cuda_box[0]
+    _collect(findings, "arch", lambda: _check_archs(cuda, archs))
+    _collect(findings, "torch", lambda: _check_torch(python, cuda))
+    _collect(findings, "compiler", lambda: [_check_host_compiler(cuda, env)])
+    _collect(findings, "ninja", lambda: [_check_ninja(python, env)])
+    _collect(findings, "git", lambda: [_check_git(env)])
+    _collect(findings, "disk work", lambda: [_check_disk("disk work", work_dir, "--work-dir")])
+    _collect(findings, "disk cache", lambda: [_check_disk("disk cache", cache_dir, "--cache-dir")])
+    _collect(findings, "memory", lambda: [_check_memory(jobs, env)])
+    return findings
+
+
+def _collect(findings: list[Finding], name: str, check: Callable[[], list[Finding]]) -> None:
+    try:
+        findings.extend(check())
+    except Exception as exc:  # a check must never abort the report
+        findings.append(Finding(name, "FAIL", f"the check itself failed: {type(exc).__name__}: "
+                                f"{exc}", "report this as a wheelforge bug"))
+
+
+# -- nvcc and architectures --------------------------------------------------------------------
+
+def _check_nvcc(env: Mapping[str, str]) -> tuple[Finding, Cuda | None]:
+    try:
+        cuda = find_cuda(env)
+    except WheelforgeError as exc:
+        return Finding("nvcc", "FAIL", _what_why(exc), exc.fix), None
+    return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin})"), cuda
+
+
+def _check_archs(cuda: Cuda | None, archs: tuple[Arch, ...]) -> list[Finding]:
+    out: list[Finding] = []
+    listed = supported_sass(cuda.nvcc) if cuda is not None else frozenset()
+    for arch in archs:
+        name = f"arch {arch}"
+        need = MIN_CUDA_FOR_ARCH.get((arch.major, arch.minor))
+        base = f"sm_{arch.major}{arch.minor}"
+        if cuda is None:
+            out.append(Finding(name, "WARN", "not checked: nvcc was not found"))
+        elif need is not None and cuda.version < Version(need):
+            out.append(Finding(
+                name, "FAIL", f"needs CUDA {need}+, nvcc is {cuda.version}",
+                f"install CUDA {need} or newer and point CUDA_HOME at it (e.g. "
+                f"CUDA_HOME=/usr/local/cuda-13.0), or drop {arch} from --arch"))
+        elif listed and arch.sm not in listed and base not in listed:
+            out.append(Finding(
+                name, "FAIL", f"nvcc {cuda.version} does not list {arch.sm} in --list-gpu-code",
+                "use a CUDA toolkit that supports it, or drop it from --arch"))
+        elif need is None and not listed:
+            out.append(Finding(
+                name, "WARN", f"{arch.sm}: unknown to wheelforge and nvcc --list-gpu-code gave "
+                "no answer", "check the compute capability (nvidia-smi --query-gpu=compute_cap "
+                "--format=csv)"))
+        else:
+            since = f", needs {need}+" if need else ""
+            out.append(Finding(name, "OK", f"{arch.sm}: nvcc {cuda.version}{since}"))
+    return out
+
+
+# -- torch -------------------------------------------------------------------------------------
+
+def _check_torch(python: Path | None, cuda: Cuda | None) -> list[Finding]:
+    if python is None:
+        return [Finding("torch", "OK", "no --python: the build uses wheelforge's managed "
+                        "environment with its pinned torch")]
+    try:
+        env = inspect_env(python)
+    except WheelforgeError as exc:
+        return [Finding("torch", "FAIL", _what_why(exc), exc.fix)]
+    torch = f"torch {env.torch_version}"
+    out = [Finding("torch", "OK", f"{torch} (CUDA {env.torch_cuda or 'none'}) in {python}")]
+    if env.torch_cuda is None:
+        out.append(Finding(
+            "torch cuda", "FAIL", f"{torch} is a CPU-only build",
+            "install a CUDA build of torch into that environment (e.g. from the cu130 index), "
+            "or leave out --python to use the managed environment"))
+    elif cuda is None:
+        out.append(Finding("torch cuda", "WARN",
+                           f"{torch} is built for CUDA {env.torch_cuda}; not compared: no nvcc"))
+    elif Version(env.torch_cuda).major != cuda.version.major:
+        major = Version(env.torch_cuda).major
+        out.append(Finding(
+            "torch cuda", "FAIL",
+            f"{torch} is built for CUDA {env.torch_cuda}, nvcc is {cuda.version}",
+            f"point CUDA_HOME at a CUDA {major}.x toolkit, or use an environment whose torch is "
+            f"built for CUDA {cuda.version.major}"))
+    else:
+        out.append(Finding("torch cuda", "OK",
+                           f"torch CUDA {env.torch_cuda}, nvcc {cuda.version}: same major"))
+    return out
+
+
+# -- host compiler -----------------------------------------------------------------------------
+
+def _check_host_compiler(cuda: Cuda | None, env: Mapping[str, str]) -> Finding:
+    """The compiler nvcc will use: $NVCC_CCBIN, $CC (torch passes it as -ccbin), $CXX, gcc."""
+    origin, command = next(((f"${v}", env[v]) for v in ("NVCC_CCBIN", "CC", "CXX")
+                            if env.get(v)), ("default", "gcc"))
+    argv = shlex.split(command)
+    exe = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+    if not argv or exe is None:
+        return Finding("compiler", "FAIL", f"{command!r} ({origin}) was not found",
+                       "install gcc and g++ (e.g. apt install build-essential) or set CC and "
+                       "CXX to a compiler")
+    done = _proc.run([exe, *argv[1:], "--version"], env=env, check=False, timeout=_TIMEOUT)
+    family, version = _compiler_version(done.output)
+    if done.returncode != 0 or family is None or version is None:
+        return Finding("compiler", "WARN", f"cannot tell the version of {exe} ({origin}): "
+                       f"{_first_line(done.output)!r}",
+                       "use gcc or clang as the host compiler")
+    what = f"{family} {version} at {exe}"
+    if origin != "default":
+        what += f" ({origin})"
+    if cuda is None:
+        return Finding("compiler", "WARN", f"{what}; not compared: no nvcc")
+    limit, source, exact = _compiler_limit(cuda, family)
+    if limit is None:
+        return Finding("compiler", "WARN", f"{what}; no known {family} bound for CUDA "
+                       f"{cuda.version}", "if nvcc rejects it, use gcc")
+    major = int(version.split(".")[0])
+    if major <= limit:
+        return Finding("compiler", "OK", f"{what}; CUDA {cuda.version} accepts {family} <= "
+                       f"{limit} ({source})")
+    fix = (f"install {family} {limit} or older and select it with CC and CXX (e.g. "
+           f"CC={family}-{limit} CXX={'g++' if family == 'gcc' else 'clang++'}-{limit}), "
+           "or use a newer CUDA toolkit")
+    if not exact:
+        return Finding("compiler", "WARN", f"{what}; CUDA {cuda.version} is newer than "
+                       f"wheelforge's table, whose {source} accepts {family} <= {limit}", fix)
+    return Finding("compiler", "FAIL", f"{what}; CUDA {cuda.version} accepts {family} <= "
+                   f"{limit} ({source})", fix)
+
+
+def _compiler_version(output: str) -> tuple[Compiler | None, str | None]:
+    first = _first_line(output)
+    m = re.search(r"clang version (\d+\.\d+(?:\.\d+)?)", first)
+    if m:
+        return "clang", m.group(1)
+    if ("Free Software Foundation" in output or "(GCC)" in first
+            or re.match(r"\S*(?:gcc|g\+\+|cc|c\+\+)(?:-[\d.]+)?\s", first)):
+        m = re.search(r"\)\s+(\d+\.\d+(?:\.\d+)?)", first) or re.search(
+            r"\b(\d+\.\d+\.\d+)\b", first)
+        return "gcc", m.group(1) if m else None
+    return None, None
+
+
+def _compiler_limit(cuda: Cuda, family: Compiler) -> tuple[int | None, str, bool]:
+    """(newest accepted major, where that comes from, whether it is this exact release)."""
+    for header in (cuda.home / "include" / "crt" / "host_config.h",
+                   *sorted(cuda.home.glob("targets/*/include/crt/host_config.h"))):
+        try:
+            text = header.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if family == "gcc":
+            m = re.search(r"#if __GNUC__ > (\d+)", text)
+            if m:
+                return int(m.group(1)), "its host_config.h", True
+        else:
+            m = re.search(r"clang version must be less than (\d+)", text)
+            if m:
+                return int(m.group(1)) - 1, "its host_config.h", True
+    release = Version(f"{cuda.version.major}.{cuda.version.minor}")
+    rows = sorted((Version(k), v) for k, v in HOST_COMPILER_MAX.items())
+    exact = dict(rows).get(release, {})
+    if family in exact:
+        return exact[family], f"CUDA {release}", True
+    known = [(v, row[family]) for v, row in rows if family in row]
+    if rows and release > rows[-1][0] and known:  # newer than the table: judge by its newest row
+        return known[-1][1], f"CUDA {known[-1][0]}", False
+    return None, "", False
+
+
+# -- ninja and git -----------------------------------------------------------------------------
+
+def _check_ninja(python: Path | None, env: Mapping[str, str]) -> Finding:
+    candidates = []
+    if python is not None:
+        candidates.append(str(python.parent / "ninja"))
+    found = shutil.which("ninja", path=env.get("PATH"))
+    if found:
+        candidates.append(found)
+    for exe in candidates:
+        if os.path.isfile(exe) and os.access(exe, os.X_OK):
+            done = _proc.run([exe, "--version"], env=env, check=False, timeout=_TIMEOUT)
+            if done.returncode == 0:
+                return Finding("ninja", "OK", f"{_first_line(done.output)} at {exe}")
+    if python is None:
+        return Finding("ninja", "OK", "not on PATH; the managed environment installs it")
+    return Finding("ninja", "WARN", f"neither in {python.parent} nor on PATH: torch falls back "
+                   "to its slow, serial distutils build", f"{python} -m pip install ninja")
+
+
+def _check_git(env: Mapping[str, str]) -> Finding:
+    exe = shutil.which("git", path=env.get("PATH"))
+    fix = "install git (e.g. apt install git): patches are applied with git apply"
+    if exe is None:
+        return Finding("git", "FAIL", "git was not found on PATH", fix)
+    done = _proc.run([exe, "--version"], env=env, check=False, timeout=_TIMEOUT)
+    if done.returncode != 0:
+        return Finding("git", "FAIL", f"{exe} --version failed: "
+                       f"{_first_line(done.output)!r}", fix)
+    return Finding("git", "OK", f"{_first_line(done.output)} at {exe}")
+
+
+# -- resources ---------------------------------------------------------------------------------
+
+def _check_disk(name: str, path: Path, option: str) -> Finding:
+    where = _nearest_existing(path)
+    free = shutil.disk_usage(where).free / 2**30
+    detail = f"{free:.1f} GiB free at {where}"
+    if where != path:
+        detail += f" (for {path})"
+    fix = (f"free space there, or point {option} at a disk with {DISK_WARN_GIB:g} GiB or more "
+           "free")
+    if free < DISK_FAIL_GIB:
+        return Finding(name, "FAIL", f"{detail}, below {DISK_FAIL_GIB:g} GiB", fix)
+    if free < DISK_WARN_GIB:
+        return Finding(name, "WARN", f"{detail}, below {DISK_WARN_GIB:g} GiB", fix)
+    return Finding(name, "OK", detail)
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_memory(jobs: int | None, env: Mapping[str, str]) -> Finding:
+    per_job = config.DEFAULT_GIB_PER_JOB
+    mem = config.memory_available_gib()
+    if mem <= 0:
+        return Finding("memory", "WARN", "cannot read the available memory (/proc/meminfo)",
+                       f"plan about {per_job:g} GiB per compile job when choosing --jobs")
+    if jobs is not None:
+        n, origin = jobs, "--jobs"
+    elif env.get("MAX_JOBS", "").isdigit() and int(env["MAX_JOBS"]) > 0:
+        n, origin = int(env["MAX_JOBS"]), "MAX_JOBS"
+    else:
+        n, origin = config.auto_jobs(config.cpu_count(), mem, per_job), "auto"
+    each = mem / n
+    detail = f"{mem:.1f} GiB available, {n} jobs ({origin}): {each:.1f} GiB per job"
+    if each >= per_job:
+        return Finding("memory", "OK", detail)
+    suggested = max(1, int(mem // per_job))
+    if suggested < n:
+        fix = f"use --jobs {suggested} (about {per_job:g} GiB per nvcc job)"
+    else:
+        fix = f"free memory or add swap: one nvcc job can take about {per_job:g} GiB"
+    return Finding("memory", "WARN", f"{detail}, below {per_job:g} GiB", fix)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _what_why(exc: WheelforgeError) -> str:
+    return f"{exc.what}: {exc.why}" if exc.why else exc.what
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

@@ -1,0 +1,253 @@
+"""Prove a published wheel on a real GPU: install it from the index, run the recipe's test.
+
+The wheel is installed the way a user would install it, through the index, into a fresh
+venv layered on the target interpreter (``--system-site-packages``, so its torch is
+used).  The recipe's test files run from a scratch directory, never from the source
+tree, so they exercise the installed wheel.  The result is recorded with the wheel.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.tags import sys_tags
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+
+from . import _proc, index
+from .buildenv import BuildEnv, inspect_env, missing_requirements
+from .errors import GpuTestError, IncompatibleGpuError, NoGpuError, ToolchainError
+from .patch import apply_series
+from .recipe import Recipe
+from .source import extract, fetch
+
+Progress = Callable[[str], None]
+
+_GPU_PROBE = r"""
+import json, subprocess
+import torch
+out = {"available": torch.cuda.is_available(), "torch": torch.__version__,
+       "torch_cuda": torch.version.cuda}
+if out["available"]:
+    p = torch.cuda.get_device_properties(0)
+    out.update(name=p.name, capability="%d.%d" % (p.major, p.minor),
+               count=torch.cuda.device_count())
+    try:
+        out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+            "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.split()[0]
+    except Exception:
+        out["driver"] = None
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    capability: str  # "9.0"
+    driver: str | None
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    status: str  # "passed" | "failed"
+    passed: int
+    failed: int
+    skipped: int
+    errors: int
+    gpu: str
+    capability: str
+    driver: str | None
+    date: str
+    duration_s: float
+    python: str
+    torch: str
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def probe_gpu(python: Path) -> Gpu:
+    try:
+        out = _proc.run([str(python), "-c", _GPU_PROBE]).output
+    except _proc.CommandFailed as exc:
+        raise NoGpuError(f"cannot ask torch in {python} about the GPU",
+                         why=exc.tail.strip()[-400:],
+                         fix="pass --python an interpreter with a CUDA build of torch") from exc
+    info = json.loads(out.strip().splitlines()[-1])
+    if not info["available"]:
+        raise NoGpuError(
+            "no CUDA GPU is visible on this machine",
+            why=f"torch {info['torch']} (CUDA {info['torch_cuda'] or 'none'}) in {python} reports "
+                "torch.cuda.is_available() == False",
+            fix="run `wheelforge test` on a machine with an NVIDIA GPU and its driver; a wheel "
+                "without a result stays marked 'untested' in the index",
+        )
+    return Gpu(info["name"], info["capability"], info.get("driver"))
+
+
+def _cc(text: str) -> tuple[int, int, str]:
+    digits = text.split("_", 1)[1]
+    suffix = digits[-1] if digits[-1] in "af" else ""
+    digits = digits.rstrip("af")
+    return int(digits[:-1]), int(digits[-1]), suffix
+
+
+def can_run(archs: tuple[str, ...], capability: str) -> bool:
+    """Whether code for ``archs`` (sm_XY / compute_XY) can run on a GPU of ``capability``.
+
+    SASS runs on the same major with an equal or higher minor ('a' and 'f' variants only on
+    their own arch / family); PTX is JIT-compiled for any GPU at or above its arch.
+    """
+    major, minor = (int(x) for x in capability.split("."))
+    for arch in archs:
+        a_major, a_minor, suffix = _cc(arch)
+        if arch.startswith("sm_"):
+            if suffix == "a" and (a_major, a_minor) == (major, minor):
+                return True
+            if suffix != "a" and a_major == major and a_minor <= minor:
+                return True
+        elif arch.startswith("compute_") and not suffix and (a_major, a_minor) <= (major, minor):
+            return True
+    return False
+
+
+def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
+               ) -> index.WheelRecord:
+    """The newest published wheel of ``recipe`` that installs into ``env``."""
+    tags = {str(t) for t in sys_tags()} if env.python_tag == _own_tag() else None
+    candidates = []
+    for rec in records:
+        if rec.project != recipe.name or rec.yanked is not None:
+            continue
+        _, _, _, wtags = parse_wheel_filename(rec.filename)
+        wtag_strs = {str(t) for t in wtags}
+        if tags is not None:
+            if not wtag_strs & tags:
+                continue
+        elif not any(t.interpreter in (env.python_tag, "py3") for t in wtags):
+            continue
+        if rec.torch and env.torch_major_minor and \
+                not rec.torch.startswith(env.torch_major_minor + "."):
+            continue
+        candidates.append(rec)
+    if not candidates:
+        raise ToolchainError(
+            f"no published wheel of {recipe.name} fits {env.python} "
+            f"({env.python_tag}, torch {env.torch_version})",
+            why="the index has none for this Python and torch",
+            fix=f"build one first: wheelforge build {recipe.name} --python {env.python}",
+        )
+    return max(candidates, key=lambda r: (Version(r.version), r.upload_time))
+
+
+def _own_tag() -> str:
+    import sys
+
+    return f"cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def _junit_counts(path: Path) -> tuple[int, int, int, int]:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    tests = sum(int(s.get("tests", 0)) for s in suites)
+    failures = sum(int(s.get("failures", 0)) for s in suites)
+    errors = sum(int(s.get("errors", 0)) for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    return tests - failures - errors - skipped, failures, skipped, errors
+
+
+def run_test(
+    recipe: Recipe,
+    *,
+    index_dir: Path,
+    python: Path,
+    cache_dir: Path,
+    sources_dirs: tuple[Path, ...] = (),
+    progress: Progress | None = None,
+    log: Path | None = None,
+) -> tuple[index.WheelRecord, TestOutcome]:
+    say = progress or (lambda _m: None)
+    if recipe.test.empty:
+        raise ToolchainError(f"recipe {recipe.name} declares no GPU test",
+                             fix=f"add a 'test:' section to {recipe.path}")
+    gpu = probe_gpu(python)
+    say(f"GPU: {gpu.name} (compute capability {gpu.capability}, driver {gpu.driver or '?'})")
+    env = inspect_env(python)
+    record = pick_wheel(index.load_records(index_dir), recipe, env)
+    say(f"wheel: {record.filename}")
+    if record.archs and not can_run(record.archs, gpu.capability):
+        raise IncompatibleGpuError(
+            f"{record.filename} cannot run on {gpu.name} (compute capability {gpu.capability})",
+            why=f"the wheel holds code for {', '.join(record.archs)} only, and no PTX that the "
+                "driver could compile for this GPU; the test would die with 'no kernel image "
+                "is available for execution on the device'",
+            fix=f"build for this GPU: wheelforge build {recipe.name} --arch {gpu.capability}",
+        )
+    missing = missing_requirements(env, recipe.test.requires)
+    if missing:
+        raise ToolchainError(f"the test of {recipe.name} needs {', '.join(missing)} in {python}",
+                             fix=f"{python} -m pip install " + " ".join(missing))
+    with tempfile.TemporaryDirectory(prefix="wf-test-") as tmp:
+        work = Path(tmp)
+        # a fresh venv of the target interpreter that sees its packages (torch, pytest):
+        # pip from the base installs into the venv
+        vpy = work / "venv" / "bin" / "python"
+        _proc.run([str(python), "-m", "venv", "--system-site-packages", "--without-pip",
+                   str(work / "venv")], log=log)
+        simple = (index_dir / "simple").as_uri()
+        say(f"installing {recipe.name}=={record.version} from {simple}")
+        try:
+            _proc.run([str(vpy), "-m", "pip", "install",
+                       "--disable-pip-version-check", "--no-cache-dir", "--index-url", simple,
+                       f"{recipe.name}=={record.version}"], log=log,
+                      env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+        except _proc.CommandFailed as exc:
+            raise GpuTestError(f"pip could not install {record.filename} from the index",
+                               why=exc.tail.strip()[-800:],
+                               fix="check the wheel's requirements against the environment",
+                               log=str(log) if log else None) from exc
+        tests = work / "tests"
+        tests.mkdir()
+        if recipe.test.source_files:
+            fetched = fetch(recipe, cache_dir, sources_dirs, say)
+            tree = extract(fetched.archive, work / "src")
+            apply_series(tree, recipe.patches, project=recipe.name)
+            for rel in recipe.test.source_files:
+                shutil.copy2(tree / rel, tests / Path(rel).name)
+        for f in recipe.test.files:
+            shutil.copy2(f, tests / f.name)
+        junit = work / "junit.xml"
+        say(f"running {', '.join(sorted(p.name for p in tests.iterdir()))} on {gpu.name}")
+        start = time.monotonic()
+        result = _proc.run([str(vpy), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"--junitxml={junit}", str(tests)], cwd=tests, log=log, check=False,
+                           env={**os.environ, "PYTHONNOUSERSITE": "1"},
+                           on_line=lambda ln: say(ln) if ("passed" in ln or "failed" in ln)
+                           and ln.startswith("=") else None)
+        duration = time.monotonic() - start
+        if not junit.exists():
+            raise GpuTestError(f"the test of {recipe.name} did not run",
+                               why=result.output.strip()[-800:],
+                               fix="read the log", log=str(log) if log else None)
+        passed, failed, skipped, errors = _junit_counts(junit)
+    outcome = TestOutcome(
+        status="passed" if result.returncode == 0 and failed == errors == 0 and passed > 0
+        else "failed",
+        passed=passed, failed=failed, skipped=skipped, errors=errors, gpu=gpu.name,
+        capability=gpu.capability, driver=gpu.driver,
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        duration_s=round(duration, 1), python=env.python_version, torch=env.torch_version or "",
+    )
+    updated = index.set_tested(index_dir, record.filename, outcome.as_record())
+    return updated, outcome

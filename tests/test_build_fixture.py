@@ -1,0 +1,128 @@
+"""The whole pipeline on tiny real projects: nvcc, torch, pip and the index are all real.
+
+The CUDA fixture (tests/packages/tinyext) compiles in seconds; the managed torch
+environment is shared with `make build` through the user's wheelforge cache.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PACKAGES, make_sdist, write_recipe
+from wheelforge.verify import shared_object_archs
+
+pytestmark = pytest.mark.nvcc
+
+EXT_RECIPE = """format: 1
+name: tinyext
+version: "0.1.0"
+sources:
+  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
+patches: {patches}
+build:
+  kind: extension
+  requires: [setuptools, wheel, ninja]
+  drop-requires: [ninja]
+verify:
+  imports: [{imports}]
+"""
+
+PURE_RECIPE = """format: 1
+name: tinypure
+version: "0.1.0"
+sources:
+  - sdist: {{filename: tinypure-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+verify:
+  imports: [tinypure]
+"""
+
+
+def wheelforge(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture
+def project(tmp_path: Path, nvcc: str) -> Path:
+    sdists = tmp_path / "sdists"
+    _, ext_sha = make_sdist(PACKAGES / "tinyext", sdists, "tinyext", "0.1.0")
+    _, pure_sha = make_sdist(PACKAGES / "tinypure", sdists, "tinypure", "0.1.0")
+    write_recipe(tmp_path, "tinyext", EXT_RECIPE.format(
+        sha=ext_sha, patches="[]", imports="tinyext_cuda, tinyext"))
+    write_recipe(tmp_path, "tinypure", PURE_RECIPE.format(sha=pure_sha))
+    return tmp_path
+
+
+def common(project: Path, cache: Path) -> list[str | Path]:
+    return ["--recipes", project / "recipes", "--sources", project / "sdists",
+            "--index", project / "index", "--cache-dir", cache, "--work-dir", project / "work"]
+
+
+def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
+    res = wheelforge("build", "tinyext", "tinypure", "--arch", "12.0",
+                     *common(project, shared_cache), cwd=project)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ext = "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
+    assert f"published: {ext}  [sm_120]" in res.stdout
+    assert "published: tinypure-0.1.0-py3-none-any.whl  [pure Python]" in res.stdout
+    assert "install: pip install --extra-index-url file://" in res.stdout
+    # resolved inputs first, then steps with durations
+    assert "arch list      12.0  [--arch]" in res.stderr
+    assert "ok compile (TORCH_CUDA_ARCH_LIST=12.0" in res.stderr
+
+    wheel = project / "index" / "files" / ext
+    [(so, archs)] = shared_object_archs(wheel)
+    assert so.startswith("tinyext_cuda") and archs.sass == {"sm_120"} and not archs.ptx
+    inspect = wheelforge("inspect", wheel, cwd=project)
+    assert inspect.stdout.strip().endswith("SASS sm_120; PTX none")
+
+    # a second build of the same inputs is skipped by build key
+    again = wheelforge("build", "tinyext", "--arch", "12.0", *common(project, shared_cache),
+                       cwd=project)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"already published: {ext}" in again.stdout
+
+    # real pip installs it from the index (no deps: torch is the build env's)
+    target = project / "site"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--target",
+         str(target), "--index-url", (project / "index" / "simple").as_uri(), "tinyext",
+         "tinypure"], capture_output=True, text=True, env={**os.environ,
+                                                            "PIP_CONFIG_FILE": os.devnull})
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    assert (target / "tinypure" / "__init__.py").is_file()
+    assert any(target.glob("tinyext_cuda*.so"))
+
+
+def test_patch_that_does_not_apply_publishes_nothing(project: Path, shared_cache: Path) -> None:
+    bad = "--- a/setup.py\n+++ b/setup.py\n@@ -1,3 +1,3 @@\n-# not this line\n+x\n y\n z\n"
+    sha = (project / "recipes" / "tinyext.yaml").read_text().split('sha256: "')[1][:64]
+    write_recipe(project, "tinyext", EXT_RECIPE.format(
+        sha=sha, patches="[0001-stale.patch]", imports="tinyext_cuda"),
+        {"0001-stale.patch": bad})
+    res = wheelforge("build", "tinyext", *common(project, shared_cache), cwd=project)
+    assert res.returncode == 5, res.stderr[-2000:]
+    assert "patch error: patch 0001-stale.patch does not apply to tinyext 0.1.0 (hunk 1 at " \
+           "setup.py:1)" in res.stderr
+    assert not (project / "index" / "files").exists() or \
+        not list((project / "index" / "files").glob("*.whl"))
+
+
+def test_failed_verification_publishes_nothing(project: Path, shared_cache: Path) -> None:
+    sha = (project / "recipes" / "tinyext.yaml").read_text().split('sha256: "')[1][:64]
+    write_recipe(project, "tinyext", EXT_RECIPE.format(
+        sha=sha, patches="[]", imports="tinyext_cuda, no_such_module"))
+    res = wheelforge("build", "tinyext", "--arch", "12.0", *common(project, shared_cache),
+                     cwd=project)
+    assert res.returncode == 8, res.stderr[-2000:]
+    assert "import no_such_module failed: ModuleNotFoundError" in res.stderr
+    assert "work directory kept at" in res.stderr
+    assert not list((project / "index").rglob("*.whl"))

@@ -1,0 +1,74 @@
+"""The real thing: causal-conv1d, fla-core and flash-linear-attention for sm_120.
+
+Real upstream sources, real nvcc 13.0, a managed torch 2.14.1 (CUDA 13.0)
+environment, the real index, and a fresh venv that installs from it with pip.
+About ten minutes on 2 cores (the causal-conv1d compile dominates).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from wheelforge.verify import shared_object_archs
+from wheelforge.wheel import read_metadata
+
+pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
+
+CC = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    from conftest import require_tool
+
+    require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
+    index = tmp_path_factory.mktemp("e2e") / "index"
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    res = subprocess.run(
+        [sys.executable, "-m", "wheelforge", "build", "causal-conv1d", "fla-core",
+         "flash-linear-attention", "--arch", "12.0", "--index", str(index),
+         "--cache-dir", str(shared_cache), "--force"],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, timeout=3600)
+    assert res.returncode == 0, res.stdout
+    assert f"published: {CC}  [sm_120]" in res.stdout
+    return index
+
+
+def test_causal_conv1d_wheel_holds_sm120_only(built: Path) -> None:
+    wheel = built / "files" / CC
+    per_so = shared_object_archs(wheel)
+    assert [so for so, _ in per_so] == [n for n, _ in per_so if n.startswith("causal_conv1d_cuda")]
+    for _, archs in per_so:
+        assert archs.sass == {"sm_120"} and archs.ptx == frozenset()
+    meta = read_metadata(wheel).decode()
+    assert "Version: 1.7.0+cu130torch2.14sm120" in meta
+    assert "Requires-Dist: torch==2.14.*" in meta
+    assert "ninja" not in meta.lower().split("description")[0]
+
+
+def test_fresh_venv_installs_from_the_index(built: Path, tmp_path: Path) -> None:
+    venv.create(tmp_path / "venv", with_pip=True)
+    py = tmp_path / "venv" / "bin" / "python"
+    simple = (built / "simple").as_uri()
+    install = subprocess.run(
+        [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
+         "--extra-index-url", simple, "causal-conv1d==1.7.0+cu130torch2.14sm120",
+         "fla-core==0.6.0", "flash-linear-attention==0.6.0"],
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+    assert install.returncode == 0, install.stdout[-4000:]
+    assert CC in install.stdout  # taken from the local index, not built from PyPI's sdist
+    check = subprocess.run(
+        [str(py), "-c", "import torch, causal_conv1d_cuda, causal_conv1d, fla, fla.layers;"
+         "print(causal_conv1d_cuda.__file__); print(torch.__version__)"],
+        text=True, capture_output=True, timeout=600)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert "2.14.1" in check.stdout
