@@ -2,8 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from wheelforge.arch import Arch, expected_ptx, expected_sass, label, parse_arch_list, \
-    torch_arch_list
+from wheelforge.arch import (
+    Arch,
+    expected_ptx,
+    expected_sass,
+    label,
+    parse_arch_list,
+    torch_arch_list,
+)
 from wheelforge.errors import ConfigError
 
 

@@ -11,6 +11,7 @@ import build as pypa_build
 
 from . import _proc
 from .buildenv import BuildEnv, missing_requirements
+from .diagnose import diagnose, first_error_line
 from .errors import BuildError, ToolchainError
 
 NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
@@ -41,6 +42,7 @@ def build_wheel(
     out_dir: Path,
     log: Path,
     on_line: Callable[[str], None] | None = None,
+    jobs: int | None = None,
 ) -> Path:
     """Build one wheel from ``tree`` into ``out_dir``; the full output goes to ``log``."""
 
@@ -57,12 +59,7 @@ def build_wheel(
         try:
             built = Path(builder.build("wheel", tmp))
         except _proc.CommandFailed as exc:
-            raise BuildError(
-                f"the build of {tree.name} failed (exit status {exc.returncode})",
-                why=_first_error(exc.tail) or "see the log",
-                fix="read the log tail above; the work directory was kept for inspection",
-                log=str(log),
-            ) from exc
+            raise failure(tree.name, exc, log, jobs) from exc
         except pypa_build.BuildException as exc:
             raise BuildError(f"the build of {tree.name} failed", why=str(exc),
                              fix="check the project's pyproject.toml", log=str(log)) from exc
@@ -71,9 +68,24 @@ def build_wheel(
     return final
 
 
-def _first_error(tail: str) -> str:
-    for line in tail.splitlines():
-        low = line.lower()
-        if "error" in low and "warning" not in low:
-            return line.strip()[:300]
-    return ""
+def failure(what: str, exc: _proc.CommandFailed, log: Path, jobs: int | None) -> BuildError:
+    """A BuildError that names the known cause (failures.yaml) or the first error line."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = exc.tail
+    found = diagnose(text, jobs=jobs)
+    if found:
+        d = found[0]
+        return BuildError(
+            f"the build of {what} failed: {d.title} [{d.id}]",
+            why=f"{d.cause}\n  log line {d.line_no}: {d.line[:300]}",
+            fix=d.fix, log=str(log))
+    first = first_error_line(text)
+    tail = "\n    ".join(exc.tail.rstrip().splitlines()[-15:])
+    return BuildError(
+        f"the build of {what} failed (exit status {exc.returncode})",
+        why=(f"first error, log line {first[0]}: {first[1][:300]}" if first
+             else "no error line recognized") + f"\n  last lines:\n    {tail}",
+        fix="read the log; if this is an upstream problem, fix it with a patch in the recipe",
+        log=str(log))

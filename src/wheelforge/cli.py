@@ -174,6 +174,41 @@ def inspect(wheel: Path) -> None:
 
 
 @cli.command(epilog=EPILOG)
+@click.option("--arch", help="CUDA architectures to check nvcc against (default as for build).")
+@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
+              help="Check this interpreter's torch against nvcc (default: the managed env).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Job count to size memory for.")
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False))
+def doctor(arch: str | None, python: Path | None, jobs: int | None, cache_dir: Path | None,
+           work_dir: Path | None) -> None:
+    """Check the toolchain before a build: nvcc and the archs it can compile, torch's CUDA
+    against nvcc's, the host compiler, ninja, git, free disk, memory per compile job.
+
+    Each line is OK, WARN or FAIL with the fix. Exits 6 when anything FAILs. The same
+    checks run before every build, before any compile starts.
+    """
+    from . import doctor as doc
+
+    config = resolve(arch=arch, python=python, jobs=jobs, cache_dir=cache_dir,
+                     work_dir=work_dir)
+    findings = doc.run_checks(archs=config.archs, python=config.python,
+                              work_dir=config.work_dir, cache_dir=config.cache_dir,
+                              jobs=jobs)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    colors = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+    for f in findings:
+        text = doc.render([f])
+        click.echo(click.style(text, fg=colors[f.status]) if color else text)
+    failed = doc.failures(findings)
+    if failed:
+        from .errors import ToolchainError
+
+        raise ToolchainError(f"{len(failed)} check(s) failed",
+                             fix="fix the FAIL lines above; each says how")
+
+
+@cli.command(epilog=EPILOG)
 @click.argument("name")
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
               default=Path("index"), show_default=True, help="The index to install from.")

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, buildenv, index, toolchain
+from . import __version__, buildenv, doctor, index, toolchain
 from ._log import Reporter
 from .arch import label as arch_label
 from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
 from .config import BuildConfig
-from .errors import WheelforgeError
+from .errors import ToolchainError, WheelforgeError
 from .patch import apply_series
 from .recipe import Recipe
 from .source import extract, fetch
@@ -96,6 +96,22 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
     )
 
 
+def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
+    """The checks of `wheelforge doctor`, before any compile: FAIL stops the build."""
+    findings = doctor.run_checks(archs=config.archs, python=env.python,
+                                 work_dir=config.work_dir, cache_dir=config.cache_dir,
+                                 jobs=config.jobs)
+    for f in findings:
+        if f.status == "WARN":
+            reporter.info(f"WARN {f.check}: {f.detail}" + (f" ({f.fix})" if f.fix else ""))
+    failed = doctor.failures(findings)
+    if failed:
+        raise ToolchainError(
+            f"preflight found {len(failed)} problem(s); nothing was compiled",
+            why="\n" + doctor.render(failed),
+            fix="fix the problems above (each line says how); `wheelforge doctor` re-checks")
+
+
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildResult:
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
@@ -128,6 +144,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             if extension:
                 assert cuda is not None
                 toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
+                _doctor(config, env, reporter)
             check_build_requires(tree, env, recipe.build.requires, recipe.name)
         identity = {"python": env.python_tag, "torch": env.torch_version or "",
                     "torch_cuda": env.torch_cuda or "",
@@ -155,7 +172,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
 
             raw = build_wheel(tree=tree, env=env,
                               environ=_environment(recipe, config, env, cuda),
-                              out_dir=work / "dist", log=log, on_line=on_line)
+                              out_dir=work / "dist", log=log, on_line=on_line,
+                              jobs=config.jobs)
             reporter.info(f"built {raw.name}")
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
