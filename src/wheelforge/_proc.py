@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,15 +105,54 @@ def run(
     return Completed(tuple(args), returncode, "".join(kept))
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children first found first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_all(pgid: int, pids: list[int], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    for pid in pids:  # ninja starts each job in a process group of its own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Stop the child's whole process group: TERM, then KILL after 5 s."""
+    """Stop the child and everything below it: TERM, then KILL after 5 s.
+
+    The tree is collected before any signal, since orphans are re-parented.
+    """
+    tree = descendants(proc.pid)
+    _signal_all(proc.pid, tree, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not any(_alive(p) for p in tree):
+            return
+        time.sleep(0.1)
+    _signal_all(proc.pid, tree + descendants(proc.pid), signal.SIGKILL)
+    proc.wait()
+
+
+def _alive(pid: int) -> bool:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

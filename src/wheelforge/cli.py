@@ -16,11 +16,12 @@ import click
 from . import __version__
 from ._log import Reporter
 from .config import resolve
-from .errors import EXIT_CODES, WheelforgeError
+from .errors import EXIT_CODES, INTERRUPT_EXIT_CODES, Interrupted, WheelforgeError
 from .recipe import RecipeBook, SdistSource
 
-EPILOG = "Exit codes: " + ", ".join(f"{v} {k}" for k, v in sorted(EXIT_CODES.items(),
-                                                                    key=lambda kv: kv[1]))
+EPILOG = ("Exit codes: " + ", ".join(f"{v} {k}" for k, v in sorted(EXIT_CODES.items(),
+                                                                     key=lambda kv: kv[1]))
+          + "; 124 timeout, 130 SIGINT, 143 SIGTERM.")
 
 
 def _book(recipes: Path | None) -> RecipeBook:
@@ -78,12 +79,15 @@ def cli() -> None:
 @click.option("--config", "project_file", type=click.Path(path_type=Path, dir_okay=False,
                                                           exists=True),
               help="Project file with defaults (default ./wheelforge.yaml if present).")
+@click.option("--timeout", type=click.IntRange(min=1), metavar="SECONDS",
+              help="Stop the whole build (every compiler process) after SECONDS; exit 124.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
 @recipes_option
 def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: str | None,
           jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
           cache_dir: Path | None, work_dir: Path | None, force: bool,
-          project_file: Path | None, verbose: bool, recipes: Path | None) -> None:
+          project_file: Path | None, timeout: int | None, verbose: bool,
+          recipes: Path | None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
     Prints the resolved inputs first; at the end, each wheel, its CUDA architectures and the
@@ -97,6 +101,10 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
                      force=force, project_file=project_file)
     reporter = Reporter(verbose=verbose)
+    if timeout:
+        import signal
+
+        signal.alarm(timeout)
     reporter.header(f"wheelforge {__version__}: building {', '.join(r.name for r in loaded)}")
     for line in config.summary():
         reporter.info(line)
@@ -255,18 +263,38 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
                            fix="read the log; the index marks the wheel as failed", log=str(log))
 
 
+def _install_signal_handlers() -> None:
+    """SIGTERM and SIGALRM (--timeout) interrupt like Ctrl-C does."""
+    import signal
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise Interrupted("SIGTERM", INTERRUPT_EXIT_CODES["SIGTERM"])
+
+    def on_alarm(signum: int, _frame: object) -> None:
+        raise Interrupted("timeout", INTERRUPT_EXIT_CODES["timeout"])
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGALRM, on_alarm)
+
+
 def main() -> None:
+    _install_signal_handlers()
     try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        try:
+            cli.main(standalone_mode=False)
+        except click.exceptions.Abort as exc:  # click wraps KeyboardInterrupt in Abort
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                raise exc.__cause__ from None
+            raise KeyboardInterrupt from None
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        reason = exc.reason if isinstance(exc, Interrupted) else "SIGINT"
+        click.echo(f"interrupted ({reason}): compile processes stopped, nothing published",
+                   err=True)
+        sys.exit(exc.exit_code if isinstance(exc, Interrupted) else
+                 INTERRUPT_EXIT_CODES["SIGINT"])
     except WheelforgeError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(exc.exit_code)

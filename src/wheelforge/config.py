@@ -8,6 +8,7 @@ from so the summary printed before a build says why it is what it is.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -118,6 +119,38 @@ def auto_jobs(cores: int, mem_gib: float, gib_per_job: float) -> int:
     """One job per core, but no more than memory allows (at least 1)."""
     by_mem = int(mem_gib // gib_per_job) if mem_gib > 0 else cores
     return max(1, min(cores, by_mem))
+
+
+def _stats_file(cache_dir: Path, name: str) -> Path:
+    return cache_dir / "stats" / f"{name}.json"
+
+
+def recorded_gib_per_job(cache_dir: Path, name: str) -> float | None:
+    """The peak memory of one compile job seen in the last build of ``name``."""
+    try:
+        data = json.loads(_stats_file(cache_dir, name).read_text())
+        return float(data["peak_job_gib"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def record_gib_per_job(cache_dir: Path, name: str, gib: float) -> None:
+    from ._fs import atomic_write
+
+    atomic_write(_stats_file(cache_dir, name), json.dumps({"peak_job_gib": round(gib, 3)}))
+
+
+def jobs_for(config: BuildConfig, name: str) -> tuple[int, str]:
+    """The job count for one recipe: the configured one, unless it was chosen
+    automatically and an earlier build of the recipe recorded its memory per job."""
+    peak = recorded_gib_per_job(config.cache_dir, name)
+    if not config.origin("jobs").startswith("auto") or peak is None:
+        return config.jobs, config.origin("jobs")
+    per_job = max(1.0, peak * 1.25)  # headroom over the last peak
+    mem = memory_available_gib()
+    jobs = auto_jobs(cpu_count(), mem, per_job)
+    return jobs, (f"auto: {cpu_count()} cores, {mem:.0f} GiB available, last build peaked at "
+                  f"{peak:.1f} GiB per job")
 
 
 def _positive_int(value: str, what: str) -> int:

@@ -86,6 +86,19 @@ class IncompatibleGpuError(WheelforgeError):
     label = "incompatible GPU"
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or --timeout: raised in the main thread, like KeyboardInterrupt, so
+    that every ``finally`` runs (child process groups stopped, locks released)."""
+
+    def __init__(self, reason: str, exit_code: int):
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+
+
+#: Exit statuses of interrupted runs (shell convention: 128 + signal; 124 like timeout(1)).
+INTERRUPT_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "timeout": 124}
+
 EXIT_CODES: dict[str, int] = {
     cls.__name__: cls.exit_code
     for cls in (

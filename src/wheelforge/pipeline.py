@@ -7,9 +7,11 @@ a successful publish and kept (and named) after a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import resource
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from ._log import Reporter
 from .arch import label as arch_label
 from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
-from .config import BuildConfig
+from .config import BuildConfig, jobs_for, record_gib_per_job
 from .errors import ToolchainError, WheelforgeError
 from .patch import apply_series
 from .recipe import Recipe
@@ -159,6 +161,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                     shutil.rmtree(work, ignore_errors=True)
                     return BuildResult(recipe, config.index_dir / "files" / rec.filename,
                                        tuple(rec.archs), rec.channel, key, skipped=True)
+        jobs, why_jobs = jobs_for(config, recipe.name)
+        if jobs != config.jobs:
+            reporter.info(f"MAX_JOBS={jobs} ({why_jobs})")
+            config = dataclasses.replace(config, jobs=jobs)
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
         with reporter.step(what):
@@ -174,7 +180,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                               environ=_environment(recipe, config, env, cuda),
                               out_dir=work / "dist", log=log, on_line=on_line,
                               jobs=config.jobs)
-            reporter.info(f"built {raw.name}")
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
+            if extension:
+                record_gib_per_job(config.cache_dir, recipe.name, peak)
+            reporter.info(f"built {raw.name}; peak memory of one job {peak:.1f} GiB")
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
                 env.torch_major_minor else None
@@ -201,6 +210,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
         if exc.log is None and log.exists():
             exc.log = str(log)
         exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
+        raise
+    except KeyboardInterrupt:
+        reporter.info(f"stopped; nothing was published; work directory kept at {work}; "
+                      f"log {log}")
         raise
     shutil.rmtree(work, ignore_errors=True)
     return BuildResult(recipe, published.path, verified.sass, channel, key)

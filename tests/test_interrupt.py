@@ -1,0 +1,100 @@
+"""SIGINT, SIGTERM and --timeout in the middle of a real compile of the CUDA fixture:
+every compiler process stops within 10 s, nothing is published, no lock is held."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PACKAGES, make_sdist, write_recipe
+from wheelforge._proc import descendants
+
+pytestmark = pytest.mark.nvcc
+
+RECIPE = """format: 1
+name: tinyext
+version: "0.1.0"
+sources:
+  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: extension
+  requires: [setuptools, wheel, ninja]
+"""
+COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "cc1plus", "cudafe++")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def start(tmp_path: Path, shared_cache: Path, *extra: str) -> subprocess.Popen[str]:
+    sdists = tmp_path / "sdists"
+    _, sha = make_sdist(PACKAGES / "tinyext", sdists, "tinyext", "0.1.0")
+    write_recipe(tmp_path, "tinyext", RECIPE.format(sha=sha))
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0", "--force",
+         "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
+         "--index", str(tmp_path / "index"), "--cache-dir", str(shared_cache),
+         "--work-dir", str(tmp_path / "work"), *extra],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_compiler(proc: subprocess.Popen[str], timeout: float = 600) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        tree = descendants(proc.pid)
+        if any(_comm(p) in ("cicc", "cc1plus") for p in tree):
+            return tree
+        time.sleep(0.2)
+    pytest.fail("no compiler process appeared")
+
+
+def assert_clean_stop(proc: subprocess.Popen[str], tree: list[int], tmp_path: Path,
+                      code: int) -> str:
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err[-2000:]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in tree if _comm(p) in COMPILERS]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert not alive, f"still running: {[(p, _comm(p)) for p in alive]}"
+    assert not list((tmp_path / "index").rglob("*.whl"))
+    lock = tmp_path / "index" / ".lock"
+    if lock.exists():
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
+    assert "nothing was published; work directory kept at" in err
+    return err
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_mid_compile(tmp_path: Path, shared_cache: Path, nvcc: str,
+                            sig: signal.Signals, code: int) -> None:
+    proc = start(tmp_path, shared_cache)
+    tree = wait_for_compiler(proc)
+    proc.send_signal(sig)
+    err = assert_clean_stop(proc, tree, tmp_path, code)
+    assert "interrupted (" in err
+
+
+def test_timeout_mid_compile(tmp_path: Path, shared_cache: Path, nvcc: str) -> None:
+    proc = start(tmp_path, shared_cache, "--timeout", "1")
+    # the alarm fires 1 s in: usually before the compile, which must stop all the same
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 124, err[-2000:]
+    assert "interrupted (timeout)" in err
+    assert not list((tmp_path / "index").rglob("*.whl"))
