@@ -109,6 +109,15 @@ def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False)
     )
 
 
+def python_tag(python: Path) -> str:
+    """``cp311`` for an interpreter, without importing anything heavy."""
+    if os.path.realpath(python) in (os.path.realpath(sys.executable),
+                                    os.path.realpath(getattr(sys, "_base_executable", ""))):
+        return f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    out = _proc.run([str(python), "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"])
+    return out.output.strip()
+
+
 def missing_requirements(env: BuildEnv, requirements: Sequence[str]) -> list[str]:
     """The requirements ``env`` does not satisfy (name missing or version outside)."""
     installed = dict(env.distributions)

@@ -41,9 +41,14 @@ class BuildResult:
     skipped: bool = False
 
 
-def build_key(recipe: Recipe, config: BuildConfig, *, source_identity: str,
-              toolchain_identity: dict[str, str]) -> str:
-    """A content hash of everything that changes the binary."""
+def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str]) -> str:
+    """A content hash of everything that changes the binary.
+
+    The recipe file (hence its pinned sources), every patch's bytes, the toolchain
+    (Python tag, the torch requirement or installed version, nvcc), the arch list, the
+    recipe's build environment and the wheelforge version.  Computable before any
+    environment exists, so an up-to-date build is skipped at no cost.
+    """
     h = hashlib.sha256()
 
     def add(label: str, data: bytes) -> None:
@@ -53,11 +58,33 @@ def build_key(recipe: Recipe, config: BuildConfig, *, source_identity: str,
     add("recipe", recipe.path.read_bytes())
     for p in recipe.patches:
         add(f"patch:{p.name}", p.read_bytes())
-    add("source", source_identity.encode())
     add("toolchain", json.dumps(toolchain_identity, sort_keys=True).encode())
+    add("env", json.dumps(sorted(recipe.build.env)).encode())
     if recipe.build.kind == "extension":
         add("archs", config.arch_list.encode())
     return h.hexdigest()
+
+
+def toolchain_identity(recipe: Recipe, config: BuildConfig,
+                       cuda: toolchain.Cuda | None) -> dict[str, str]:
+    """What of the toolchain goes into the build key, found without creating anything."""
+    if config.python is not None:
+        env = buildenv.inspect_env(config.python, with_torch=recipe.build.kind == "extension")
+        torch = f"{env.torch_version} (cuda {env.torch_cuda})" if env.torch_version else ""
+        tag = env.python_tag
+    else:
+        tag = buildenv.python_tag(config.base_python)
+        torch = " ".join([config.torch, *config.torch_pip_args])
+    if recipe.build.kind == "pure":
+        return {"python": "py3"}
+    return {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else ""}
+
+
+def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:
+    for rec in index.load_records(index_dir):
+        if rec.build_key == key and (index_dir / "files" / rec.filename).is_file():
+            return rec
+    return None
 
 
 def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
@@ -117,15 +144,29 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildResult:
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
-    config.work_dir.mkdir(parents=True, exist_ok=True)
     work = config.work_dir / f"{recipe.name}-{recipe.version}"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
+        cuda = None
+        with reporter.step("preflight"):
+            if extension:
+                cuda = toolchain.find_cuda()
+                reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
+                toolchain.check_archs(cuda, config.archs)
+            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda))
+            reporter.info(f"build key {key[:16]}")
+        if not config.force:
+            done = published_with_key(config.index_dir, key)
+            if done is not None:
+                reporter.info(f"already published: {done.filename} (same build key)")
+                return BuildResult(recipe, config.index_dir / "files" / done.filename,
+                                   tuple(done.archs), done.channel, key, skipped=True)
+        work = config.work_dir / f"{recipe.name}-{recipe.version}-{key[:12]}"
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
         with reporter.step("fetch source"):
             fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
             reporter.info(f"{fetched.source.identity} ({fetched.origin})")
@@ -134,12 +175,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
-        cuda = None
-        with reporter.step("preflight"):
-            if extension:
-                cuda = toolchain.find_cuda()
-                reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
-                toolchain.check_archs(cuda, config.archs)
         with reporter.step("build environment"):
             env = _get_env(recipe, config, reporter, log)
             reporter.info(env.describe())
@@ -148,19 +183,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
                 _doctor(config, env, reporter)
             check_build_requires(tree, env, recipe.build.requires, recipe.name)
-        identity = {"python": env.python_tag, "torch": env.torch_version or "",
-                    "torch_cuda": env.torch_cuda or "",
-                    "nvcc": str(cuda.version) if cuda else "",
-                    "env": json.dumps(sorted(recipe.build.env))}
-        key = build_key(recipe, config, source_identity=fetched.source.identity,
-                        toolchain_identity=identity)
-        if not config.force:
-            for rec in index.load_records(config.index_dir):
-                if rec.build_key == key and (config.index_dir / "files" / rec.filename).is_file():
-                    reporter.info(f"already published: {rec.filename} (build key {key[:12]})")
-                    shutil.rmtree(work, ignore_errors=True)
-                    return BuildResult(recipe, config.index_dir / "files" / rec.filename,
-                                       tuple(rec.archs), rec.channel, key, skipped=True)
         jobs, why_jobs = jobs_for(config, recipe.name)
         if jobs != config.jobs:
             reporter.info(f"MAX_JOBS={jobs} ({why_jobs})")
