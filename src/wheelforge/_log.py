@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TextIO
@@ -26,6 +27,8 @@ class Reporter:
         self._last_plain = 0.0
         self._live = False
         self._step_start = time.monotonic()
+        self._lock = threading.RLock()
+        self._counts: tuple[int, int, str] = (0, 0, "")
 
     def _c(self, code: str, text: str) -> str:
         return f"\033[{code}m{text}\033[0m" if self.color else text
@@ -35,60 +38,78 @@ class Reporter:
             self.stream.write("\r\033[K")
             self._live = False
 
+    def _emit(self, text: str) -> None:
+        with self._lock:
+            self._clear_live()
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
     def info(self, message: str) -> None:
-        self._clear_live()
-        self.stream.write(f"  {message}\n")
-        self.stream.flush()
+        self._emit(f"  {message}")
 
     def header(self, message: str) -> None:
-        self._clear_live()
-        self.stream.write(self._c("1", message) + "\n")
-        self.stream.flush()
+        self._emit(self._c("1", message))
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
-        self._clear_live()
-        self.stream.write(self._c("36", "==>") + f" {name}\n")
-        self.stream.flush()
+        self._emit(self._c("36", "==>") + f" {name}")
         start = self._step_start = time.monotonic()
         ok = False
         try:
             yield
             ok = True
         finally:
-            self._clear_live()
             took = time.monotonic() - start
             mark = self._c("32", "ok") if ok else self._c("31", "failed")
-            self.stream.write(f"    {mark} {name} ({_fmt(took)})\n")
-            self.stream.flush()
+            self._emit(f"    {mark} {name} ({_fmt(took)})")
 
     def line(self, text: str) -> None:
         """A line of build output: shown only when verbose."""
         if self.verbose:
-            self._clear_live()
-            self.stream.write(f"    | {text}\n")
-            self.stream.flush()
+            self._emit(f"    | {text}")
 
     def progress(self, done: int, total: int, what: str = "compiling") -> None:
+        with self._lock:
+            self._counts = (done, total, what)
+            self._show(force=done == total)
+
+    def _show(self, force: bool = False) -> None:
+        done, total, what = self._counts
         elapsed = _fmt(time.monotonic() - self._step_start)
-        text = f"    [{done}/{total}] {what}, {elapsed} elapsed"
+        text = (f"    [{done}/{total}] {what}, {elapsed} elapsed" if total
+                else f"    {what}, {elapsed} elapsed")
         if self.tty and not self.verbose:
             self.stream.write("\r\033[K" + text)
             self._live = True
             self.stream.flush()
             return
         now = time.monotonic()
-        if now - self._last_plain >= self.interval or done == total:
+        if force or now - self._last_plain >= self.interval:
             self._last_plain = now
             self.stream.write(text + "\n")
             self.stream.flush()
 
-    def tick(self, what: str) -> None:
-        """Periodic 'still working' line for steps without [n/m] progress."""
-        now = time.monotonic()
-        if now - self._last_plain >= self.interval:
-            self._last_plain = now
-            self.info(f"{what}, {_fmt(now - self._step_start)} elapsed")
+    @contextlib.contextmanager
+    def heartbeat(self, what: str) -> Iterator[None]:
+        """Keep the progress line alive while a long step prints nothing: refreshed every
+        second on a terminal, a plain line every ``interval`` seconds elsewhere."""
+        self._counts = (0, 0, what)
+        self._last_plain = time.monotonic()
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(1.0 if self.tty else min(self.interval, 5.0)):
+                with self._lock:
+                    self._show()
+
+        thread = threading.Thread(target=beat, name="wheelforge-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
 
 
 def _fmt(seconds: float) -> str:

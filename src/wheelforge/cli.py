@@ -47,7 +47,8 @@ def cli() -> None:
       wheelforge build causal-conv1d              # sm_120 wheel into ./index
       wheelforge build causal-conv1d --arch '10.0;12.0'
       wheelforge build causal-conv1d --python ~/venvs/train/bin/python
-      pip install --extra-index-url file://$PWD/index/simple causal-conv1d
+        wheelforge serve                            # the index over HTTP
+      wheelforge consumer-config                  # pip/uv settings that cannot be hijacked
     """
 
 
@@ -261,6 +262,104 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
         raise GpuTestError(f"the GPU test of {record.filename} failed",
                            why=f"{outcome.failed} failed, {outcome.errors} errors",
                            fix="read the log; the index marks the wheel as failed", log=str(log))
+
+
+index_option = click.option(
+    "--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+    default=Path("index"), show_default=True, help="The index directory.")
+
+
+@cli.group("index")
+def index_group() -> None:
+    """Maintain the local package index (pages are generated from the files)."""
+
+
+@index_group.command("rebuild")
+@index_option
+def index_rebuild(index_dir: Path) -> None:
+    """Regenerate every page from files/ and the wheels' sidecar records."""
+    from . import index
+
+    n = index.rebuild(index_dir)
+    click.echo(f"rebuilt {index_dir}: {n} wheel(s)")
+
+
+@cli.command()
+@click.argument("requirement", metavar="NAME==VERSION")
+@click.option("--reason", default="", help="Shown to pip users (PEP 592).")
+@index_option
+def yank(requirement: str, reason: str, index_dir: Path) -> None:
+    """Yank every file of NAME==VERSION: unpinned installs skip it, exact pins still work."""
+    from . import index
+
+    name, version = _split_pin(requirement)
+    for f in index.yank(index_dir, name, version, reason):
+        click.echo(f"yanked {f}")
+
+
+@cli.command()
+@click.argument("requirement", metavar="NAME==VERSION")
+@index_option
+def unyank(requirement: str, index_dir: Path) -> None:
+    """Undo `wheelforge yank`."""
+    from . import index
+
+    name, version = _split_pin(requirement)
+    for f in index.unyank(index_dir, name, version):
+        click.echo(f"unyanked {f}")
+
+
+def _split_pin(requirement: str) -> tuple[str, str]:
+    name, sep, version = requirement.partition("==")
+    if not sep or not name.strip() or not version.strip():
+        raise click.BadParameter(f"{requirement!r}: write NAME==VERSION, e.g. "
+                                 "causal-conv1d==1.7.0+cu130torch2.14sm120")
+    return name.strip(), version.strip()
+
+
+@cli.command()
+@index_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; the default serves this machine only.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--log-requests", is_flag=True, help="Log each request to stderr.")
+def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
+    """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated)."""
+    from . import index
+
+    server = index.make_server(index_dir, host, port, quiet=not log_requests)
+    bound_port = server.server_address[1]
+    url = f"http://{host}:{bound_port}"
+    click.echo(f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops")
+    click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+@cli.command("consumer-config")
+@index_option
+@click.option("--channel", help="Limit to one build target, e.g. cu130-torch2.14 "
+                                "(default: every wheel in the index).")
+@click.option("--url", help="The index URL consumers use (default: file:// of --index); "
+                            "e.g. the URL of `wheelforge serve` or your web server.")
+@click.option("--format", "fmt", type=click.Choice(["pip", "uv", "all"]), default="all",
+              show_default=True)
+def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: str) -> None:
+    """Print pip and uv settings that install the local wheels even when a public index
+    has the same names at higher versions (no dependency confusion)."""
+    from . import consumer, index
+
+    records = consumer.newest(index.load_records(index_dir), channel)
+    if not records:
+        raise click.ClickException(f"{index_dir} holds no wheels"
+                                   + (f" for channel {channel}" if channel else ""))
+    where = consumer.index_url(index_dir, url, channel)
+    if fmt in ("pip", "all"):
+        click.echo(consumer.pip_config(where, records))
+    if fmt in ("uv", "all"):
+        click.echo(consumer.uv_config(where, records))
 
 
 def _install_signal_handlers() -> None:

@@ -107,6 +107,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ["MAX_JOBS"] = str(config.jobs)
     environ["NVCC_THREADS"] = str(config.nvcc_threads)
     environ.pop("PYTHONPATH", None)
+    environ["PYTHONUNBUFFERED"] = "1"  # the backend's output arrives as it is written
     environ.update(dict(recipe.build.env))
     return environ
 
@@ -195,13 +196,12 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 m = NINJA_PROGRESS.match(line)
                 if m:
                     reporter.progress(int(m["done"]), int(m["total"]))
-                else:
-                    reporter.tick("building")
 
-            raw = build_wheel(tree=tree, env=env,
-                              environ=_environment(recipe, config, env, cuda),
-                              out_dir=work / "dist", log=log, on_line=on_line,
-                              jobs=config.jobs)
+            with reporter.heartbeat("building"):
+                raw = build_wheel(tree=tree, env=env,
+                                  environ=_environment(recipe, config, env, cuda),
+                                  out_dir=work / "dist", log=log, on_line=on_line,
+                                  jobs=config.jobs)
             peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
             if extension:
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
