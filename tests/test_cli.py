@@ -1,0 +1,68 @@
+"""The CLI is the interface: exit codes and messages asserted exactly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, write_recipe
+
+
+def wf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wheelforge", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_teaches() -> None:
+    res = wf("--help")
+    assert res.returncode == 0
+    for cmd in ("build", "check", "inspect", "list", "show", "doctor", "test", "serve",
+                "consumer-config", "yank"):
+        assert f"  {cmd} " in res.stdout
+    build = wf("build", "--help").stdout
+    for opt in ("--arch", "--python", "--jobs", "--index", "--sources", "--timeout", "MAX_JOBS",
+                "TORCH_CUDA_ARCH_LIST"):
+        assert opt in build
+
+
+def test_list_and_show() -> None:
+    res = wf("list")
+    assert res.stdout.splitlines() == [
+        "causal-conv1d                1.7.0        extension",
+        "fla-core                     0.6.0        pure",
+        "flash-linear-attention       0.6.0        pure",
+    ]
+    show = wf("show", "causal-conv1d").stdout
+    assert "patch:     patches/causal-conv1d/0001-find-nvcc.patch" in show
+
+
+def test_check_reports_every_problem(tmp_path: Path) -> None:
+    write_recipe(tmp_path, "a", "format: 1\nname: a\nversion: '1'\nsources: []\nbuild: {kind: x}\n")
+    write_recipe(tmp_path, "b", "format: 1\nname: b\nversoin: '1'\n")
+    res = wf("check", "--recipes", str(tmp_path / "recipes"), cwd=tmp_path)
+    assert res.returncode == 3
+    assert "recipe error: 2 recipe(s) have problems" in res.stderr
+    assert "a.yaml: sources: is required" in res.stderr
+    assert "a.yaml: build.kind: must be one of extension, pure, got 'x'" in res.stderr
+    assert "b.yaml: versoin: unknown key; did you mean 'version'?" in res.stderr
+
+
+def test_unknown_recipe() -> None:
+    res = wf("build", "causal-conv1", "--index", "/nonexistent")
+    assert res.returncode == 3
+    assert "no recipe named 'causal-conv1'" in res.stderr
+    assert "did you mean 'causal-conv1d'?" in res.stderr
+
+
+def test_bad_arch_is_a_config_error() -> None:
+    res = wf("build", "causal-conv1d", "--arch", "sm_120")
+    assert res.returncode == 2
+    assert "config error: 'sm_120' is not a CUDA architecture" in res.stderr
+
+
+def test_inspect_not_a_wheel(tmp_path: Path) -> None:
+    bad = tmp_path / "x.whl"
+    bad.write_bytes(b"not a zip")
+    res = wf("inspect", str(bad))
+    assert res.returncode != 0 and "Traceback" not in res.stderr
