@@ -236,9 +236,12 @@ def doctor(arch: str | None, python: Path | None, jobs: int | None, cache_dir: P
               type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Directory holding source archives (for tests that live in the source).")
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="pytest-xdist processes sharing the GPU (default: min(8, cores) when "
+                   "pytest-xdist is installed, else 1).")
 @recipes_option
 def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Path, ...],
-         cache_dir: Path | None, recipes: Path | None) -> None:
+         cache_dir: Path | None, workers: int | None, recipes: Path | None) -> None:
     """Prove a published wheel on this machine's GPU.
 
     Installs NAME from the index into a fresh environment, runs the recipe's GPU test
@@ -260,7 +263,8 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
     with reporter.step(f"test {recipe.name} from {index_dir}"):
         record, outcome = run_test(recipe, index_dir=Path(os.path.abspath(index_dir)),
                                    python=interp, cache_dir=cache, sources_dirs=sources_dirs,
-                                   progress=reporter.info, log=log)
+                                   progress=reporter.info, log=log,
+                                   workers=workers or min(8, os.cpu_count() or 1))
     click.echo(f"{outcome.status}: {record.filename} on {outcome.gpu} (sm {outcome.capability}): "
                f"{outcome.passed} passed, {outcome.failed} failed, {outcome.skipped} skipped, "
                f"{outcome.errors} errors in {outcome.duration_s:.0f}s  [log {log}]")

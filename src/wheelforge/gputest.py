@@ -176,6 +176,7 @@ def run_test(
     sources_dirs: tuple[Path, ...] = (),
     progress: Progress | None = None,
     log: Path | None = None,
+    workers: int = 1,
 ) -> tuple[index.WheelRecord, TestOutcome]:
     say = progress or (lambda _m: None)
     if recipe.test.empty:
@@ -230,8 +231,13 @@ def run_test(
         junit = work / "junit.xml"
         say(f"running {', '.join(sorted(p.name for p in tests.iterdir()))} on {gpu.name}")
         start = time.monotonic()
+        parallel: list[str] = []
+        if workers > 1 and "pytest-xdist" in dict(env.distributions):
+            parallel = ["-n", str(workers)]  # several processes share the one GPU
+            say(f"pytest-xdist: {workers} workers")
         result = _proc.run([str(vpy), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            f"--junitxml={junit}", str(tests)], cwd=tests, log=log, check=False,
+                            *parallel, f"--junitxml={junit}", str(tests)], cwd=tests, log=log,
+                           check=False,
                            env={**os.environ, "PYTHONNOUSERSITE": "1"},
                            on_line=lambda ln: say(ln) if ("passed" in ln or "failed" in ln)
                            and ln.startswith("=") else None)
