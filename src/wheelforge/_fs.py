@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 TMP_PREFIX = ".wf-tmp-"
+#: Published files are world-readable (mkstemp creates 0600): web servers and other users read
+#: the index.
+FILE_MODE = 0o644
 
 
 def sha256_file(path: Path) -> str:
@@ -35,6 +38,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
@@ -52,6 +56,7 @@ def atomic_copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
             for chunk in iter(lambda: inp.read(1 << 20), b""):
                 out.write(chunk)

@@ -19,7 +19,10 @@ Layout of an index directory::
     <index>/.records/<project>.cache    derived cache: the project's rendered page fragments
     <index>/.records/<project>.rows     derived cache: the project's landing-page rows
     <index>/.records/_summary.json      derived cache: each project's channels and file-set digest
+    <index>/.records/_writing           present while a change is in progress
     <index>/.lock                       held by every writer (the HTTP server takes no lock)
+
+Everything under ``.records`` is derived and may be deleted at any time.
 
 Point pip or uv at ``<index>/<channel>/simple/`` (or ``<index>/simple/`` for
 everything) as ``--index-url``, either as a ``file://`` URL or served by any
@@ -30,17 +33,20 @@ Rules:
 * A published file never changes.  Publishing the same bytes again is a no-op;
   different bytes under a published name are refused.
 * Writes are atomic (temp file in the same directory, fsync, rename), in the
-  order wheel, ``.metadata``, sidecar, caches and pages.  A crash leaves the old
-  pages valid; temp files (``.wf-tmp-*``) are swept by the next writer.  A
-  wheel without a sidecar (an interrupted publish, or a file copied in by hand)
-  is re-derived from the wheel itself, as a channel-less record.
+  order wheel, ``.metadata``, sidecar, caches, project pages, root pages,
+  landing page.  A crash at any point leaves the old pages valid.  Every
+  change holds ``.records/_writing`` while it writes; when the next writer
+  finds it left behind, it sweeps the temp files (``.wf-tmp-*``) and rebuilds
+  every page from the files before doing its own work.  A wheel without a
+  sidecar (a publish killed before its sidecar, or a file copied in by hand)
+  gets a record derived from the wheel itself, without a build target;
+  publishing the same bytes with a target completes that record.
 * A publish lists ``files/`` once (no wheel is re-read or re-hashed), reads
   only the published project's cache, re-renders only the new wheel's
   fragments and rewrites only the pages whose bytes change: that project's
   pages, its channel pages, the root pages when the project is new, and the
   landing page.  The caches are checked against the file names in ``files/``;
-  a project whose names disagree is reloaded from its sidecars.  After a
-  crash in the middle of a yank, run it again (or rebuild).
+  a project whose names disagree is reloaded from its sidecars.
 * :func:`rebuild` regenerates every page from ``files/`` and the sidecars, and
   removes pages no file supports any more.  It trusts each sidecar's sha256
   (only the size is checked against the file) instead of re-hashing every
@@ -126,7 +132,7 @@ _CACHE_SCHEMA = 1  # of the .records caches; bump whenever the page templates ch
 _SERIAL_WRITES = 8  # up to this many files, one fsync after another
 _FSYNC_THREADS = 8
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
-_WRITING = "_writing"  # present while pages are being written
+_WRITING = "_writing"  # present while a change is in progress
 _RESERVED_CHANNELS = frozenset({FILES_DIR, SIMPLE_DIR, "index.html", "index.json"})
 _CHANNEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 _ARCH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\Z")
@@ -1401,7 +1407,7 @@ class _Route:
 
 
 def _inside(root: str, real: str) -> bool:
-    return real == root or real.startswith(root + os.sep)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _hidden(root: str, real: str) -> bool:
