@@ -202,10 +202,12 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                                   environ=_environment(recipe, config, env, cuda),
                                   out_dir=work / "dist", log=log, on_line=on_line,
                                   jobs=config.jobs)
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
+            reporter.info(f"built {raw.name}")
             if extension:
+                # the largest child (a cicc or cc1plus) so far: the memory one job needs
+                peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
-            reporter.info(f"built {raw.name}; peak memory of one job {peak:.1f} GiB")
+                reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
                 env.torch_major_minor else None
