@@ -16,9 +16,12 @@ fi
 idx=$out/index; cache=$out/cache
 rc=0
 "$py" -m wheelforge doctor --arch "$arch" --python "$py" --cache-dir "$cache" || rc=1
-/usr/bin/time -v "$py" -m wheelforge build causal-conv1d fla-core flash-linear-attention \
+timer=(); [ -x /usr/bin/time ] && timer=(/usr/bin/time -v)
+start=$(date +%s)
+"${timer[@]}" "$py" -m wheelforge build causal-conv1d fla-core flash-linear-attention \
   --python "$py" --arch "$arch" --sources "$src" --index "$idx" --cache-dir "$cache" \
   2> >(tee "$out/build.err" >&2) || rc=1
+echo "build wall time: $(( $(date +%s) - start )) s"
 for name in causal-conv1d fla-core flash-linear-attention; do
   "$py" -m wheelforge test "$name" --python "$py" --index "$idx" --sources "$src" \
     --cache-dir "$cache" || rc=1
