@@ -136,4 +136,5 @@ def test_shipped_recipes_are_valid() -> None:
         "3202758494eaa7b597ce1c282dfa188889506bfcb92cad3c407d26736bfcd32b"
     assert [p.name for p in cc.patches] == [
         "0001-find-nvcc.patch", "0002-honour-torch-cuda-arch-list.patch",
-        "0003-no-network-during-build.patch", "0004-nvcc-threads.patch"]
+        "0003-no-network-during-build.patch", "0004-nvcc-threads.patch",
+        "0005-split-kernels-into-translation-units.patch"]

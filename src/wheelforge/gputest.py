@@ -151,6 +151,34 @@ def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
     return max(candidates, key=lambda r: (Version(r.version), r.upload_time))
 
 
+_SITE_PROBE = (
+    "import json, site, sysconfig; p = sysconfig.get_paths();"
+    "print(json.dumps([p['purelib'], p['platlib'], *site.getsitepackages()]))"
+)
+
+
+def _overlay_venv(python: Path, root: Path, log: Path | None) -> Path:
+    """A fresh venv of ``python`` that also sees that interpreter's packages (torch, pytest).
+
+    ``--system-site-packages`` is not enough: when ``python`` is itself a venv, the new
+    venv would see the base interpreter's packages, not the venv's.  A .pth file adds the
+    given interpreter's site directories after the new venv's own, so the wheel installed
+    into the new venv wins and everything else comes from the given environment.
+    """
+    _proc.run([str(python), "-m", "venv", "--without-pip", str(root)], log=log)
+    sites = json.loads(_proc.run([str(python), "-c", _SITE_PROBE]).output.strip()
+                       .splitlines()[-1])
+    vpy = root / "bin" / "python"
+    own = _proc.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+                    ).output.strip().splitlines()[-1]
+    seen: list[str] = []
+    for d in sites:
+        if d not in seen and os.path.isdir(d):
+            seen.append(d)
+    Path(own, "_wheelforge_overlay.pth").write_text("\n".join(seen) + "\n")
+    return vpy
+
+
 def _own_tag() -> str:
     import sys
 
@@ -201,18 +229,15 @@ def run_test(
                              fix=f"{python} -m pip install " + " ".join(missing))
     with tempfile.TemporaryDirectory(prefix="wf-test-") as tmp:
         work = Path(tmp)
-        # a fresh venv of the target interpreter that sees its packages (torch, pytest):
-        # pip from the base installs into the venv
-        vpy = work / "venv" / "bin" / "python"
-        _proc.run([str(python), "-m", "venv", "--system-site-packages", "--without-pip",
-                   str(work / "venv")], log=log)
+        vpy = _overlay_venv(python, work / "venv", log)
         simple = (index_dir / "simple").as_uri()
         say(f"installing {recipe.name}=={record.version} from {simple}")
         try:
             _proc.run([str(vpy), "-m", "pip", "install",
                        "--disable-pip-version-check", "--no-cache-dir", "--index-url", simple,
                        f"{recipe.name}=={record.version}"], log=log,
-                      env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+                      env={**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+                           "PIP_CONFIG_FILE": os.devnull})
         except _proc.CommandFailed as exc:
             raise GpuTestError(f"pip could not install {record.filename} from the index",
                                why=exc.tail.strip()[-800:],

@@ -1,0 +1,135 @@
+"""Patch 0005: causal-conv1d's backward kernels compiled as several translation units.
+
+Static checks only (no nvcc): the series is applied to the real upstream sdist
+and the split tree is compared with the tree just before 0005.  The split must
+move code, never change it: the same explicit instantiations (each exactly
+once), every new .cu file built by setup.py, and the kernel text byte-identical
+to upstream's.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from wheelforge.patch import apply_series
+from wheelforge.recipe import RecipeBook
+from wheelforge.source import extract, fetch
+
+BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
+SPLIT = REPO / "patches" / "causal-conv1d" / "0005-split-kernels-into-translation-units.patch"
+HEADER = "csrc/causal_conv1d_bwd_kernels.cuh"
+UNSPLIT_BWD = "csrc/causal_conv1d_bwd.cu"
+
+# e.g. `template void causal_conv1d_bwd_cuda<at::Half, float>(ConvParamsBwd &params, ...);`
+INSTANTIATION = re.compile(r"^template\s+void\s+causal_conv1d\w*\s*<[^;]*>\s*\([^;]*\)\s*;",
+                           re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, Path]:
+    recipe = BOOK.load("causal-conv1d")
+    series = list(recipe.patches)
+    if SPLIT not in series:  # until the recipe lists it
+        series.append(SPLIT)
+    before = series[:series.index(SPLIT)]
+    fetched = fetch(recipe, shared_cache)
+    base = tmp_path_factory.mktemp("cc1d-split")
+    unsplit = extract(fetched.archive, base / "unsplit")
+    apply_series(unsplit, before, project="causal-conv1d")
+    split = extract(fetched.archive, base / "split")
+    apply_series(split, series, project="causal-conv1d")
+    return {"unsplit": unsplit, "split": split}
+
+
+def instantiations(tree: Path) -> dict[str, list[str]]:
+    """Every explicit instantiation in csrc/*.cu, whitespace-normalised, by file."""
+    return {p.name: [" ".join(m.split()) for m in INSTANTIATION.findall(p.read_text())]
+            for p in sorted((tree / "csrc").glob("*.cu"))}
+
+
+def new_units(trees: dict[str, Path]) -> list[Path]:
+    old = {p.name for p in (trees["unsplit"] / "csrc").glob("*.cu")}
+    return sorted(p for p in (trees["split"] / "csrc").glob("*.cu") if p.name not in old)
+
+
+def setup_sources(tree: Path) -> list[str]:
+    """The literal sources=[...] list of the CUDAExtension call in setup.py."""
+    found = []
+    for node in ast.walk(ast.parse((tree / "setup.py").read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "CUDAExtension":
+            for kw in node.keywords:
+                if kw.arg == "sources":
+                    assert isinstance(kw.value, ast.List), "sources is no longer a literal list"
+                    found.append([ast.literal_eval(e) for e in kw.value.elts])
+    assert len(found) == 1, f"expected one CUDAExtension(sources=[...]), found {len(found)}"
+    return found[0]
+
+
+def test_same_instantiations_each_exactly_once(trees: dict[str, Path]) -> None:
+    before = instantiations(trees["unsplit"])
+    after = instantiations(trees["split"])
+    assert len(before[Path(UNSPLIT_BWD).name]) == 18  # 9 dtype pairs x channel-first/last
+    old = Counter(i for lines in before.values() for i in lines)
+    new = Counter(i for lines in after.values() for i in lines)
+    assert max(old.values()) == 1
+    duplicated = {i: n for i, n in new.items() if n > 1}
+    assert not duplicated, f"instantiated more than once: {duplicated}"
+    assert set(new) == set(old), (f"missing: {sorted(set(old) - set(new))}; "
+                                  f"added: {sorted(set(new) - set(old))}")
+    assert UNSPLIT_BWD not in {f"csrc/{n}" for n in after}, "the unsplit file is still there"
+    units = new_units(trees)
+    assert len(units) >= 2
+    assert all(after[u.name] for u in units), "a new unit instantiates nothing"
+
+
+def test_new_units_hold_only_instantiations(trees: dict[str, Path]) -> None:
+    for unit in new_units(trees):
+        code = re.sub(r"/\*.*?\*/|//[^\n]*", "", unit.read_text(), flags=re.DOTALL)
+        code = INSTANTIATION.sub("", code)
+        rest = [ln.strip() for ln in code.splitlines() if ln.strip()]
+        assert rest == [f'#include "{Path(HEADER).name}"'], f"{unit.name}: {rest}"
+
+
+def test_setup_builds_every_unit(trees: dict[str, Path]) -> None:
+    sources = setup_sources(trees["split"])
+    assert len(sources) == len(set(sources)), sources
+    on_disk = {f"csrc/{p.name}" for p in (trees["split"] / "csrc").glob("*.c*")
+               if p.suffix in (".cu", ".cpp")}
+    assert set(sources) == on_disk
+    for unit in new_units(trees):
+        assert f"csrc/{unit.name}" in sources
+    assert UNSPLIT_BWD not in sources
+    # the rest of the list as it was
+    old = setup_sources(trees["unsplit"])
+    assert [s for s in old if s != UNSPLIT_BWD] == [s for s in sources if s in old]
+
+
+def test_kernel_code_byte_identical(trees: dict[str, Path]) -> None:
+    upstream = (trees["unsplit"] / UNSPLIT_BWD).read_text()
+    first = INSTANTIATION.search(upstream)
+    assert first is not None
+    body, tail = upstream[:first.start()].rstrip("\n") + "\n", upstream[first.start():]
+    # what was cut from upstream is the instantiations and blank lines, nothing else
+    assert INSTANTIATION.sub("", tail).strip() == ""
+    header = (trees["split"] / HEADER).read_text()
+    prelude, sep, rest = header.partition("#pragma once\n\n")
+    assert sep, "the header has no #pragma once"
+    assert all(ln.startswith("//") for ln in prelude.splitlines()), prelude
+    assert rest == body, "the kernel code in the header differs from upstream"
+
+
+def test_other_files_untouched(trees: dict[str, Path]) -> None:
+    def files(tree: Path) -> dict[str, bytes]:
+        return {p.relative_to(tree).as_posix(): p.read_bytes()
+                for p in tree.rglob("*") if p.is_file()}
+    old, new = files(trees["unsplit"]), files(trees["split"])
+    changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
+    assert changed == {"setup.py"}
+    assert set(old) - set(new) == {UNSPLIT_BWD}
+    assert set(new) - set(old) == {HEADER} | {f"csrc/{u.name}" for u in new_units(trees)}
