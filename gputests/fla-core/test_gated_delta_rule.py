@@ -22,10 +22,8 @@ def err_ratio(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x - ref).pow(2).mean().sqrt() / (ref.pow(2).mean().sqrt() + 1e-8)).item()
 
 
-@pytest.mark.parametrize(("B", "T", "H", "K", "V"), [(2, 256, 4, 64, 64), (1, 300, 2, 128, 128)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_chunk_gated_delta_rule_matches_naive(B: int, T: int, H: int, K: int, V: int,
-                                              dtype: torch.dtype) -> None:
+def gdr_inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype
+               ) -> list[torch.Tensor]:
     torch.manual_seed(42)
     q = torch.randn(B, T, H, K, device=DEVICE, dtype=dtype)
     k = F.normalize(torch.randn(B, T, H, K, device=DEVICE, dtype=torch.float32), p=2,
@@ -34,7 +32,48 @@ def test_chunk_gated_delta_rule_matches_naive(B: int, T: int, H: int, K: int, V:
     beta = torch.rand(B, T, H, device=DEVICE, dtype=dtype).sigmoid()
     g = F.logsigmoid(torch.rand(B, T, H, device=DEVICE, dtype=torch.float32))
     h0 = torch.randn(B, H, K, V, device=DEVICE, dtype=torch.float32)
-    inputs = [t.requires_grad_() for t in (q, k, v, beta, g, h0)]
+    return [t.requires_grad_() for t in (q, k, v, beta, g, h0)]
+
+
+def backward_or_skip(loss: torch.Tensor) -> None:
+    """fla refuses backward kernels that its authors know to be wrong with the installed
+    Triton on this GPU (e.g. Triton < 3.7.1 on Hopper, fla issue #640): that is a skip with
+    fla's own reason, never a pass."""
+    try:
+        loss.backward()
+    except RuntimeError as exc:
+        if "produces incorrect results" in str(exc):
+            pytest.skip(f"fla refuses this backward here: {exc}")
+        raise
+
+
+SHAPES = [(2, 256, 4, 64, 64), (1, 300, 2, 128, 128)]
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize(("B", "T", "H", "K", "V"), SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_gated_delta_rule_forward(B: int, T: int, H: int, K: int, V: int,
+                                        dtype: torch.dtype) -> None:
+    q, k, v, beta, g, h0 = gdr_inputs(B, T, H, K, V, dtype)
+    scale = K ** -0.5
+    with torch.no_grad():
+        ref, ref_ht = naive_recurrent_gated_delta_rule(q, k, v, beta, g, scale=scale,
+                                                       initial_state=h0,
+                                                       output_final_state=True)
+        out, ht = chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                         output_final_state=True)
+    assert torch.isfinite(out).all() and torch.isfinite(ht).all()
+    assert err_ratio(out, ref) < 0.01
+    assert err_ratio(ht, ref_ht) < 0.01
+
+
+@pytest.mark.parametrize(("B", "T", "H", "K", "V"), SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_gated_delta_rule_backward(B: int, T: int, H: int, K: int, V: int,
+                                         dtype: torch.dtype) -> None:
+    inputs = gdr_inputs(B, T, H, K, V, dtype)
+    q, k, v, beta, g, h0 = inputs
     do = torch.randn(B, T, H, V, device=DEVICE, dtype=dtype)
     dht = torch.randn(B, H, K, V, device=DEVICE, dtype=torch.float32)
     scale = K ** -0.5
@@ -48,14 +87,10 @@ def test_chunk_gated_delta_rule_matches_naive(B: int, T: int, H: int, K: int, V:
 
     out, ht = chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
                                      output_final_state=True)
-    ((out.float() * do.float()).sum() + (ht * dht).sum()).backward()
-    grads = [t.grad for t in inputs]
-
-    assert err_ratio(out, ref) < 0.01
-    assert err_ratio(ht, ref_ht) < 0.01
-    for name, got, want in zip(("dq", "dk", "dv", "dbeta", "dg", "dh0"), grads, ref_grads):
-        assert got is not None and torch.isfinite(got).all(), name
-        assert err_ratio(got, want) < 0.02, (name, err_ratio(got, want))
+    backward_or_skip((out.float() * do.float()).sum() + (ht * dht).sum())
+    for name, t, want in zip(("dq", "dk", "dv", "dbeta", "dg", "dh0"), inputs, ref_grads):
+        assert t.grad is not None and torch.isfinite(t.grad).all(), name
+        assert err_ratio(t.grad, want) < 0.02, (name, err_ratio(t.grad, want))
 
 
 def conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
