@@ -341,7 +341,7 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
 
     server = index.make_server(index_dir, host, port, quiet=not log_requests)
     bound_port = server.server_address[1]
-    url = f"http://{host}:{bound_port}"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
     click.echo(f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops")
     click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
     try:

@@ -17,10 +17,12 @@ the local index the only source of the projects it holds:
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from .index import WheelRecord
@@ -32,12 +34,18 @@ def newest(records: Sequence[WheelRecord], channel: str | None) -> list[WheelRec
     for rec in records:
         if rec.yanked is not None:
             continue
-        if channel is not None and rec.channel not in (channel, None):
-            continue
+        if channel is not None and rec.channel != channel and not (
+            rec.channel is None and _is_pure(rec.filename)
+        ):
+            continue  # not on the channel's pages: those hold its wheels and pure ones
         cur = best.get(rec.project)
         if cur is None or Version(rec.version) > Version(cur.version):
             best[rec.project] = rec
     return [best[k] for k in sorted(best)]
+
+
+def _is_pure(filename: str) -> bool:
+    return all(t.abi == "none" and t.platform == "any" for t in parse_wheel_filename(filename)[3])
 
 
 def index_url(index_dir: Path | None, url: str | None, channel: str | None) -> str:
@@ -58,7 +66,8 @@ def pip_config(url: str, records: Sequence[WheelRecord]) -> str:
         "# pip: install the wheelforge wheels from the local index only, then their",
         "# dependencies from your usual index (pip keeps the pinned, installed versions).",
         "# Never rely on a bare --extra-index-url: pip would take a newer public upload.",
-        f"pip install --no-deps --only-binary :all: --index-url {url} \\",
+        "pip install --isolated --no-deps --only-binary :all: \\",
+        f"    --index-url {shlex.quote(url)} \\",
         f"    {p}",
         f"pip install {p}",
         "",
@@ -71,7 +80,7 @@ def uv_config(url: str, records: Sequence[WheelRecord]) -> str:
         "# is taken from it alone, whatever versions other indexes offer.",
         "[[tool.uv.index]]",
         'name = "wheelforge"',
-        f'url = "{url}"',
+        f"url = {json.dumps(url)}",  # a JSON string is a valid TOML basic string
         "explicit = true",
         "",
         "[tool.uv.sources]",
@@ -82,7 +91,7 @@ def uv_config(url: str, records: Sequence[WheelRecord]) -> str:
         "",
         "# uv pip: an --extra-index-url is consulted before the default index, and uv's",
         "# default first-index strategy never mixes versions of one name across indexes.",
-        f"# uv pip install --index-strategy first-index --extra-index-url {url} {p}",
+        f"# uv pip install --index-strategy first-index --extra-index-url {shlex.quote(url)} {p}",
         "",
     ]
     return "\n".join(lines)

@@ -68,6 +68,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import urllib.parse
 import zipfile
@@ -933,7 +934,8 @@ th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #ddd;
          white-space: nowrap; }
 th { background: #f3f3f3; position: sticky; top: 0; }
 tbody:nth-of-type(even) { background: #fafafa; }
-td.num { text-align: right; }
+th.num, td.num { text-align: right; }
+td { font-variant-numeric: tabular-nums; }
 code { font-size: .9em; }
 a { color: #0550ae; }
 .yanked { color: #a40e26; font-size: .85em; font-weight: bold; }
@@ -967,8 +969,8 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int)
         "<p>Install with <code>pip install --index-url &lt;this index&gt;/&lt;channel&gt;/simple/"
         " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL).</p>\n"
         "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
-        "<th>CUDA</th><th>Archs</th><th>Size</th><th>Built (UTC)</th><th>SHA-256</th>"
-        "<th>Tested</th></tr></thead>\n"
+        '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
+        "<th>SHA-256</th><th>Tested</th></tr></thead>\n"
         f"{bodies}</table>\n</body>\n</html>\n"
     )
 
@@ -1484,6 +1486,8 @@ class _IndexServer(http.server.ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], root: str, quiet: bool) -> None:
         self.root = root
         self.quiet = quiet
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, _IndexHandler)
 
 
@@ -1559,4 +1563,11 @@ def make_server(
             f"{index_dir} is not an index directory",
             fix="publish a wheel into it or rebuild it first",
         )
-    return _IndexServer((host, port), root, quiet)
+    try:
+        return _IndexServer((host, port), root, quiet)
+    except OSError as exc:  # address in use, not this machine's, no permission
+        raise PublishError(
+            f"cannot serve {index_dir} on {host} port {port}",
+            why=exc.strerror or str(exc),
+            fix="choose another --port (--port 0 takes a free one) or another --host",
+        ) from None

@@ -1,0 +1,212 @@
+"""The landing page (<index>/index.html) as a browser renders it: headless Chromium.
+
+One index with an extension wheel (channel, CUDA, torch, archs and a recorded test
+result), a pure wheel and a yanked one.  Chromium takes a screenshot (checked for its
+size and that it shows text, the green test result and the red yanked label) and dumps
+the DOM it parsed (checked for the table's headers and every row, cell by cell).
+
+Needs the Debian package `chromium` (skipped without it, except under CI=true).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import make_wheel, require_tool
+from wheelforge import index
+
+WIDTH, HEIGHT = 1400, 900
+HEADERS = ["Project", "Version", "Python", "Torch", "CUDA", "Archs", "Size", "Built (UTC)",
+           "SHA-256", "Tested"]
+EXTENSION = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    return require_tool("chromium", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("landing")
+    root, dist = tmp / "index", tmp / "dist"
+    ext = make_wheel(dist, {"causal_conv1d/_C.so": b"\x7fELF" + bytes(300)}, name="causal-conv1d",
+                     version="1.7.0+cu130torch2.14sm120", tag="cp311-cp311-linux_x86_64")
+    assert ext.name == EXTENSION
+    index.publish(root, ext, channel="cu130-torch2.14", cuda="13.0", torch="2.14.1",
+                  archs=["sm_120", "sm_100"], build_key="key-1")
+    index.set_tested(root, ext.name, {"status": "passed", "gpu": "NVIDIA RTX PRO 6000"})
+    for version in ("0.5.0", "0.6.0"):
+        pure = make_wheel(dist, {"fla/__init__.py": f"V = {version!r}\n"}, name="fla-core",
+                          version=version)
+        index.publish(root, pure, channel=None, cuda=None, torch=None, archs=[], build_key=None)
+    index.yank(root, "fla-core", "0.5.0", "wrong kernels")
+    return root / "index.html"
+
+
+def browse(chromium: str, tmp_path: Path, *action: str, page: Path
+           ) -> subprocess.CompletedProcess[bytes]:
+    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+            f"--window-size={WIDTH},{HEIGHT}", *action, page.as_uri()]
+    done = subprocess.run(argv, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    return done
+
+
+# --------------------------------------------------------------------------- PNG, stdlib only
+
+
+def _swar_add(a: bytes, b: bytes) -> bytes:
+    """Bytewise (a + b) mod 256 of two equal-length strings, in big-integer arithmetic."""
+    n = len(a)
+    x, y = int.from_bytes(a, "big"), int.from_bytes(b, "big")
+    low, high = int.from_bytes(b"\x7f" * n, "big"), int.from_bytes(b"\x80" * n, "big")
+    return (((x & low) + (y & low)) ^ ((x ^ y) & high)).to_bytes(n, "big")
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
+
+
+def decode_png(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, RGB bytes) of an 8-bit RGB or RGBA, non-interlaced PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        assert zlib.crc32(kind + body) == struct.unpack(">I", data[pos + 8 + length:][:4])[0]
+        pos += 12 + length
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+    assert header is not None
+    width, height, depth, color, _compression, _filter, interlace = header
+    assert (depth, interlace) == (8, 0) and color in (2, 6), header
+    bpp = 3 if color == 2 else 4
+    stride = width * bpp
+    raw = zlib.decompress(b"".join(idat))
+    assert len(raw) == height * (stride + 1), "truncated image data"
+    prev, rows = bytes(stride), []
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)]
+        if kind == 0:
+            row = line
+        elif kind == 2:
+            row = _swar_add(line, prev)
+        else:
+            out = bytearray(line)
+            for i in range(stride):
+                a = out[i - bpp] if i >= bpp else 0
+                c = prev[i - bpp] if i >= bpp else 0
+                pred = a if kind == 1 else (a + prev[i]) // 2 if kind == 3 else _paeth(
+                    a, prev[i], c)
+                out[i] = (out[i] + pred) & 0xFF
+            row = bytes(out)
+        rows.append(row)
+        prev = row
+    pixels = b"".join(rows)
+    if bpp == 4:
+        pixels = b"".join(pixels[i:i + 3] for i in range(0, len(pixels), 4))
+    return width, height, pixels
+
+
+def test_screenshot_shows_the_table(chromium: str, landing: Path, tmp_path: Path):
+    shot = tmp_path / "landing.png"
+    browse(chromium, tmp_path, f"--screenshot={shot}", page=landing)
+    width, height, rgb = decode_png(shot.read_bytes())
+    assert (width, height) == (WIDTH, HEIGHT)
+    dark = red = green = 0
+    for r, g, b in zip(rgb[0::3], rgb[1::3], rgb[2::3], strict=True):
+        if r + g + b < 200:
+            dark += 1
+        elif r > 120 and g < 70 and b < 90:
+            red += 1  # the yanked label (#a40e26)
+        elif g > r + 40 and g > b + 30:
+            green += 1  # the passed test result (#116329)
+    pixels = width * height
+    assert 0.002 * pixels < dark < 0.2 * pixels, f"{dark} dark pixels: blank or unreadable?"
+    assert red > 20 and green > 20, (red, green)
+
+
+# --------------------------------------------------------------------------- DOM
+
+
+class _Table(HTMLParser):
+    """Headers, and each body row's class and cell texts (whitespace collapsed)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.headers: list[str] = []
+        self.rows: list[tuple[str, list[str]]] = []
+        self.links: list[str] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "tr" and self.headers:
+            self.rows.append((values.get("class") or "", []))
+        elif tag in ("th", "td"):
+            self._cell = []
+        elif tag == "a" and self._cell is not None:
+            self.links.append(values.get("href") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("th", "td") and self._cell is not None:
+            text = " ".join("".join(self._cell).split())
+            (self.headers if tag == "th" else self.rows[-1][1]).append(text)
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_dom_has_the_headers_and_every_row(chromium: str, landing: Path, tmp_path: Path):
+    dom = browse(chromium, tmp_path, "--dump-dom", page=landing).stdout.decode()
+    table = _Table()
+    table.feed(dom)
+    table.close()
+    assert table.headers == HEADERS
+
+    records = {r.filename: r for r in index.load_records(landing.parent)}
+    ext = records[EXTENSION]
+    pure = records["fla_core-0.6.0-py3-none-any.whl"]
+    old = records["fla_core-0.5.0-py3-none-any.whl"]
+
+    def fixed(r: index.WheelRecord) -> list[str]:
+        return [r.upload_time[:16].replace("T", " "), r.sha256[:12]]
+
+    size = r"\d+ B|\d+\.\d KiB"
+    expected = [
+        ("", ["causal-conv1d", "1.7.0+cu130torch2.14sm120", "cp311", "2.14.1", "13.0",
+              "sm_100 sm_120", size, *fixed(ext), "passed"]),
+        ("", ["fla-core", "0.6.0", "py3", "-", "-", "-", size, *fixed(pure), "untested"]),
+        ("yanked-row", ["fla-core", "0.5.0 yanked", "py3", "-", "-", "-", size, *fixed(old),
+                        "untested"]),
+    ]
+    assert len(table.rows) == len(expected)
+    for (row_class, cells), (want_class, want) in zip(table.rows, expected, strict=True):
+        assert row_class == want_class
+        assert len(cells) == len(want) == len(HEADERS)
+        assert cells[:6] + cells[7:] == want[:6] + want[7:]
+        assert re.fullmatch(want[6], cells[6]), cells[6]
+    files = [link for link in table.links if link.startswith("files/")]
+    assert len(files) == 3
+    for link in files:
+        assert (landing.parent / link.replace("%2B", "+")).is_file(), link
+    assert "wrong kernels" in dom  # the yank reason, on the label's title
