@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Build speed of causal-conv1d, measured side by side in one run on one machine.
+
+  A  upstream's default build: the unpatched sdist (9 architectures under CUDA 13,
+     --threads 4), CUDA_HOME set so that it builds at all
+  B  one architecture, patches 0001-0004 (no split)
+  C  one architecture, patches 0001-0005 (backward kernels split into 9 units)
+
+Each is a bare `pip wheel --no-build-isolation` in wheelforge's managed build
+environment with the same MAX_JOBS; prints wall time, CPU time (user+sys of all
+compiler processes), wheel size and the ratios.  On 2 cores A alone takes ~30 min.
+
+    .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--skip-upstream]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+from wheelforge import buildenv, toolchain  # noqa: E402
+from wheelforge.config import cpu_count, resolve  # noqa: E402
+from wheelforge.patch import apply_series  # noqa: E402
+from wheelforge.recipe import RecipeBook  # noqa: E402
+from wheelforge.source import extract, fetch  # noqa: E402
+
+
+@dataclass
+class Result:
+    name: str
+    wall: float
+    cpu: float
+    size: int
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path) -> Result:
+    print(f"building {name} ...", flush=True)
+    cpu0, t0 = children_cpu(), time.monotonic()
+    subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                    "-q", "-w", str(out), str(tree)], env=environ, check=True,
+                   stdout=subprocess.DEVNULL)
+    wall, cpu = time.monotonic() - t0, children_cpu() - cpu0
+    (wheel,) = out.glob("*.whl")
+    res = Result(name, wall, cpu, wheel.stat().st_size)
+    print(f"  {name}: wall {wall:.0f} s, cpu {cpu:.0f} s, wheel {res.size / 2**20:.1f} MiB",
+          flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="12.0")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--skip-upstream", action="store_true", help="leave out build A")
+    args = ap.parse_args()
+    recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
+    config = resolve(arch=args.arch, jobs=args.jobs,
+                     environ={k: v for k, v in os.environ.items()
+                              if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")})
+    env = buildenv.managed_env(config.cache_dir, base_python=config.base_python,
+                               torch_req=config.torch, requirements=recipe.build.requires)
+    cuda = toolchain.find_cuda()
+    archive = fetch(recipe, config.cache_dir).archive
+    split = [p for p in recipe.patches if "split" in p.name]
+    unsplit = [p for p in recipe.patches if p not in split]
+    base = dict(os.environ, MAX_JOBS=str(config.jobs), NVCC_THREADS="1",
+                CUDA_HOME=str(cuda.home), CAUSAL_CONV1D_FORCE_BUILD="TRUE",
+                PATH=f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}")
+    base.pop("TORCH_CUDA_ARCH_LIST", None)
+    print(f"causal-conv1d {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
+          f"MAX_JOBS={config.jobs}, arch {config.arch_list}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="wf-speed-") as tmp:
+        t = Path(tmp)
+        trees = {}
+        for name, patches in (("C split", recipe.patches), ("B one arch", unsplit),
+                              ("A upstream", [])):
+            tree = extract(archive, t / name.split()[0] / "src")
+            apply_series(tree, patches, project=recipe.name)
+            trees[name] = tree
+        one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
+        results.append(build("C split", trees["C split"], env.python, one_arch, t / "C"))
+        results.append(build("B one arch", trees["B one arch"], env.python, one_arch, t / "B"))
+        if not args.skip_upstream:
+            results.append(build("A upstream", trees["A upstream"], env.python, base, t / "A"))
+    by = {r.name[0]: r for r in results}
+    print()
+    print(f"{'build':14} {'wall s':>8} {'cpu s':>8} {'wheel MiB':>10}")
+    for r in results:
+        print(f"{r.name:14} {r.wall:8.0f} {r.cpu:8.0f} {r.size / 2**20:10.1f}")
+    print()
+    if "A" in by:
+        print(f"A/B wall ratio (one arch vs upstream default): {by['A'].wall / by['B'].wall:6.2f}x")
+        print(f"A/C wall ratio (split one arch vs upstream):   {by['A'].wall / by['C'].wall:6.2f}x")
+    print(f"B/C wall ratio (split vs unsplit, one arch):   {by['B'].wall / by['C'].wall:6.2f}x")
+    c = by["C"]
+    ideal = c.cpu / cpu_count()
+    print(f"C wall / (C cpu / {cpu_count()} cores):              {c.wall / ideal:6.2f}  "
+          "(1.0 = every core busy the whole build)")
+
+
+if __name__ == "__main__":
+    main()
