@@ -117,6 +117,8 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
         click.echo(f"{state}: {res.wheel.name}  [{archs}]")
     pins = " ".join(shlex.quote(f"{r.recipe.name}=={_version_of(r.wheel)}") for r in results)
     click.echo(f"install: pip install --extra-index-url {simple} {pins}")
+    click.echo("  (settings that a public index cannot override: wheelforge consumer-config "
+               f"--index {config.index_dir})")
 
 
 def _version_of(wheel: Path) -> str:

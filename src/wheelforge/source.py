@@ -9,6 +9,7 @@ would land outside the destination.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tarfile
 import tempfile
@@ -111,8 +112,6 @@ def _download(src: SdistSource, cache_dir: Path) -> Path:
     assert src.url is not None
     dest = cache_path(cache_dir, src)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    import hashlib
-
     h = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
     try:
