@@ -66,7 +66,9 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "wheelforge", "build", recipe.name, "--force",
                         "--arch", args.arch, "--jobs", str(config.jobs),
                         "--index", str(t / "index"), "--work-dir", str(t / "work")],
-                       cwd=REPO, env={**environ, "NVCC_THREADS": str(config.nvcc_threads)},
+                       cwd=REPO, env={**environ, "NVCC_THREADS": str(config.nvcc_threads),
+                                      # a cold build: no compile cache to hit
+                                      "WHEELFORGE_COMPILE_CACHE": "off"},
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         forged = time.monotonic() - start
         print(f"B wheelforge build:      {forged:8.1f} s", flush=True)

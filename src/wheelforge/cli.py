@@ -16,7 +16,7 @@ import click
 from . import __version__
 from ._log import Reporter
 from .config import resolve
-from .errors import EXIT_CODES, INTERRUPT_EXIT_CODES, Interrupted, WheelforgeError
+from .errors import EXIT_CODES, INTERRUPT_EXIT_CODES, ConfigError, Interrupted, WheelforgeError
 from .recipe import RecipeBook, SdistSource
 
 EPILOG = ("Exit codes: " + ", ".join(f"{v} {k}" for k, v in sorted(EXIT_CODES.items(),
@@ -374,6 +374,98 @@ def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: 
         click.echo(consumer.pip_config(where, records))
     if fmt in ("uv", "all"):
         click.echo(consumer.uv_config(where, records))
+
+
+config_option = click.option(
+    "--config", "project_file", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Project file with the matrix: section (default ./wheelforge.yaml).")
+
+
+@cli.command(epilog=EPILOG)
+@config_option
+@click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Index directory to publish into (default: wheelforge.yaml, else ./index).")
+@click.option("--report-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where the nightly-<time>.json/.html reports go (default INDEX/reports, "
+                   "linked from the index's landing page).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each "
+              "build (MAX_JOBS). Default: $MAX_JOBS, else from cores and memory. Cells are "
+              "built one after another.")
+@click.option("--sources", "sources_dirs", multiple=True,
+              type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Directory holding source archives (air-gapped builds). Repeatable.")
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Cache for sources, build environments, compile cache and logs.")
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where sources are unpacked and built (default: CACHE/work).")
+@click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@recipes_option
+def nightly(project_file: Path | None, index_dir: Path | None, report_dir: Path | None,
+            jobs: int | None, sources_dirs: tuple[Path, ...], cache_dir: Path | None,
+            work_dir: Path | None, verbose: bool, recipes: Path | None) -> None:
+    """Build every out-of-date cell of the build matrix (matrix: in wheelforge.yaml).
+
+    A cell whose build key is published is skipped without creating an environment; a
+    failed cell is reported and the others still build. Two runs on one index never build
+    a cell twice. Writes nightly-<time>.json and .html (and nightly-latest.*) to the report
+    directory. Exits 1 when any cell failed.
+    """
+    from . import nightly as night
+    from .config import PROJECT_FILE
+    from .matrix import load_matrix
+
+    path = project_file or Path(PROJECT_FILE)
+    if not path.is_file():
+        raise ConfigError(f"no project file {path}", fix="run in the directory that holds "
+                          "wheelforge.yaml, or pass --config")
+    book = _book(recipes)
+    matrix = load_matrix(path, known_recipes=book.names())
+    base = resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
+                   sources_dirs=sources_dirs, jobs=jobs, project_file=path)
+    settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
+                              work_dir=base.work_dir, sources_dirs=base.sources_dirs,
+                              jobs=jobs, project_file=path)
+    reporter = Reporter(verbose=verbose)
+    reporter.header(f"wheelforge {__version__}: nightly, matrix {path}")
+    reports = report_dir or base.index_dir / night.REPORTS_DIR
+    report = night.run(matrix, book, settings, reporter=reporter, report_dir=reports)
+    for r in report.results:
+        target = "pure" if r.archs is None else f"{r.torch} cu{r.cuda} arch {r.archs}"
+        click.echo(f"{r.status:8} {r.recipe} [{target}] {r.wheel or r.note or ''}".rstrip())
+    click.echo(f"report: {reports / 'nightly-latest.html'}")
+    click.echo(report.summary())
+    if report.failed:
+        raise WheelforgeError(f"{report.count('failed')} of {len(report.results)} cell(s) "
+                              "failed", fix=f"see {reports / 'nightly-latest.html'}")
+
+
+@cli.command(epilog=EPILOG)
+@click.option("--keep", type=click.IntRange(min=1), help="Builds kept per project and channel "
+              "(default: matrix.retention.keep of wheelforge.yaml, else 5).")
+@click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="The index (default: wheelforge.yaml, else ./index).")
+@config_option
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
+          dry_run: bool) -> None:
+    """Remove all but the newest builds per project and channel, then regenerate the pages.
+
+    A wheel that the newest build of a channel requires (Requires-Dist) is kept, e.g. the
+    fla-core that flash-linear-attention pins. Pages are rewritten without the removed
+    wheels before their files are deleted, so no page links a missing file.
+    """
+    from . import nightly as night
+    from .matrix import retention_keep
+
+    base = resolve(index_dir=index_dir, project_file=project_file)
+    n = keep or retention_keep(project_file)
+    result = night.prune(base.index_dir, n, dry_run=dry_run)
+    for name in result.removed:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {name}")
+    for name, by in result.protected:
+        click.echo(f"kept {name} (required by {by})")
+    click.echo(f"{'would prune' if dry_run else 'pruned'} {len(result.removed)} wheel(s), "
+               f"keeping the newest {n} per project and channel")
 
 
 def _install_signal_handlers() -> None:

@@ -112,6 +112,7 @@ __all__ = [
     "make_server",
     "publish",
     "rebuild",
+    "remove",
     "set_tested",
     "to_json",
     "unyank",
@@ -134,7 +135,9 @@ _SERIAL_WRITES = 8  # up to this many files, one fsync after another
 _FSYNC_THREADS = 8
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
 _WRITING = "_writing"  # present while a change is in progress
-_RESERVED_CHANNELS = frozenset({FILES_DIR, SIMPLE_DIR, "index.html", "index.json"})
+REPORTS_DIR = "reports"  # nightly build reports (wheelforge.nightly); linked from the landing page
+NIGHTLY_REPORT = "nightly-latest.html"
+_RESERVED_CHANNELS = frozenset({FILES_DIR, SIMPLE_DIR, REPORTS_DIR, "index.html", "index.json"})
 _CHANNEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 _ARCH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\Z")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
@@ -950,7 +953,8 @@ td.ok { color: #116329; } td.bad { color: #a40e26; } td.none { color: #777; }
 """
 
 
-def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int) -> str:
+def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
+                  report: bool = False) -> str:
     """The landing page: one table, a <tbody> per project (``rows``, by project name)."""
     channel_links = ", ".join(
         f'<a href="{_e(urllib.parse.quote(c))}/simple/">{_e(c)}</a>' for c in channels
@@ -965,7 +969,10 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int)
         "<h1>wheelforge index</h1>\n"
         f"<p>{wheels} wheel{plural} of {projects}. "
         f'Everything: <a href="{SIMPLE_DIR}/">{SIMPLE_DIR}/</a>. '
-        f"Channels: {channel_links}.</p>\n"
+        f"Channels: {channel_links}."
+        + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
+           if report else "")
+        + "</p>\n"
         "<p>Install with <code>pip install --index-url &lt;this index&gt;/&lt;channel&gt;/simple/"
         " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL).</p>\n"
         "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
@@ -1082,7 +1089,8 @@ def _sync(
             rows[project] = _rows(entries.get(project) or load(project))
             caches.append((_rows_file(index_dir, project), rows[project].encode()))
     wheels = sum(len(names) for names in groups.values())
-    landing = _landing_page(rows, sorted(new_channels), wheels).encode()
+    report = (index_dir / REPORTS_DIR / NIGHTLY_REPORT).is_file()
+    landing = _landing_page(rows, sorted(new_channels), wheels, report).encode()
     # caches, then project pages, then the roots that link to them, then the landing page
     _write_all([*caches, *pages, *roots, (index_dir / "index.html", landing)])
     for directory in removals:
@@ -1268,6 +1276,37 @@ def rebuild(index_dir: Path) -> int:
         listing = _scan(index_dir / FILES_DIR, strict=True, sweep=True)
         _sync(index_dir, listing, {}, full=True)
     return sum(len(names) for names in listing.groups.values())
+
+
+def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
+    """Unpublish wheels; return the names removed (those not published are ignored).
+
+    Under the index lock, the pages are rewritten without the wheels first, and only
+    then are the files deleted: each wheel, then its ``.metadata``, then its sidecar
+    (a wheel without a sidecar would be re-derived as channel-less; a sidecar without
+    its wheel is ignored).  A page never links a missing file; a crash in between leaves
+    files that the next writer lists again, so run the removal again.
+    """
+    index_dir = Path(index_dir)
+    files = index_dir / FILES_DIR
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        listing = _scan(files, strict=True, sweep=True)
+        doomed = set(filenames) & listing.names
+        doomed = {n for n in doomed if n.endswith(".whl")}
+        if not doomed:
+            return []
+        groups = {p: kept for p, names in listing.groups.items()
+                  if (kept := [n for n in names if n not in doomed])}
+        gone = {n + suffix for n in doomed for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX)}
+        with _changing(index_dir):
+            _sync(index_dir, _Listing(groups, listing.names - gone), {}, full=True)
+            for name in sorted(doomed):
+                for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        (files / (name + suffix)).unlink()
+            fsync_dir(files)
+    return sorted(doomed)
 
 
 def _update_records(

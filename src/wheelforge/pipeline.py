@@ -7,6 +7,7 @@ a successful publish and kept (and named) after a failure.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,11 +18,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, buildenv, doctor, index, toolchain
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from . import __version__, buildenv, compilecache, doctor, index, toolchain
 from ._log import Reporter
 from .arch import label as arch_label
 from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
+from .compilecache import CacheStats
 from .config import BuildConfig, jobs_for, record_gib_per_job
 from .errors import ToolchainError, WheelforgeError
 from .patch import apply_series
@@ -39,6 +43,8 @@ class BuildResult:
     channel: str | None
     build_key: str
     skipped: bool = False
+    log: Path | None = None
+    cache: CacheStats | None = None
 
 
 def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str]) -> str:
@@ -95,8 +101,25 @@ def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
         cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs))
 
 
+def next_build_tag(index_dir: Path, wheel_name: str) -> str | None:
+    """None when no wheel with this name, version and tags is published, else the next
+    build number (PEP 427 build tag): a rebuild with another build key (a patch changed)
+    must not reuse a published file name, and installers prefer the highest build."""
+    name, version, _build, tags = parse_wheel_filename(wheel_name)
+    taken = []
+    for path in (index_dir / "files").glob("*.whl"):
+        try:
+            other = parse_wheel_filename(path.name)
+        except InvalidWheelFilename:
+            continue
+        if (other[0], other[1], other[3]) == (name, version, tags):
+            taken.append(other[2][0] if other[2] else 0)
+    return str(max(taken) + 1) if taken else None
+
+
 def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
-                 cuda: toolchain.Cuda | None) -> dict[str, str]:
+                 cuda: toolchain.Cuda | None,
+                 cache: compilecache.CompileCache | None = None) -> dict[str, str]:
     environ = dict(os.environ)
     path = [str(env.bin_dir)]
     if cuda is not None:
@@ -107,6 +130,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ["MAX_JOBS"] = str(config.jobs)
     environ["NVCC_THREADS"] = str(config.nvcc_threads)
     environ.pop("PYTHONPATH", None)
+    environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     environ["PYTHONUNBUFFERED"] = "1"  # the backend's output arrives as it is written
     environ.update(dict(recipe.build.env))
     return environ
@@ -115,11 +139,13 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
     if config.python is not None:
         return buildenv.inspect_env(config.python)
+    backend = compilecache.backend() if recipe.build.kind == "extension" else None
+    tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
         config.cache_dir,
         base_python=config.base_python,
         torch_req=config.torch,
-        requirements=(*recipe.build.requires, *recipe.verify.requires),
+        requirements=(*recipe.build.requires, *recipe.verify.requires, *tools),
         pip_args=config.torch_pip_args,
         progress=reporter.info,
         log=log,
@@ -197,11 +223,15 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 if m:
                     reporter.progress(int(m["done"]), int(m["total"]))
 
-            with reporter.heartbeat("building"):
-                raw = build_wheel(tree=tree, env=env,
-                                  environ=_environment(recipe, config, env, cuda),
-                                  out_dir=work / "dist", log=log, on_line=on_line,
-                                  jobs=config.jobs)
+            with contextlib.ExitStack() as stack:
+                cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
+                                       reporter)
+                with reporter.heartbeat("building"):
+                    raw = build_wheel(tree=tree, env=env,
+                                      environ=_environment(recipe, config, env, cuda, cache),
+                                      out_dir=work / "dist", log=log, on_line=on_line,
+                                      jobs=config.jobs)
+                stats = _cache_stats(cache, reporter)
             reporter.info(f"built {raw.name}")
             if extension:
                 # the largest child (a cicc or cc1plus) so far: the memory one job needs
@@ -213,6 +243,12 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 env.torch_major_minor else None
             final = relabel(raw, work / "final", local=local_label(recipe, env, config),
                             torch_pin=pin, drop_requires=recipe.build.drop_requires)
+            tag = next_build_tag(config.index_dir, final.name)
+            if tag is not None:  # the name is published with another build key
+                final.unlink()
+                final = relabel(raw, work / "final", local=local_label(recipe, env, config),
+                                torch_pin=pin, drop_requires=recipe.build.drop_requires,
+                                build_tag=tag)
             reporter.info(final.name)
         with reporter.step("verify"):
             verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
@@ -240,4 +276,37 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                       f"log {log}")
         raise
     shutil.rmtree(work, ignore_errors=True)
-    return BuildResult(recipe, published.path, verified.sass, channel, key)
+    return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
+                       cache=stats)
+
+
+def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
+                   config: BuildConfig, cuda: toolchain.Cuda | None, tree: Path, log: Path,
+                   reporter: Reporter) -> compilecache.CompileCache | None:
+    """The compile cache of this build (see compilecache), or None: turned off, nothing
+    to compile, or the tool missing from an as-is environment."""
+    backend = compilecache.backend()
+    if not extension or backend is None:
+        return None
+    try:
+        cache = stack.enter_context(compilecache.session(
+            env.bin_dir, config.cache_dir, backend=backend,
+            nvcc=cuda.nvcc if cuda else None, base_dir=tree, log=log))
+    except WheelforgeError as exc:
+        reporter.info(f"WARN compile cache off: {exc.what}" + (f" ({exc.fix})" if exc.fix else ""))
+        return None
+    reporter.info(f"compile cache: {backend} ({cache.tool})")
+    return cache
+
+
+def _cache_stats(cache: compilecache.CompileCache | None,
+                 reporter: Reporter) -> CacheStats | None:
+    if cache is None:
+        return None
+    try:
+        stats = cache.stats()
+    except WheelforgeError as exc:
+        reporter.info(f"WARN {exc.what}: {exc.why}")
+        return None
+    reporter.info(str(stats))
+    return stats

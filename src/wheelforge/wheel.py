@@ -126,6 +126,14 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
     return "\n".join(out) + sep + body
 
 
+def _rewrite_build(text: str, build_tag: str) -> str:
+    """The WHEEL file with its ``Build`` field set to ``build_tag``."""
+    lines = [line for line in text.splitlines() if not line.startswith("Build:")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join([*lines, f"Build: {build_tag}"]) + "\n"
+
+
 def relabel(
     path: Path,
     out_dir: Path,
@@ -133,8 +141,14 @@ def relabel(
     local: str,
     torch_pin: str | None,
     drop_requires: Iterable[str] = (),
+    build_tag: str | None = None,
 ) -> Path:
-    """Write a copy of the wheel with version ``V+local``, pins and a fresh RECORD."""
+    """Write a copy of the wheel with version ``V+local``, pins and a fresh RECORD.
+
+    ``build_tag`` (PEP 427, e.g. ``"1"``) goes into the file name and the WHEEL file's
+    ``Build`` field: it tells a rebuild of the same version and tags from the first
+    build, and installers prefer the highest.
+    """
     info = inspect_wheel(path)
     base = str(info.version)
     new_version = f"{base}+{local}" if local else base
@@ -156,6 +170,8 @@ def relabel(
                 if rel == "METADATA":
                     data = _rewrite_metadata(data.decode("utf-8"), new_version, torch_pin,
                                              drop_requires).encode("utf-8")
+                elif rel == "WHEEL" and build_tag:
+                    data = _rewrite_build(data.decode("utf-8"), build_tag).encode("utf-8")
             new = zipfile.ZipInfo(name, date_time=zi.date_time)
             new.external_attr = zi.external_attr
             new.compress_type = zipfile.ZIP_DEFLATED
@@ -170,7 +186,8 @@ def relabel(
     writer.writerow([record_name, "", ""])
     tags = path.name[:-4].split("-")[-3:]
     file_name_part = path.name.split("-", 1)[0]
-    out_name = f"{file_name_part}-{new_version}-{'-'.join(tags)}.whl"
+    build = [build_tag] if build_tag else []
+    out_name = f"{file_name_part}-{'-'.join([new_version, *build, *tags])}.whl"
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / out_name
     tmp = out_dir / f"{TMP_PREFIX}{out_name}"

