@@ -47,7 +47,10 @@ def main() -> None:
         t = Path(tmp)
         tree = extract(fetch(recipe, config.cache_dir).archive, t / "src")
         apply_series(tree, recipe.patches, project=recipe.name)
+        # no compile cache on either side: torch would otherwise wrap the compilers with a
+        # ccache it finds on PATH
         environ = dict(os.environ, TORCH_CUDA_ARCH_LIST=config.arch_list,
+                       TORCH_NO_COMPILER_WRAPPER="1",
                        MAX_JOBS=str(config.jobs), NVCC_THREADS=str(config.nvcc_threads),
                        CUDA_HOME=str(cuda.home),
                        PATH=f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}",

@@ -78,7 +78,10 @@ def main() -> None:
     archive = fetch(recipe, config.cache_dir).archive
     split = [p for p in recipe.patches if "split" in p.name]
     unsplit = [p for p in recipe.patches if p not in split]
+    # TORCH_NO_COMPILER_WRAPPER: torch would otherwise route compilers through a ccache
+    # it finds on PATH, and a cache hit is not a build
     base = dict(os.environ, MAX_JOBS=str(config.jobs), NVCC_THREADS="1",
+                TORCH_NO_COMPILER_WRAPPER="1",
                 CUDA_HOME=str(cuda.home), CAUSAL_CONV1D_FORCE_BUILD="TRUE",
                 PATH=f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}")
     base.pop("TORCH_CUDA_ARCH_LIST", None)
