@@ -60,6 +60,13 @@ def build_wheel(
             built = Path(builder.build("wheel", tmp))
         except _proc.CommandFailed as exc:
             raise failure(tree.name, exc, log, jobs) from exc
+        except pypa_build.BuildBackendException as exc:
+            # pypa/build wraps whatever the runner raised
+            inner = exc.exception
+            if isinstance(inner, _proc.CommandFailed):
+                raise failure(tree.name, inner, log, jobs) from inner
+            raise BuildError(f"the build backend of {tree.name} failed", why=str(exc),
+                             fix="read the log", log=str(log)) from exc
         except pypa_build.BuildException as exc:
             raise BuildError(f"the build of {tree.name} failed", why=str(exc),
                              fix="check the project's pyproject.toml", log=str(log)) from exc
@@ -74,6 +81,8 @@ def failure(what: str, exc: _proc.CommandFailed, log: Path, jobs: int | None) ->
         text = log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = exc.tail
+    if exc.returncode in (-9, 137):  # SIGKILL: on a build machine, the OOM killer
+        text += "\nwheelforge: the build backend exited with status 137 (SIGKILL)\n"
     found = diagnose(text, jobs=jobs)
     if found:
         d = found[0]
