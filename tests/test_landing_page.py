@@ -194,7 +194,7 @@ def test_dom_has_the_headers_and_every_row(chromium: str, landing: Path, tmp_pat
     size = r"\d+ B|\d+\.\d KiB"
     expected = [
         ("", ["causal-conv1d", "1.7.0+cu130torch2.14sm120", "cp311", "2.14.1", "13.0",
-              "sm_100 sm_120", size, *fixed(ext), "passed"]),
+              "sm_100 sm_120", size, *fixed(ext), "passed on NVIDIA RTX PRO 6000"]),
         ("", ["fla-core", "0.6.0", "py3", "-", "-", "-", size, *fixed(pure), "untested"]),
         ("yanked-row", ["fla-core", "0.5.0 yanked", "py3", "-", "-", "-", size, *fixed(old),
                         "untested"]),

@@ -130,7 +130,7 @@ JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
 
 _SCHEMA = 1  # of the sidecar
-_CACHE_SCHEMA = 1  # of the .records caches; bump whenever the page templates change
+_CACHE_SCHEMA = 2  # of the .records caches; bump whenever the page templates change
 _SERIAL_WRITES = 8  # up to this many files, one fsync after another
 _FSYNC_THREADS = 8
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
@@ -899,8 +899,12 @@ def _tested_label(tested: Mapping[str, Any] | None) -> str:
 
 def _landing_row(r: WheelRecord) -> str:
     python = ".".join(sorted({t.interpreter for t in _parsed(r.filename)[2]}))
-    label = _tested_label(r.tested)
-    status = label.lower()
+    status = _tested_label(r.tested).lower()
+    label = status
+    if r.tested is not None and isinstance(r.tested.get("gpu"), str):
+        label += f" on {r.tested['gpu']}"  # e.g. "passed on NVIDIA H200"
+        if isinstance(r.tested.get("capability"), str):
+            label += f" (sm {r.tested['capability']})"
     tested_class = (
         "ok" if status in ("passed", "pass", "ok", "success")
         else "bad" if status in ("failed", "fail", "error", "failure")
@@ -974,7 +978,9 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
            if report else "")
         + "</p>\n"
         "<p>Install with <code>pip install --index-url &lt;this index&gt;/&lt;channel&gt;/simple/"
-        " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL).</p>\n"
+        " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL); for "
+        "settings that a public index cannot override, run "
+        "<code>wheelforge consumer-config</code>.</p>\n"
         "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
         '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
         "<th>SHA-256</th><th>Tested</th></tr></thead>\n"
