@@ -84,6 +84,33 @@ def make_wheel(path: Path, files: Mapping[str, bytes | str], *, name: str = "dem
     return fname
 
 
+TINYEXT_RECIPE = """format: 1
+name: tinyext
+version: "0.1.0"
+sources:
+  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
+patches: {patches}
+build:
+  kind: extension
+  requires: [setuptools, wheel, ninja]
+  drop-requires: [ninja]
+verify:
+  imports: [{imports}]
+"""
+
+
+def tinyext_project(root: Path, *, patches: Mapping[str, str] | None = None,
+                    imports: str = "tinyext_cuda, tinyext") -> Path:
+    """The CUDA fixture as an sdist in ROOT/sdists and its recipe in ROOT/recipes; returns
+    the sdists directory."""
+    sdists = root / "sdists"
+    _, sha = make_sdist(PACKAGES / "tinyext", sdists, "tinyext", "0.1.0")
+    names = "[" + ", ".join(patches or {}) + "]"
+    write_recipe(root, "tinyext", TINYEXT_RECIPE.format(sha=sha, patches=names, imports=imports),
+                 patches)
+    return sdists
+
+
 @pytest.fixture
 def wheel_factory(tmp_path: Path) -> Callable[..., Path]:
     def factory(files: Mapping[str, bytes | str], **kw: str) -> Path:

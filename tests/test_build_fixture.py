@@ -13,24 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGES, make_sdist, write_recipe
+from conftest import PACKAGES, make_sdist, tinyext_project, write_recipe
 from wheelforge.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
-
-EXT_RECIPE = """format: 1
-name: tinyext
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
-patches: {patches}
-build:
-  kind: extension
-  requires: [setuptools, wheel, ninja]
-  drop-requires: [ninja]
-verify:
-  imports: [{imports}]
-"""
 
 PURE_RECIPE = """format: 1
 name: tinypure
@@ -52,11 +38,8 @@ def wheelforge(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]
 
 @pytest.fixture
 def project(tmp_path: Path, nvcc: str) -> Path:
-    sdists = tmp_path / "sdists"
-    _, ext_sha = make_sdist(PACKAGES / "tinyext", sdists, "tinyext", "0.1.0")
+    sdists = tinyext_project(tmp_path)
     _, pure_sha = make_sdist(PACKAGES / "tinypure", sdists, "tinypure", "0.1.0")
-    write_recipe(tmp_path, "tinyext", EXT_RECIPE.format(
-        sha=ext_sha, patches="[]", imports="tinyext_cuda, tinyext"))
     write_recipe(tmp_path, "tinypure", PURE_RECIPE.format(sha=pure_sha))
     return tmp_path
 
@@ -104,10 +87,7 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
 
 def test_patch_that_does_not_apply_publishes_nothing(project: Path, shared_cache: Path) -> None:
     bad = "--- a/setup.py\n+++ b/setup.py\n@@ -1,3 +1,3 @@\n-# not this line\n+x\n y\n z\n"
-    sha = (project / "recipes" / "tinyext.yaml").read_text().split('sha256: "')[1][:64]
-    write_recipe(project, "tinyext", EXT_RECIPE.format(
-        sha=sha, patches="[0001-stale.patch]", imports="tinyext_cuda"),
-        {"0001-stale.patch": bad})
+    tinyext_project(project, patches={"0001-stale.patch": bad})
     res = wheelforge("build", "tinyext", *common(project, shared_cache), cwd=project)
     assert res.returncode == 5, res.stderr[-2000:]
     assert "patch error: patch 0001-stale.patch does not apply to tinyext 0.1.0 (hunk 1 at " \
@@ -117,9 +97,7 @@ def test_patch_that_does_not_apply_publishes_nothing(project: Path, shared_cache
 
 
 def test_failed_verification_publishes_nothing(project: Path, shared_cache: Path) -> None:
-    sha = (project / "recipes" / "tinyext.yaml").read_text().split('sha256: "')[1][:64]
-    write_recipe(project, "tinyext", EXT_RECIPE.format(
-        sha=sha, patches="[]", imports="tinyext_cuda, no_such_module"))
+    tinyext_project(project, imports="tinyext_cuda, no_such_module")
     res = wheelforge("build", "tinyext", "--arch", "12.0", *common(project, shared_cache),
                      cwd=project)
     assert res.returncode == 8, res.stderr[-2000:]

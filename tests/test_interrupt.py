@@ -13,20 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGES, make_sdist, write_recipe
+from conftest import tinyext_project
 from wheelforge._proc import descendants
 
 pytestmark = pytest.mark.nvcc
 
-RECIPE = """format: 1
-name: tinyext
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: extension
-  requires: [setuptools, wheel, ninja]
-"""
 COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "cc1plus", "cudafe++")
 
 
@@ -38,9 +29,7 @@ def _comm(pid: int) -> str:
 
 
 def start(tmp_path: Path, shared_cache: Path, *extra: str) -> subprocess.Popen[str]:
-    sdists = tmp_path / "sdists"
-    _, sha = make_sdist(PACKAGES / "tinyext", sdists, "tinyext", "0.1.0")
-    write_recipe(tmp_path, "tinyext", RECIPE.format(sha=sha))
+    sdists = tinyext_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
     return subprocess.Popen(
         [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0", "--force",

@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, PACKAGES, make_sdist, write_recipe
+from conftest import IN_CI, tinyext_project
 
 pytestmark = pytest.mark.nvcc
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 LIMIT = 700 * 2**20  # torch/extension.h alone needs more than this in cc1plus
 
-RECIPE = """format: 1
-name: tinyext
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: extension
-  requires: [setuptools, wheel, ninja]
-"""
 
 
 @pytest.fixture
@@ -51,9 +42,7 @@ def cgroup() -> Path:
 
 def test_oom_killed_compiler_is_diagnosed(tmp_path: Path, shared_cache: Path, nvcc: str,
                                           cgroup: Path) -> None:
-    sdists = tmp_path / "sdists"
-    _, sha = make_sdist(PACKAGES / "tinyext", sdists, "tinyext", "0.1.0")
-    write_recipe(tmp_path, "tinyext", RECIPE.format(sha=sha))
+    sdists = tinyext_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
     env["WHEELFORGE_COMPILE_CACHE"] = "off"  # a cache hit would not compile at all
     procs = str(cgroup / "cgroup.procs")

@@ -6,9 +6,11 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 TMP_PREFIX = ".wf-tmp-"
 #: Published files are world-readable (mkstemp creates 0600): web servers and other users read
@@ -32,15 +34,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` via a temp file, fsync and rename."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """Yield a temp file beside ``path``; on success it is fsynced and renamed to ``path``,
+    so ``path`` is never seen half-written.  On failure the temp file is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
     try:
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -51,23 +54,16 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` via a temp file, fsync and rename."""
+    with atomic_file(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
 def atomic_copy(src: Path, dest: Path) -> None:
     """Copy ``src`` to ``dest`` so that ``dest`` is never seen half-written."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            for chunk in iter(lambda: inp.read(1 << 20), b""):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(dest.parent)
+    with atomic_file(dest) as out, open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out, 1 << 20)
 
 
 @contextlib.contextmanager

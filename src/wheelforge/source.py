@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _proc
-from ._fs import TMP_PREFIX, atomic_copy, sha256_file
+from ._fs import TMP_PREFIX, atomic_copy, atomic_file, sha256_file
 from .errors import SourceError
 from .recipe import GitSource, Recipe, SdistSource, Source
 
@@ -109,28 +109,20 @@ class _Unreachable(Exception):
 
 
 def _download(src: SdistSource, cache_dir: Path) -> Path:
+    """Download into the cache; the file appears under its final name only once verified."""
     assert src.url is not None
     dest = cache_path(cache_dir, src)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(src.url, timeout=60) as resp:  # noqa: S310
-                    for chunk in iter(lambda: resp.read(1 << 20), b""):
-                        h.update(chunk)
-                        out.write(chunk)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                raise _Unreachable(f"{src.url}: {exc}") from exc
-            out.flush()
-            os.fsync(out.fileno())
+    with atomic_file(dest) as out:
+        try:
+            with urllib.request.urlopen(src.url, timeout=60) as resp:  # noqa: S310
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    h.update(chunk)
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise _Unreachable(f"{src.url}: {exc}") from exc
         if h.hexdigest() != src.sha256:
             raise _mismatch(src.filename, src.sha256, h.hexdigest(), src.url)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return dest
 
 
