@@ -32,7 +32,7 @@ from .patch import apply_series
 from .recipe import Recipe
 from .source import extract, fetch
 from .verify import verify_wheel
-from .wheel import relabel
+from .wheel import relabel, relabeled_name
 
 
 @dataclass(frozen=True)
@@ -241,14 +241,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
                 env.torch_major_minor else None
-            final = relabel(raw, work / "final", local=local_label(recipe, env, config),
-                            torch_pin=pin, drop_requires=recipe.build.drop_requires)
-            tag = next_build_tag(config.index_dir, final.name)
-            if tag is not None:  # the name is published with another build key
-                final.unlink()
-                final = relabel(raw, work / "final", local=local_label(recipe, env, config),
-                                torch_pin=pin, drop_requires=recipe.build.drop_requires,
-                                build_tag=tag)
+            local = local_label(recipe, env, config)
+            # a name published with another build key gets the next build number
+            tag = next_build_tag(config.index_dir, relabeled_name(raw.name, local))
+            final = relabel(raw, work / "final", local=local, torch_pin=pin,
+                            drop_requires=recipe.build.drop_requires, build_tag=tag)
             reporter.info(final.name)
         with reporter.step("verify"):
             verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)

@@ -134,6 +134,15 @@ def _rewrite_build(text: str, build_tag: str) -> str:
     return "\n".join([*lines, f"Build: {build_tag}"]) + "\n"
 
 
+def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None) -> str:
+    """The file name :func:`relabel` gives a wheel, without writing anything."""
+    _name, version, _build, _tags = parse_wheel_filename(wheel_name)
+    new_version = f"{version.public}+{local}" if local else version.public
+    tags = wheel_name[:-4].split("-")[-3:]
+    build = [build_tag] if build_tag else []
+    return f"{wheel_name.split('-', 1)[0]}-{'-'.join([new_version, *build, *tags])}.whl"
+
+
 def relabel(
     path: Path,
     out_dir: Path,
@@ -184,10 +193,7 @@ def relabel(
         writer.writerow([zi.filename, record_hash(data), len(data)])
     record_name = f"{new_dist_info}/RECORD"
     writer.writerow([record_name, "", ""])
-    tags = path.name[:-4].split("-")[-3:]
-    file_name_part = path.name.split("-", 1)[0]
-    build = [build_tag] if build_tag else []
-    out_name = f"{file_name_part}-{'-'.join([new_version, *build, *tags])}.whl"
+    out_name = relabeled_name(path.name, local, build_tag)
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / out_name
     tmp = out_dir / f"{TMP_PREFIX}{out_name}"
