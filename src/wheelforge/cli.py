@@ -496,8 +496,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         reason = exc.reason if isinstance(exc, Interrupted) else "SIGINT"
-        click.echo(f"interrupted ({reason}): compile processes stopped, nothing published",
-                   err=True)
+        click.echo(f"interrupted ({reason})", err=True)
         sys.exit(exc.exit_code if isinstance(exc, Interrupted) else
                  INTERRUPT_EXIT_CODES["SIGINT"])
     except WheelforgeError as exc:
