@@ -91,6 +91,7 @@ def run_checks(
     cache_dir: Path,
     jobs: int | None,
     environ: Mapping[str, str] | None = None,
+    check_torch: bool = True,
 ) -> list[Finding]:
     """Every check, collected; a check that cannot run is a finding, never an exception."""
     env = dict(os.environ if environ is None else environ)
@@ -104,7 +105,8 @@ def run_checks(
     _collect(findings, "nvcc", nvcc)
     cuda = cuda_box[0]
     _collect(findings, "arch", lambda: _check_archs(cuda, archs))
-    _collect(findings, "torch", lambda: _check_torch(python, cuda))
+    if check_torch:  # the build pipeline has inspected torch already: no second import
+        _collect(findings, "torch", lambda: _check_torch(python, cuda))
     _collect(findings, "compiler", lambda: [_check_host_compiler(cuda, env)])
     _collect(findings, "ninja", lambda: [_check_ninja(python, env)])
     _collect(findings, "git", lambda: [_check_git(env)])
