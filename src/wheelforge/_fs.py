@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -13,9 +14,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 TMP_PREFIX = ".wf-tmp-"
-#: Published files are world-readable (mkstemp creates 0600): web servers and other users read
-#: the index.
-FILE_MODE = 0o644
+
+
+@functools.cache
+def file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (0666 less the umask).
+
+    mkstemp creates 0600, which would keep a web server or pip running as another user
+    from reading the index."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def sha256_file(path: Path) -> str:
@@ -41,7 +50,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
     try:
-        os.fchmod(fd, FILE_MODE)
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

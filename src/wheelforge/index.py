@@ -96,6 +96,7 @@ from ._fs import (
     TMP_PREFIX,
     atomic_copy,
     atomic_write,
+    file_mode,
     fsync_dir,
     locked,
     sha256_file,
@@ -436,9 +437,7 @@ def _derive(wheel: Path, *, write: bool) -> WheelRecord:
     )
     if write:
         atomic_write(_metadata_file(wheel), info.metadata)
-        _share(_metadata_file(wheel))
         atomic_write(_sidecar(wheel), to_json(record))
-        _share(_sidecar(wheel))
     return record
 
 
@@ -474,12 +473,10 @@ def _load_record(wheel: Path, *, check_size: bool, present: Container[str] | Non
     has_metadata = metadata.name in present if present is not None else metadata.is_file()
     if not has_metadata:
         atomic_write(metadata, _inspect_wheel(wheel).metadata)
-        _share(metadata)
         record = replace(record, metadata_sha256=None)
     if record.metadata_sha256 is None:
         record = replace(record, metadata_sha256=sha256_file(metadata))
         atomic_write(sidecar, to_json(record))
-        _share(sidecar)
     return record
 
 
@@ -591,7 +588,7 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fchmod(f.fileno(), _file_mode())
+                os.fchmod(f.fileno(), file_mode())
                 if serial:
                     os.fsync(f.fileno())
         if serial:
@@ -614,17 +611,6 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
 
 
 @functools.cache
-def _file_mode() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _share(path: Path) -> None:
-    """Give a file written by _fs (mkstemp: 0600) the usual mode, so servers can read it."""
-    os.chmod(path, _file_mode())
-
-
 def _fsync_file(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -1234,11 +1220,8 @@ def publish(
         with _changing(index_dir):
             if not dest.is_file():
                 atomic_copy(wheel, dest)
-                _share(dest)
             atomic_write(_metadata_file(dest), info.metadata)
-            _share(_metadata_file(dest))
             atomic_write(_sidecar(dest), to_json(record))  # the record last: it commits
-            _share(_sidecar(dest))
             names = listing.groups.setdefault(info.project, [])
             if dest.name not in names:
                 names.append(dest.name)
@@ -1348,7 +1331,6 @@ def _update_records(
                 new = replace(record, **change)
                 if new != record:
                     atomic_write(_sidecar(files / name), to_json(new))
-                    _share(_sidecar(files / name))
                 updated[name] = new
             _sync(index_dir, listing, {normalized: updated}, full=False)
     return [updated[n] for n in matches]
