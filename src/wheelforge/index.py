@@ -610,7 +610,6 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
                 os.unlink(tmp)
 
 
-@functools.cache
 def _fsync_file(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
