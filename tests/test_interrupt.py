@@ -31,6 +31,7 @@ def _comm(pid: int) -> str:
 def start(tmp_path: Path, shared_cache: Path, *extra: str) -> subprocess.Popen[str]:
     sdists = tinyext_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    env["WHEELFORGE_COMPILE_CACHE"] = "off"  # a cache hit would leave nothing to interrupt
     return subprocess.Popen(
         [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0", "--force",
          "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
