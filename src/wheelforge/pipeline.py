@@ -233,8 +233,9 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                                       jobs=config.jobs)
                 stats = _cache_stats(cache, reporter)
             reporter.info(f"built {raw.name}")
-            if extension:
-                # the largest child (a cicc or cc1plus) so far: the memory one job needs
+            if extension and (stats is None or stats.misses > 0):
+                # the largest child (a cicc or cc1plus) so far: the memory one job needs;
+                # a build served from the compile cache compiled nothing and says nothing
                 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
                 reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
