@@ -35,7 +35,8 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory (a directory: so that a rename in it is durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -60,7 +61,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:

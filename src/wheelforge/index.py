@@ -97,7 +97,7 @@ from ._fs import (
     atomic_copy,
     atomic_write,
     file_mode,
-    fsync_dir,
+    fsync_path,
     locked,
     sha256_file,
     sweep_temp_files,
@@ -543,7 +543,7 @@ def _changing(index_dir: Path) -> Iterator[None]:
     marker = _marker(index_dir)
     marker.parent.mkdir(parents=True, exist_ok=True)
     os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
-    fsync_dir(marker.parent)
+    fsync_path(marker.parent)
     yield
     marker.unlink()
 
@@ -596,26 +596,18 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
                 os.replace(tmp, path)
             temps.clear()
             for directory in directories:
-                fsync_dir(directory)
+                fsync_path(directory)
             return
         with ThreadPoolExecutor(max_workers=_FSYNC_THREADS) as pool:
-            list(pool.map(_fsync_file, temps))
+            list(pool.map(fsync_path, temps))
             for tmp, (path, _data) in zip(temps, todo, strict=True):
                 os.replace(tmp, path)
             temps.clear()
-            list(pool.map(fsync_dir, directories))
+            list(pool.map(fsync_path, directories))
     finally:
         for tmp in temps:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- caches
@@ -1293,7 +1285,7 @@ def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
                 for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         (files / (name + suffix)).unlink()
-            fsync_dir(files)
+            fsync_path(files)
     return sorted(doomed)
 
 
