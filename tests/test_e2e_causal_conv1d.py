@@ -33,6 +33,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
         pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
     index = tmp_path_factory.mktemp("e2e") / "index"
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    env["WHEELFORGE_COMPILE_CACHE"] = "off"  # compile for real, whatever the cache holds
     res = subprocess.run(
         [sys.executable, "-m", "wheelforge", "build", "causal-conv1d", "fla-core",
          "flash-linear-attention", "--arch", "12.0", "--index", str(index),
