@@ -33,6 +33,7 @@ from packaging.utils import canonicalize_name
 
 from .arch import parse_arch_list, torch_arch_list
 from .errors import ConfigError, WheelforgeError
+from .recipe import read_yaml
 
 __all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix", "parse_matrix",
            "retention_keep"]
@@ -267,16 +268,7 @@ def load_matrix(path: Path, known_recipes: Collection[str] | None = None) -> Mat
     With ``known_recipes`` (the names in the recipes directory), an unknown recipe
     name is a problem, with a did-you-mean.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}", why=str(exc),
-                          fix="pass the project file with --config") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML", why=str(exc),
-                          fix="fix the YAML syntax at the position shown") from exc
+    data = read_yaml(path, ConfigError, str(path), read_fix="pass the project file with --config")
     return parse_matrix(data, path, known_recipes)
 
 

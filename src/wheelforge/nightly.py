@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
@@ -195,6 +195,24 @@ class _Plan:
     started: float = field(default_factory=time.monotonic)
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _once(memo: dict[_K, _V | WheelforgeError], key: _K, compute: Callable[[], _V]) -> _V:
+    """``compute()`` once per key for the whole run; a failure is remembered and raised
+    again, so every cell that needs it reports the same error without retrying."""
+    if key not in memo:
+        try:
+            memo[key] = compute()
+        except WheelforgeError as exc:
+            memo[key] = exc
+    found = memo[key]
+    if isinstance(found, WheelforgeError):
+        raise found
+    return found
+
+
 class _Run:
     """The state of one nightly run (it owns the locks it takes while building)."""
 
@@ -205,20 +223,12 @@ class _Run:
         self.published = {r.build_key: r for r in index.load_records(settings.index_dir)
                           if r.build_key}
         self.recipes: dict[str, Recipe | WheelforgeError] = {}
-        self.cuda: toolchain.Cuda | WheelforgeError | None = None
+        self.cuda: dict[None, toolchain.Cuda | WheelforgeError] = {}
         self.default_python = Path(getattr(sys, "_base_executable", sys.executable))
         self.pythons: dict[str | None, Path | WheelforgeError] = {}
 
     def recipe(self, name: str) -> Recipe:
-        if name not in self.recipes:
-            try:
-                self.recipes[name] = self.book.load(name)
-            except WheelforgeError as exc:
-                self.recipes[name] = exc
-        found = self.recipes[name]
-        if isinstance(found, WheelforgeError):
-            raise found
-        return found
+        return _once(self.recipes, name, lambda: self.book.load(name))
 
     def kinds(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -228,26 +238,11 @@ class _Run:
         return out
 
     def find_cuda(self) -> toolchain.Cuda:
-        if self.cuda is None:
-            try:
-                self.cuda = toolchain.find_cuda(self.settings.environ)
-            except WheelforgeError as exc:
-                self.cuda = exc
-        if isinstance(self.cuda, WheelforgeError):
-            raise self.cuda
-        return self.cuda
+        return _once(self.cuda, None, lambda: toolchain.find_cuda(self.settings.environ))
 
     def python(self, entry: str | None) -> Path:
-        if entry not in self.pythons:
-            try:
-                self.pythons[entry] = resolve_python(entry, self.matrix.path.parent,
-                                                     self.default_python)
-            except WheelforgeError as exc:
-                self.pythons[entry] = exc
-        found = self.pythons[entry]
-        if isinstance(found, WheelforgeError):
-            raise found
-        return found
+        return _once(self.pythons, entry, lambda: resolve_python(
+            entry, self.matrix.path.parent, self.default_python))
 
     def plan(self, cell: Cell) -> _Plan:
         """The cell's recipe, configuration and build key; nothing is created."""

@@ -19,7 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .errors import RecipeError
+from .errors import RecipeError, WheelforgeError
 
 FORMAT_VERSION = 1
 
@@ -411,16 +411,23 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     )
 
 
-def load_recipe(path: Path, patches_dir: Path) -> Recipe:
+def read_yaml(path: Path, error: type[WheelforgeError], subject: str,
+              read_fix: str = "") -> Any:
+    """Safe-load a YAML file; ``error`` (e.g. RecipeError) says "cannot read SUBJECT" or
+    "SUBJECT is not valid YAML"."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RecipeError(f"cannot read recipe {path}", why=str(exc)) from exc
+        raise error(f"cannot read {subject}", why=str(exc), fix=read_fix) from exc
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML", why=str(exc),
-                          fix="fix the YAML syntax at the position shown") from exc
+        raise error(f"{subject} is not valid YAML", why=str(exc),
+                    fix="fix the YAML syntax at the position shown") from exc
+
+
+def load_recipe(path: Path, patches_dir: Path) -> Recipe:
+    data = read_yaml(path, RecipeError, f"recipe {path}")
     return parse_recipe(data, path, patches_dir)
 
 
