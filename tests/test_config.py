@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.config import auto_jobs, resolve
+from wheelforge.config import auto_jobs, compile_units, jobs_for, plan_jobs, resolve
 from wheelforge.errors import ConfigError
 
 
@@ -12,6 +12,46 @@ from wheelforge.errors import ConfigError
     (2, 23.0, 4.0, 2), (16, 23.0, 4.0, 5), (16, 2.0, 4.0, 1), (8, 0.0, 4.0, 8)])
 def test_auto_jobs(cores: int, mem: float, per_job: float, jobs: int) -> None:
     assert auto_jobs(cores, mem, per_job) == jobs
+
+
+@pytest.mark.parametrize(("slots", "archs", "units", "jobs", "threads"), [
+    (2, 1, 21, 2, 1),      # 2 cores: a job per core
+    (16, 1, 21, 16, 1),    # split causal-conv1d, one arch: a job per core
+    (16, 9, 4, 4, 4),      # upstream causal-conv1d, 9 archs: 4 units x 4 nvcc threads
+    (16, 2, 4, 4, 2),      # 2 archs: threads never exceed the arch count
+    (16, 9, 21, 16, 1),    # more units than cores: no threads left over
+    (16, 1, None, 16, 1),  # units unknown
+    (5, 9, 1, 1, 5),       # one unit: its archs in parallel
+    (1, 9, 4, 1, 1),
+])
+def test_plan_jobs(slots: int, archs: int, units: int | None, jobs: int, threads: int) -> None:
+    assert plan_jobs(slots, archs, units) == (jobs, threads)
+    assert jobs * threads <= slots
+
+
+def test_compile_units(tmp_path: Path) -> None:
+    for name in ("csrc/a.cu", "csrc/b.cpp", "csrc/sub/c.cc", "csrc/h.h", "csrc/k.cuh",
+                 "tests/t.cpp", "build/temp/x.cu", "setup.py", "docs/d.c"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert compile_units(tmp_path) == 3
+
+
+def test_jobs_for_shares_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pf = tmp_path / "none.yaml"
+    pf.write_text("{}")
+    monkeypatch.setattr("wheelforge.config.cpu_count", lambda: 16)
+    monkeypatch.setattr("wheelforge.config.memory_available_gib", lambda: 100.0)
+    c = resolve(project_file=pf, arch="8.0 9.0 10.0 12.0", cache_dir=tmp_path, environ={})
+    assert (c.jobs, c.nvcc_threads) == (16, 1)
+    jobs, threads, why = jobs_for(c, "x", units=4)
+    assert (jobs, threads) == (4, 4) and "4 translation units" in why
+    # what the user sets is kept
+    c = resolve(project_file=pf, arch="8.0 9.0", cache_dir=tmp_path, environ={"MAX_JOBS": "3"})
+    assert jobs_for(c, "x", units=4)[:2] == (3, 2)
+    c = resolve(project_file=pf, arch="8.0 9.0", cache_dir=tmp_path,
+                environ={"NVCC_THREADS": "1"})
+    assert jobs_for(c, "x", units=4)[:2] == (4, 1)
 
 
 def test_precedence(tmp_path: Path) -> None:

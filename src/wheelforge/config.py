@@ -121,6 +121,30 @@ def auto_jobs(cores: int, mem_gib: float, gib_per_job: float) -> int:
     return max(1, min(cores, by_mem))
 
 
+def plan_jobs(slots: int, archs: int, units: int | None = None) -> tuple[int, int]:
+    """MAX_JOBS and NVCC_THREADS for ``slots`` compiler processes at once (the cores,
+    fewer if memory is short).  One job per translation unit, up to ``slots``; slots no
+    unit can take go to nvcc's --threads, which compiles the architectures of one unit
+    in parallel (a process per -gencode target).  So jobs x threads <= slots: every
+    core busy, memory never oversubscribed.  ``units`` None: unknown, one job a slot."""
+    jobs = max(1, min(slots, units) if units else slots)
+    threads = max(1, min(archs, slots // jobs))
+    return jobs, threads
+
+
+def compile_units(tree: Path) -> int:
+    """How many C/C++/CUDA sources a project could compile: an upper bound on the
+    ninja jobs its build can run at once (tests, docs, examples and build output
+    left out; anything else counted, so the bound errs high, never low)."""
+    skip = {".git", "build", "dist", "docs", "doc", "examples", "tests", "test",
+            "benchmarks"}
+    n = 0
+    for _root, dirs, files in os.walk(tree):
+        dirs[:] = [d for d in dirs if d not in skip]
+        n += sum(1 for f in files if f.endswith((".cu", ".cpp", ".cc", ".cxx", ".c")))
+    return n
+
+
 def _stats_file(cache_dir: Path, name: str) -> Path:
     return cache_dir / "stats" / f"{name}.json"
 
@@ -140,17 +164,27 @@ def record_gib_per_job(cache_dir: Path, name: str, gib: float) -> None:
     atomic_write(_stats_file(cache_dir, name), json.dumps({"peak_job_gib": round(gib, 3)}))
 
 
-def jobs_for(config: BuildConfig, name: str) -> tuple[int, str]:
-    """The job count for one recipe: the configured one, unless it was chosen
-    automatically and an earlier build of the recipe recorded its memory per job."""
+def jobs_for(config: BuildConfig, name: str, units: int | None = None) -> tuple[int, int, str]:
+    """MAX_JOBS and NVCC_THREADS for one recipe whose source has ``units`` translation
+    units: the configured ones, unless chosen automatically; then the slots (cores,
+    bounded by memory: the recipe's recorded peak per job when an earlier build left
+    one) are shared between jobs and nvcc threads by plan_jobs."""
+    if not config.origin("jobs").startswith("auto"):
+        return config.jobs, config.nvcc_threads, config.origin("jobs")
+    slots, why = config.jobs, config.origin("jobs")
     peak = recorded_gib_per_job(config.cache_dir, name)
-    if not config.origin("jobs").startswith("auto") or peak is None:
-        return config.jobs, config.origin("jobs")
-    per_job = max(1.0, peak * 1.25)  # headroom over the last peak
-    mem = memory_available_gib()
-    jobs = auto_jobs(cpu_count(), mem, per_job)
-    return jobs, (f"auto: {cpu_count()} cores, {mem:.0f} GiB available, last build peaked at "
-                  f"{peak:.1f} GiB per job")
+    if peak is not None:
+        per_job = max(1.0, peak * 1.25)  # headroom over the last peak
+        mem = memory_available_gib()
+        slots = auto_jobs(cpu_count(), mem, per_job)
+        why = (f"auto: {cpu_count()} cores, {mem:.0f} GiB available, last build peaked at "
+               f"{peak:.1f} GiB per job")
+    jobs, threads = plan_jobs(slots, len(config.archs), units)
+    if config.origin("threads") == "NVCC_THREADS":
+        threads = config.nvcc_threads
+    if units:
+        why += f", {units} translation units"
+    return jobs, threads, why
 
 
 def _positive_int(value: str, what: str) -> int:
@@ -221,8 +255,10 @@ def resolve(
         origins["jobs"] = f"auto: {cores} cores, {mem:.0f} GiB available, {gib_per_job:g} GiB/job"
     if env.get("NVCC_THREADS"):
         threads = _positive_int(env["NVCC_THREADS"], "NVCC_THREADS")
+        origins["threads"] = "NVCC_THREADS"
     else:
-        # nvcc --threads parallelizes over the -gencode targets of one file
+        # nvcc --threads parallelizes over the -gencode targets of one file; once the
+        # build's translation units are known, jobs_for shares the cores out again
         threads = max(1, min(len(archs), cores // n_jobs))
 
     cache = cache_dir or default_cache_dir()

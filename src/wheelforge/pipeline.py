@@ -26,7 +26,7 @@ from .arch import label as arch_label
 from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
 from .compilecache import CacheStats
-from .config import BuildConfig, jobs_for, record_gib_per_job
+from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
 from .errors import ToolchainError, WheelforgeError
 from .patch import apply_series
 from .recipe import Recipe
@@ -210,10 +210,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
                 _doctor(config, env, reporter)
             check_build_requires(tree, env, recipe.build.requires, recipe.name)
-        jobs, why_jobs = jobs_for(config, recipe.name)
-        if jobs != config.jobs:
-            reporter.info(f"MAX_JOBS={jobs} ({why_jobs})")
-            config = dataclasses.replace(config, jobs=jobs)
+        jobs, threads, why_jobs = jobs_for(config, recipe.name,
+                                           compile_units(tree) if extension else None)
+        if (jobs, threads) != (config.jobs, config.nvcc_threads):
+            reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
+            config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
         with reporter.step(what):
