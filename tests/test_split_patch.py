@@ -2,9 +2,10 @@
 
 Static checks only (no nvcc): the series is applied to the real upstream sdist
 and the split tree is compared with the tree just before 0005.  The split must
-move code, never change it: the same explicit instantiations (each exactly
-once), every new .cu file built by setup.py, and the kernel text byte-identical
-to upstream's.
+move code, never change it: the same explicit instantiations of the dispatchers
+(each exactly once), every launcher moved out of a dispatcher's unit declared
+extern there and instantiated exactly once elsewhere, every new .cu file built
+by setup.py, and the kernel text byte-identical to upstream's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ UNSPLIT_BWD = "csrc/causal_conv1d_bwd.cu"
 # e.g. `template void causal_conv1d_bwd_cuda<at::Half, float>(ConvParamsBwd &params, ...);`
 INSTANTIATION = re.compile(r"^template\s+void\s+causal_conv1d\w*\s*<[^;]*>\s*\([^;]*\)\s*;",
                            re.MULTILINE)
+# e.g. `extern template void causal_conv1d_channellast_bwd_launch<128, 3, float, float>(...);`
+EXTERN = re.compile(r"^extern\s+" + INSTANTIATION.pattern[1:], re.MULTILINE)
+LAUNCH = "causal_conv1d_channellast_bwd_launch<"
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +51,18 @@ def trees(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[
     return {"unsplit": unsplit, "split": split}
 
 
-def instantiations(tree: Path) -> dict[str, list[str]]:
-    """Every explicit instantiation in csrc/*.cu, whitespace-normalised, by file."""
-    return {p.name: [" ".join(m.split()) for m in INSTANTIATION.findall(p.read_text())]
+def instantiations(tree: Path, pattern: re.Pattern[str] = INSTANTIATION) -> dict[str, list[str]]:
+    """Every explicit instantiation (or, with EXTERN, every explicit instantiation
+    declaration) in csrc/*.cu, whitespace-normalised, by file."""
+    return {p.name: [" ".join(m.split()) for m in pattern.findall(p.read_text())]
             for p in sorted((tree / "csrc").glob("*.cu"))}
+
+
+def pair(instantiation: str) -> str:
+    """The dtype pair of an instantiation: `<at::Half, float>` of a dispatcher,
+    `<128, 3, at::Half, float>` -> `at::Half, float` of a launcher."""
+    args = instantiation[instantiation.index("<") + 1:instantiation.rindex(">")].split(",")
+    return ",".join(args[-2:]).strip()
 
 
 def new_units(trees: dict[str, Path]) -> list[Path]:
@@ -76,7 +88,7 @@ def test_same_instantiations_each_exactly_once(trees: dict[str, Path]) -> None:
     after = instantiations(trees["split"])
     assert len(before[Path(UNSPLIT_BWD).name]) == 18  # 9 dtype pairs x channel-first/last
     old = Counter(i for lines in before.values() for i in lines)
-    new = Counter(i for lines in after.values() for i in lines)
+    new = Counter(i for lines in after.values() for i in lines if LAUNCH not in i)
     assert max(old.values()) == 1
     duplicated = {i: n for i, n in new.items() if n > 1}
     assert not duplicated, f"instantiated more than once: {duplicated}"
@@ -88,9 +100,32 @@ def test_same_instantiations_each_exactly_once(trees: dict[str, Path]) -> None:
     assert all(after[u.name] for u in units), "a new unit instantiates nothing"
 
 
+def test_moved_launchers_compiled_exactly_once(trees: dict[str, Path]) -> None:
+    """A launcher that a dispatcher's unit declares extern (so does not compile) is
+    explicitly instantiated in exactly one other unit, and no launcher is explicitly
+    instantiated unless its dispatcher's unit declares it extern (it would be
+    compiled twice)."""
+    after = instantiations(trees["split"])
+    externs = instantiations(trees["split"], EXTERN)
+    defined = Counter(i for lines in after.values() for i in lines if LAUNCH in i)
+    declared = {i[len("extern "):]: unit for unit, lines in externs.items() for i in lines}
+    assert declared, "no launcher is moved out of its dispatcher's unit"
+    assert all(LAUNCH in i for i in declared), sorted(declared)
+    assert set(defined) == set(declared), (
+        f"defined, never extern: {set(defined) - set(declared)}; "
+        f"extern, never defined: {set(declared) - set(defined)}")
+    assert max(defined.values()) == 1, defined
+    for launcher, unit in declared.items():
+        assert launcher not in after[unit]
+        # declared extern where its own dispatcher is instantiated
+        assert any("channellast_bwd_cuda<" in i and pair(i) == pair(launcher)
+                   for i in after[unit]), f"{unit}: {launcher}"
+
+
 def test_new_units_hold_only_instantiations(trees: dict[str, Path]) -> None:
     for unit in new_units(trees):
         code = re.sub(r"/\*.*?\*/|//[^\n]*", "", unit.read_text(), flags=re.DOTALL)
+        code = EXTERN.sub("", code)
         code = INSTANTIATION.sub("", code)
         rest = [ln.strip() for ln in code.splitlines() if ln.strip()]
         assert rest == [f'#include "{Path(HEADER).name}"'], f"{unit.name}: {rest}"
