@@ -11,6 +11,12 @@ environment with the same MAX_JOBS; prints wall time, CPU time (user+sys of all
 compiler processes), wheel size and the ratios.  On 2 cores A alone takes ~30 min.
 
     .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--skip-upstream]
+        [--python PATH] [--sources DIR] [--keep DIR]
+
+--python builds with an existing interpreter that has torch (as `wheelforge build
+--python` does) instead of the managed environment, and --sources takes the sdist from
+a directory: together they run on a machine without network.  --keep copies the three
+wheels to DIR (to test or inspect them afterwards).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +55,8 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path) -> Result:
+def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path,
+          keep: Path | None) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0 = children_cpu(), time.monotonic()
     subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
@@ -59,6 +67,9 @@ def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Pat
     res = Result(name, wall, cpu, wheel.stat().st_size)
     print(f"  {name}: wall {wall:.0f} s, cpu {cpu:.0f} s, wheel {res.size / 2**20:.1f} MiB",
           flush=True)
+    if keep:
+        (keep / name[0]).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(wheel, keep / name[0] / wheel.name)
     return res
 
 
@@ -67,15 +78,24 @@ def main() -> None:
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--skip-upstream", action="store_true", help="leave out build A")
+    ap.add_argument("--python", type=Path, default=None,
+                    help="build with this interpreter (it must have torch) instead of "
+                         "the managed environment")
+    ap.add_argument("--sources", type=Path, action="append", default=[],
+                    help="directory holding the sdist (no download)")
+    ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
     args = ap.parse_args()
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
     config = resolve(arch=args.arch, jobs=args.jobs,
                      environ={k: v for k, v in os.environ.items()
                               if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")})
-    env = buildenv.managed_env(config.cache_dir, base_python=config.base_python,
-                               torch_req=config.torch, requirements=recipe.build.requires)
+    if args.python:
+        env = buildenv.inspect_env(args.python.absolute())
+    else:
+        env = buildenv.managed_env(config.cache_dir, base_python=config.base_python,
+                                   torch_req=config.torch, requirements=recipe.build.requires)
     cuda = toolchain.find_cuda()
-    archive = fetch(recipe, config.cache_dir).archive
+    archive = fetch(recipe, config.cache_dir, sources_dirs=args.sources).archive
     split = [p for p in recipe.patches if "split" in p.name]
     unsplit = [p for p in recipe.patches if p not in split]
     # TORCH_NO_COMPILER_WRAPPER: torch would otherwise route compilers through a ccache
@@ -86,7 +106,7 @@ def main() -> None:
                 PATH=f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}")
     base.pop("TORCH_CUDA_ARCH_LIST", None)
     print(f"causal-conv1d {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
-          f"MAX_JOBS={config.jobs}, arch {config.arch_list}", flush=True)
+          f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="wf-speed-") as tmp:
         t = Path(tmp)
@@ -97,10 +117,13 @@ def main() -> None:
             apply_series(tree, patches, project=recipe.name)
             trees[name] = tree
         one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
-        results.append(build("C split", trees["C split"], env.python, one_arch, t / "C"))
-        results.append(build("B one arch", trees["B one arch"], env.python, one_arch, t / "B"))
+        results.append(build("C split", trees["C split"], env.python, one_arch, t / "C",
+                             args.keep))
+        results.append(build("B one arch", trees["B one arch"], env.python, one_arch, t / "B",
+                             args.keep))
         if not args.skip_upstream:
-            results.append(build("A upstream", trees["A upstream"], env.python, base, t / "A"))
+            results.append(build("A upstream", trees["A upstream"], env.python, base, t / "A",
+                                 args.keep))
     by = {r.name[0]: r for r in results}
     print()
     print(f"{'build':14} {'wall s':>8} {'cpu s':>8} {'wheel MiB':>10}")
