@@ -69,7 +69,9 @@ def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Pat
           flush=True)
     if keep:
         (keep / name[0]).mkdir(parents=True, exist_ok=True)
-        shutil.copy2(wheel, keep / name[0] / wheel.name)
+        part = keep / name[0] / (wheel.name + ".part")  # appears whole, or not at all
+        shutil.copy2(wheel, part)
+        os.replace(part, keep / name[0] / wheel.name)
     return res
 
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 7's proof on a GPU machine without network, in one go:
+#   1. bench/build_speed.py: split, unsplit and upstream's default build of
+#      causal-conv1d, side by side, with this machine's python/torch;
+#   2. once the split (C) and unsplit (B) wheels exist, while the upstream build (A)
+#      runs (after its first minute it is one translation unit on 4 threads, so most
+#      cores are idle): upstream's tests/test_causal_conv1d.py against the installed
+#      split wheel, and scripts/compare-wheels.py on the unsplit and split wheels
+#      (exported symbols, archs, every kernel's SASS).
+#
+#   scripts/speed-on-gpu.sh SOURCES_DIR OUT_DIR [ARCH] [PYTHON]
+#       ARCH default: this GPU's; PYTHON default: python3 on PATH (must have torch)
+# Logs: OUT_DIR/speed.log, OUT_DIR/test.log, OUT_DIR/compare.log
+set -uo pipefail
+src=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
+py=${4:-$(command -v python3)}
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+arch=${3:-$("$py" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}.{p.minor}")')}
+wheels=$out/wheels
+"$py" bench/build_speed.py --python "$py" --sources "$src" --arch "$arch" --keep "$wheels" \
+  > "$out/speed.log" 2>&1 &
+bench=$!
+
+# build order: C, B, A
+until ls "$wheels"/B/*.whl >/dev/null 2>&1 || ! kill -0 $bench 2>/dev/null; do sleep 5; done
+rc=0
+if ls "$wheels"/C/*.whl >/dev/null 2>&1; then
+  t=$(mktemp -d)
+  tar xzf "$src"/causal_conv1d-*.tar.gz -C "$t" --no-same-owner
+  mkdir "$t/run" && cp "$t"/causal_conv1d-*/tests/test_causal_conv1d.py "$t/run/"
+  (
+    "$py" -m pip install -q --no-deps --no-index --target "$t/site" "$wheels"/C/*.whl &&
+    cd "$t/run" && PYTHONPATH=$t/site "$py" -m pytest -q -p no:cacheprovider \
+      -n "${WORKERS:-8}" test_causal_conv1d.py
+  ) > "$out/test.log" 2>&1 || rc=1
+  echo "upstream tests on the split wheel: rc=$rc" >> "$out/test.log"
+fi
+"$py" scripts/compare-wheels.py "$wheels"/B/*.whl "$wheels"/C/*.whl > "$out/compare.log" 2>&1 \
+  || rc=1
+wait $bench || rc=1
+exit $rc
