@@ -601,6 +601,25 @@ def test_temp_files_are_swept(root: Path, dist: Path):
     assert not (root / ".records/_writing").exists()
 
 
+def test_a_failed_batch_write_renames_nothing_and_leaves_no_temp_files(tmp_path: Path):
+    (tmp_path / "blocker").write_bytes(b"a file where a directory should be")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept/index.html").write_bytes(b"old")
+    items = [(tmp_path / f"new{i}/index.html", b"new") for i in range(200)]
+    items += [(tmp_path / "kept/index.html", b"new"), (tmp_path / "blocker/x/index.html", b"new")]
+
+    with pytest.raises(NotADirectoryError):
+        index._write_all(items)
+
+    assert (tmp_path / "kept/index.html").read_bytes() == b"old"
+    assert list(tmp_path.rglob("index.html")) == [tmp_path / "kept/index.html"]
+    assert list(tmp_path.rglob(f"{TMP_PREFIX}*")) == []
+
+    index._write_all(items[:-1])
+    assert all(path.read_bytes() == b"new" for path, _data in items[:-1])
+    assert list(tmp_path.rglob(f"{TMP_PREFIX}*")) == []
+
+
 KILLED_PUBLISH = """
 import os, sys
 from pathlib import Path

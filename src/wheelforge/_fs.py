@@ -4,27 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 TMP_PREFIX = ".wf-tmp-"
-
-
-@functools.cache
-def file_mode() -> int:
-    """The mode a plain ``open()`` would give a new file (0666 less the umask).
-
-    mkstemp creates 0600, which would keep a web server or pip running as another user
-    from reading the index."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def sha256_file(path: Path) -> str:
@@ -45,21 +33,66 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
+def temp_file(directory: str | os.PathLike[str]) -> Iterator[tuple[BinaryIO, str]]:
+    """Yield a new temp file in ``directory``, open for writing, and its path.
+
+    On success the file is flushed, fsynced and closed: ready to be renamed into place.
+    On failure it is removed.  Like mkstemp, the name is random and the file is created
+    with O_EXCL; unlike mkstemp (0600, which would keep a web server or pip running as
+    another user from reading the index), the mode is the one a plain ``open()`` gives:
+    0666 less the umask, applied by the kernel, so no chmod is needed.
+    """
+    while True:
+        tmp = os.path.join(directory, TMP_PREFIX + secrets.token_hex(6))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            break
+        except FileExistsError:  # a name already taken: draw another
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f, tmp
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        discard(tmp)
+        raise
+
+
+def discard(path: str | os.PathLike[str]) -> None:
+    """Remove a file if it is there (a temp file that will not be renamed)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def make_dirs(directory: str, created: list[str]) -> None:
+    """``os.makedirs(directory, exist_ok=True)`` that appends the directories it made to
+    ``created`` (their parents need an fsync for them to be durable).  Safe when other
+    threads make the same directories."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        make_dirs(os.path.dirname(directory), created)
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            return
+    created.append(directory)
+
+
+@contextlib.contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """Yield a temp file beside ``path``; on success it is fsynced and renamed to ``path``,
     so ``path`` is never seen half-written.  On failure the temp file is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+    with temp_file(path.parent) as (f, tmp):
+        yield f
     try:
-        os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        discard(tmp)
         raise
     fsync_path(path.parent)
 
@@ -92,10 +125,10 @@ def locked(path: Path) -> Iterator[None]:
 def sweep_temp_files(directory: Path) -> int:
     """Remove temp files left by an interrupted atomic write; return the count."""
     removed = 0
-    if not directory.is_dir():
-        return 0
-    for p in directory.rglob(TMP_PREFIX + "*"):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            removed += 1
+    for parent, _dirs, names in os.walk(directory):
+        for name in names:
+            if name.startswith(TMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(parent, name))
+                    removed += 1
     return removed

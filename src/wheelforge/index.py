@@ -69,17 +69,16 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import urllib.parse
 import zipfile
 import zlib
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from email.utils import formatdate
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from packaging.metadata import parse_email
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -96,11 +95,13 @@ from ._fs import (
     TMP_PREFIX,
     atomic_copy,
     atomic_write,
-    file_mode,
+    discard,
     fsync_path,
     locked,
+    make_dirs,
     sha256_file,
     sweep_temp_files,
+    temp_file,
 )
 from .errors import PublishError
 
@@ -132,8 +133,8 @@ HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
 
 _SCHEMA = 1  # of the sidecar
 _CACHE_SCHEMA = 2  # of the .records caches; bump whenever the page templates change
-_SERIAL_WRITES = 8  # up to this many files, one fsync after another
-_FSYNC_THREADS = 8
+_WRITE_THREADS = 32  # _write_all: an fsync mostly waits for the disk; more threads, more overlap
+_CHUNKS_PER_THREAD = 4
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
 _WRITING = "_writing"  # present while a change is in progress
 REPORTS_DIR = "reports"  # nightly build reports (wheelforge.nightly); linked from the landing page
@@ -560,54 +561,96 @@ def _recover(index_dir: Path) -> None:
 def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
     """Atomic writes of many files, skipping those whose bytes are unchanged.
 
-    The atomic_write protocol (temp file in the target's directory, fsync,
-    rename, fsync of the directory) with two differences: with many files the
-    fsyncs run concurrently, and every file gets the usual 0666 & ~umask mode
-    before its rename (mkstemp's 0600 would keep a web server running as
-    another user from reading the pages).  Renames happen after all data is
-    durable, in ``items`` order, so a reader never follows a link to a page
-    that is not there yet.
+    The atomic_write protocol, for many files at once: each file is written to a
+    temp file in its directory and fsynced; only when every temp file is durable are
+    they renamed over their targets, in ``items`` order, so that a reader never
+    follows a link to a page that is not there yet (a crash before that leaves only
+    temp files, which the next writer sweeps); then the directories are fsynced, and
+    the parents of the directories made here, so that the renames are durable too.
+
+    The writes run in threads, in chunks of consecutive items: an fsync mostly waits
+    for the disk, and the threads overlap those waits.  Each file is fsynced right
+    after it is written; on ext4, creating thousands of files first and syncing them
+    afterwards measured several times slower.
     """
-    todo = []
-    for path, data in items:
-        with contextlib.suppress(OSError):
-            if path.stat().st_size == len(data) and path.read_bytes() == data:
-                continue  # unchanged: no rewrite, no fsync, mtime kept for HTTP caches
-        todo.append((path, data))
-    if not todo:
+    chunks = _chunked(items)
+    if not chunks:
         return
-    serial = len(todo) <= _SERIAL_WRITES
-    directories = sorted({path.parent for path, _data in todo})
-    for directory in directories:
-        directory.mkdir(parents=True, exist_ok=True)
-    temps: list[str] = []
+    with ThreadPoolExecutor(max_workers=min(_WRITE_THREADS, len(chunks))) as pool:
+        futures = [pool.submit(_write_temps, chunk) for chunk in chunks]
+        wait(futures)
+        written: list[tuple[str, str]] = []  # (temp file, target), in items order
+        made: list[str] = []
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
+        for future in futures:
+            if future.exception() is None:
+                temps, directories = future.result()
+                written += temps
+                made += directories
+        renamed = 0
+        try:
+            if errors:
+                raise errors[0]
+            for tmp, path in written:
+                os.replace(tmp, path)
+                renamed += 1
+        except BaseException:
+            for tmp, _path in written[renamed:]:
+                discard(tmp)
+            raise
+        durable = {os.path.dirname(path) for _tmp, path in written}
+        durable.update(os.path.dirname(d) for d in made)
+        list(pool.map(_fsync_all, _chunked(sorted(durable))))
+
+
+_T = TypeVar("_T")
+
+
+def _chunked(items: Sequence[_T]) -> list[Sequence[_T]]:
+    """``items`` cut into runs of consecutive items, a few per writer thread."""
+    size = max(1, -(-len(items) // (_WRITE_THREADS * _CHUNKS_PER_THREAD)))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _write_temps(items: Sequence[tuple[Path, bytes]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Write each item whose bytes changed to a durable temp file beside its target,
+    making the directory when needed; return the (temp file, target) pairs and the
+    directories made.  On failure, the temp files written so far are removed."""
+    written: list[tuple[str, str]] = []
+    made: list[str] = []
+    ready: set[str] = set()
     try:
-        for path, data in todo:
-            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
-            temps.append(tmp)
-            with os.fdopen(fd, "wb") as f:
+        for target, data in items:
+            path = os.fspath(target)
+            if _unchanged(path, data):
+                continue  # no rewrite, no fsync, mtime kept for HTTP caches
+            directory = os.path.dirname(path)
+            if directory not in ready:
+                make_dirs(directory, made)
+                ready.add(directory)
+            with temp_file(directory) as (f, tmp):
                 f.write(data)
-                f.flush()
-                os.fchmod(f.fileno(), file_mode())
-                if serial:
-                    os.fsync(f.fileno())
-        if serial:
-            for tmp, (path, _data) in zip(temps, todo, strict=True):
-                os.replace(tmp, path)
-            temps.clear()
-            for directory in directories:
-                fsync_path(directory)
-            return
-        with ThreadPoolExecutor(max_workers=_FSYNC_THREADS) as pool:
-            list(pool.map(fsync_path, temps))
-            for tmp, (path, _data) in zip(temps, todo, strict=True):
-                os.replace(tmp, path)
-            temps.clear()
-            list(pool.map(fsync_path, directories))
-    finally:
-        for tmp in temps:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            written.append((tmp, path))
+    except BaseException:
+        for tmp, _path in written:
+            discard(tmp)
+        raise
+    return written, made
+
+
+def _unchanged(path: str, data: bytes) -> bool:
+    try:
+        if os.stat(path).st_size != len(data):
+            return False
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
+
+
+def _fsync_all(paths: Iterable[str]) -> None:
+    for path in paths:
+        fsync_path(path)
 
 
 # --------------------------------------------------------------------------- caches
