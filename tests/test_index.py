@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -410,6 +412,61 @@ def test_hostile_text_is_escaped_everywhere(root: Path, dist: Path):
     landing = parse_html(root / "index.html")
     assert summary in landing.titles and reason in landing.titles
     assert (root / "files" / f"{wheel.name}.metadata").read_bytes() == wheel_metadata(wheel)
+
+
+TRICKY_TEXT = [
+    "", "demo_pkg-1.0+cu130torch2.14sm120-py3-none-any.whl", "&", "&amp;", "&#10;", "<", ">",
+    '"', "'", "\n", "\r", "\r\n", "a\nb\rc", "<script>alert('x')</script>", 'say "hi" & <go>',
+    "tab\tnul\x00bell\x07", "üñí©ødé <ü>", "\u2028\u2029\x85", "😀&😀", "&" * 50, "x" * 5000 + "'",
+    "'" + "x" * 5000, ">=3.9,<4,!=3.10.*",
+]
+
+
+def reference_escape(text: str) -> str:
+    return html.escape(text, quote=True).replace("\n", "&#10;").replace("\r", "&#13;")
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXT + [chr(c) for c in range(0x100)])
+def test_the_escape_fast_path_equals_html_escape(text: str):
+    assert index._e(text) == reference_escape(text)
+
+
+def test_the_escape_fast_path_equals_html_escape_on_random_text():
+    rng = random.Random(20250101)
+    alphabet = "&<>\"'\n\r\t\x00 aZ09-_.+=;#/ü😀"
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        assert index._e(text) == reference_escape(text), repr(text)
+
+
+def reference_file_json(r: index.WheelRecord, href: str) -> str:
+    """The PEP 691 file object as json.dumps writes it (what _file_json formats by hand)."""
+    entry: dict[str, Any] = {"filename": r.filename, "hashes": {"sha256": r.sha256}}
+    if r.requires_python is not None:
+        entry["requires-python"] = r.requires_python
+    meta: dict[str, str] | bool = {"sha256": r.metadata_sha256} if r.metadata_sha256 else False
+    entry["core-metadata"] = meta
+    entry["dist-info-metadata"] = meta
+    entry["yanked"] = (r.yanked or True) if r.yanked is not None else False
+    entry["size"] = r.size
+    entry["upload-time"] = r.upload_time
+    return href + '",' + json.dumps(entry, ensure_ascii=False, separators=(",", ":"))[1:]
+
+
+@pytest.mark.parametrize("text", TRICKY_TEXT)
+@pytest.mark.parametrize("yanked", [None, "", "reason"])
+@pytest.mark.parametrize("metadata_sha256", [None, "f" * 64])
+def test_file_json_equals_json_dumps(text: str, yanked: str | None, metadata_sha256: str | None):
+    record = index.WheelRecord(
+        filename="demo_pkg-1.0-py3-none-any.whl", project="demo-pkg", version="1.0",
+        sha256="0" * 64, size=1234, requires_python=text or None, upload_time=text,
+        channel=None, cuda=None, torch=None, archs=(), build_key=None,
+        yanked=text if yanked == "reason" else yanked, metadata_sha256=metadata_sha256,
+    )
+    href = index._quote(record.filename)
+    fragment = index._file_json(record, href)
+    assert fragment == reference_file_json(record, href)
+    assert json.loads('{"url":"' + fragment)["upload-time"] == text
 
 
 def test_landing_page_lists_every_wheel(populated: Path):

@@ -8,7 +8,7 @@ import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,6 +21,19 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """A file's bytes.  For the small files an index reads by the thousand, a third of
+    the cost of ``open().read()`` (no buffered reader, no isatty and seek calls)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 1 << 16)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 20))
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
@@ -122,10 +135,15 @@ def locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def sweep_temp_files(directory: Path) -> int:
-    """Remove temp files left by an interrupted atomic write; return the count."""
+def sweep_temp_files(directory: Path, *, skip: Container[str] = ()) -> int:
+    """Remove temp files left by an interrupted atomic write; return the count.
+
+    ``skip`` names subdirectories of ``directory`` that are left out (a caller that
+    sweeps them itself)."""
     removed = 0
-    for parent, _dirs, names in os.walk(directory):
+    for parent, subdirectories, names in os.walk(directory):
+        if skip and parent == os.fspath(directory):
+            subdirectories[:] = [d for d in subdirectories if d not in skip]
         for name in names:
             if name.startswith(TMP_PREFIX):
                 with contextlib.suppress(FileNotFoundError):

@@ -99,6 +99,7 @@ from ._fs import (
     fsync_path,
     locked,
     make_dirs,
+    read_file,
     sha256_file,
     sweep_temp_files,
     temp_file,
@@ -222,71 +223,67 @@ def _record_dict(r: WheelRecord) -> dict[str, Any]:
     }
 
 
+_TEXT_FIELDS = ("filename", "project", "version", "sha256", "upload_time")
+_OPTIONAL_TEXT_FIELDS = ("requires_python", "channel", "cuda", "torch", "build_key", "yanked",
+                         "metadata_sha256", "summary")
+
+
 def _record_from_dict(data: Any) -> WheelRecord:
     if not isinstance(data, dict):
         raise PublishError("sidecar record is not a JSON object", fix=_REBUILD_FIX)
-    problems: list[str] = []
-
-    def text(key: str, *, optional: bool = False) -> Any:
-        value = data.get(key)
-        if value is None and optional:
-            return None
-        if not isinstance(value, str):
-            problems.append(f"{key}: expected a string, got {value!r}")
-            return ""
-        return value
-
-    channel = data.get("channel")
+    # every check first, then the record straight from the checked values: a rebuild
+    # comes here for every wheel
+    problems = [
+        f"{key}: expected a string, got {data.get(key)!r}"
+        for key in _TEXT_FIELDS if not isinstance(data.get(key), str)
+    ]
+    problems += [
+        f"{key}: expected a string, got {data[key]!r}"
+        for key in _OPTIONAL_TEXT_FIELDS if not isinstance(data.get(key), (str, type(None)))
+    ]
+    if data.get("schema", _SCHEMA) != _SCHEMA:
+        problems.append(f"schema: expected {_SCHEMA}, got {data.get('schema')!r}")
+    project, sha, channel = data.get("project"), data.get("sha256"), data.get("channel")
+    meta_sha = data.get("metadata_sha256")
+    if isinstance(project, str) and project and canonicalize_name(project) != project:
+        problems.append(f"project: {project!r} is not a normalized name")
+    if isinstance(sha, str) and sha and not _SHA256_RE.match(sha):
+        problems.append(f"sha256: {sha!r} is not a lowercase hex sha256")
+    if isinstance(meta_sha, str) and meta_sha and not _SHA256_RE.match(meta_sha):
+        problems.append(f"metadata_sha256: {meta_sha!r} is not a lowercase hex sha256")
     if isinstance(channel, str) and (
         not _CHANNEL_RE.match(channel) or channel in _RESERVED_CHANNELS
     ):
         problems.append(f"channel: {channel!r} is not a valid channel name")
-    if data.get("schema", _SCHEMA) != _SCHEMA:
-        problems.append(f"schema: expected {_SCHEMA}, got {data.get('schema')!r}")
-    filename = text("filename")
-    project = text("project")
-    if project and canonicalize_name(project) != project:
-        problems.append(f"project: {project!r} is not a normalized name")
-    version = text("version")
-    sha = text("sha256")
-    if sha and not _SHA256_RE.match(sha):
-        problems.append(f"sha256: {sha!r} is not a lowercase hex sha256")
     size = data.get("size")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         problems.append(f"size: expected a non-negative integer, got {size!r}")
-        size = 0
     archs = data.get("archs", [])
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         problems.append(f"archs: expected a list of strings, got {archs!r}")
-        archs = []
     tested = data.get("tested")
     if tested is not None and not isinstance(tested, dict):
         problems.append(f"tested: expected an object or null, got {tested!r}")
-        tested = None
-    meta_sha = text("metadata_sha256", optional=True)
-    if meta_sha and not _SHA256_RE.match(meta_sha):
-        problems.append(f"metadata_sha256: {meta_sha!r} is not a lowercase hex sha256")
-    record = WheelRecord(
-        filename=filename,
-        project=NormalizedName(project),
-        version=version,
-        sha256=sha,
-        size=size,
-        requires_python=text("requires_python", optional=True),
-        upload_time=text("upload_time"),
-        channel=text("channel", optional=True),
-        cuda=text("cuda", optional=True),
-        torch=text("torch", optional=True),
-        archs=tuple(archs),
-        build_key=text("build_key", optional=True),
-        yanked=text("yanked", optional=True),
-        tested=tested,
-        metadata_sha256=meta_sha or None,
-        summary=text("summary", optional=True),
-    )
     if problems:
         raise PublishError("sidecar record is malformed", why="; ".join(problems), fix=_REBUILD_FIX)
-    return record
+    return WheelRecord(
+        filename=data["filename"],
+        project=NormalizedName(data["project"]),
+        version=data["version"],
+        sha256=data["sha256"],
+        size=data["size"],
+        requires_python=data.get("requires_python"),
+        upload_time=data["upload_time"],
+        channel=channel,
+        cuda=data.get("cuda"),
+        torch=data.get("torch"),
+        archs=tuple(archs),
+        build_key=data.get("build_key"),
+        yanked=data.get("yanked"),
+        tested=tested,
+        metadata_sha256=meta_sha or None,
+        summary=data.get("summary"),
+    )
 
 
 def channel_name(cuda: str, torch: str) -> str:
@@ -318,19 +315,26 @@ def _iso(moment: datetime) -> str:
 # --------------------------------------------------------------------------- wheels
 
 
+class _WheelName(NamedTuple):
+    project: NormalizedName
+    version: Version
+    tags: frozenset[Tag]
+    version_text: str  # str(version), as a record holds it
+
+
 @functools.lru_cache(maxsize=1 << 16)
-def _parsed(filename: str) -> tuple[NormalizedName, Version, frozenset[Tag]]:
+def _parsed(filename: str) -> _WheelName:
     """parse_wheel_filename, memoized: a rebuild asks about each name several times."""
     name, version, _build, tags = parse_wheel_filename(filename)
-    return name, version, tags
+    return _WheelName(name, version, tags, str(version))
 
 
 def _sort_key(record: WheelRecord) -> tuple[Version, str]:
-    return (_parsed(record.filename)[1], record.filename)
+    return (_parsed(record.filename).version, record.filename)
 
 
 def _is_pure(filename: str) -> bool:
-    return all(t.abi == "none" and t.platform == "any" for t in _parsed(filename)[2])
+    return all(t.abi == "none" and t.platform == "any" for t in _parsed(filename).tags)
 
 
 @dataclass(frozen=True)
@@ -345,7 +349,7 @@ class _WheelInfo:
 def _inspect_wheel(path: Path) -> _WheelInfo:
     """Validate the file name and read METADATA; PublishError on any problem."""
     try:
-        name, version, _tags = _parsed(path.name)
+        name, version, _tags, _text = _parsed(path.name)
     except InvalidWheelFilename as exc:
         raise PublishError(
             f"{path.name} is not a valid wheel file name",
@@ -409,9 +413,9 @@ def _metadata_file(wheel: Path) -> Path:
     return wheel.with_name(wheel.name + METADATA_SUFFIX)
 
 
-def _read_sidecar(path: Path) -> WheelRecord:
+def _read_sidecar(path: str | Path) -> WheelRecord:
     try:
-        return from_json(path.read_bytes())
+        return from_json(read_file(path))
     except PublishError as exc:
         raise PublishError(f"{path}: {exc.what}", why=exc.why, fix=exc.fix) from None
 
@@ -442,42 +446,51 @@ def _derive(wheel: Path, *, write: bool) -> WheelRecord:
     return record
 
 
-def _load_record(wheel: Path, *, check_size: bool, present: Container[str] | None = None
-                 ) -> WheelRecord:
-    """The sidecar record of ``wheel``, repaired or derived (the caller holds the lock).
+def _load_record(files: Path, name: str, *, check_size: bool,
+                 present: Container[str] | None = None) -> WheelRecord:
+    """The sidecar record of the wheel ``files/name``, repaired or derived (the caller
+    holds the lock).
 
     ``present``, the names in files/ when the caller has listed it, saves a
     stat per file.
     """
-    sidecar, metadata = _sidecar(wheel), _metadata_file(wheel)
-    if present is not None and sidecar.name not in present:
-        return _derive(wheel, write=True)
+    # plain strings; a Path only where something is repaired: a rebuild comes here
+    # for every wheel
+    wheel = os.path.join(files, name)
+    sidecar = wheel + SIDECAR_SUFFIX
+    if present is not None and name + SIDECAR_SUFFIX not in present:
+        return _derive(files / name, write=True)
     try:
         record = _read_sidecar(sidecar)
     except FileNotFoundError:
-        return _derive(wheel, write=True)
-    name, version, _tags = _parsed(wheel.name)
-    if (record.filename, record.project, record.version) != (wheel.name, name, str(version)):
+        return _derive(files / name, write=True)
+    parsed = _parsed(name)
+    if (record.filename, record.project, record.version) != (
+        name, parsed.project, parsed.version_text
+    ):
         raise PublishError(
-            f"{sidecar} does not describe {wheel.name}",
+            f"{sidecar} does not describe {name}",
             why=f"it names {record.filename!r}, project {record.project!r}, "
                 f"version {record.version!r}; it was copied or edited by hand",
             fix=_REBUILD_FIX,
         )
-    if check_size and (size := wheel.stat().st_size) != record.size:
+    if check_size and (size := os.stat(wheel).st_size) != record.size:
         raise PublishError(
             f"{wheel} is {size} bytes, its sidecar says {record.size}",
             why="a published wheel was modified in place; published files are immutable",
             fix="restore the original file, or delete the wheel and its sidecar and publish "
                 "again under a new build number",
         )
-    has_metadata = metadata.name in present if present is not None else metadata.is_file()
+    if present is not None:
+        has_metadata = name + METADATA_SUFFIX in present
+    else:
+        has_metadata = os.path.isfile(wheel + METADATA_SUFFIX)
     if not has_metadata:
-        atomic_write(metadata, _inspect_wheel(wheel).metadata)
+        atomic_write(_metadata_file(files / name), _inspect_wheel(files / name).metadata)
         record = replace(record, metadata_sha256=None)
     if record.metadata_sha256 is None:
-        record = replace(record, metadata_sha256=sha256_file(metadata))
-        atomic_write(sidecar, to_json(record))
+        record = replace(record, metadata_sha256=sha256_file(_metadata_file(files / name)))
+        atomic_write(_sidecar(files / name), to_json(record))
     return record
 
 
@@ -514,7 +527,7 @@ def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
                 continue
             if strict:
                 try:
-                    project = _parsed(name)[0]
+                    project = _parsed(name).project
                 except InvalidWheelFilename:
                     bad.append(name)
                     continue
@@ -528,6 +541,13 @@ def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
             fix="remove or rename them, then rebuild the index",
         )
     return _Listing(groups, frozenset(names))
+
+
+def _sweep_and_scan(index_dir: Path) -> _Listing:
+    """Remove every temp file in the index, and list files/ strictly.  The walk leaves
+    out files/, most of the index, because _scan sweeps it."""
+    sweep_temp_files(index_dir, skip={FILES_DIR})
+    return _scan(index_dir / FILES_DIR, strict=True, sweep=True)
 
 
 def _marker(index_dir: Path) -> Path:
@@ -553,8 +573,7 @@ def _recover(index_dir: Path) -> None:
     """After an interrupted change (the marker is there): sweep and rebuild everything."""
     if not _marker(index_dir).exists():
         return
-    sweep_temp_files(index_dir)
-    _sync(index_dir, _scan(index_dir / FILES_DIR, strict=True, sweep=True), {}, full=True)
+    _sync(index_dir, _sweep_and_scan(index_dir), {}, full=True)
     _marker(index_dir).unlink()
 
 
@@ -640,10 +659,7 @@ def _write_temps(items: Sequence[tuple[Path, bytes]]) -> tuple[list[tuple[str, s
 
 def _unchanged(path: str, data: bytes) -> bool:
     try:
-        if os.stat(path).st_size != len(data):
-            return False
-        with open(path, "rb") as f:
-            return f.read() == data
+        return os.stat(path).st_size == len(data) and read_file(path) == data
     except OSError:
         return False
 
@@ -696,14 +712,15 @@ def _entry(record: WheelRecord) -> _Entry:
         member = record.channel
     else:
         member = "*" if _is_pure(record.filename) else ""
+    href = _quote(record.filename)  # the file's URL, relative to files/, in all three fragments
     return _Entry(
-        record.filename, record.version, member, _anchor(record), _file_json(record),
-        _landing_row(record),
+        record.filename, record.version, member, _anchor(record, href), _file_json(record, href),
+        _landing_row(record, href),
     )
 
 
 def _entry_key(entry: _Entry) -> tuple[Version, str]:
-    return (_parsed(entry.filename)[1], entry.filename)
+    return (_parsed(entry.filename).version, entry.filename)
 
 
 def _names_digest(names: Iterable[str]) -> str:
@@ -787,6 +804,7 @@ def _project_entries(
     entries = [e for e in cached if e.filename in wanted and e.filename not in updated]
     have = {e.filename for e in entries}
     fresh = []
+    files = index_dir / FILES_DIR
     for name in names:
         if name in have:
             continue
@@ -796,8 +814,7 @@ def _project_entries(
                 _parsed(name)  # the fast scan may have let a stray name through
             except InvalidWheelFilename:
                 continue
-            files = index_dir / FILES_DIR
-            record = _load_record(files / name, check_size=full, present=listing.names)
+            record = _load_record(files, name, check_size=full, present=listing.names)
         fresh.append(_entry(record))
     if full:
         return sorted(fresh, key=_entry_key), True
@@ -815,8 +832,18 @@ def _summarize(entries: Sequence[_Entry], names: str) -> _Summary:
 # --------------------------------------------------------------------------- pages
 
 
+_NEEDS_ESCAPE = re.compile("[&<>\"'\n\r]").search
+
+
 def _e(text: str) -> str:
-    """html.escape(quote=True), and line breaks as references: a fragment is one line."""
+    """html.escape(quote=True), and line breaks as references: a fragment is one line.
+
+    Most text on the pages (file names, versions, hashes, times) holds none of the
+    characters that change; one regex search is cheaper than html.escape's five
+    replacements and the two here, and the text is returned as it is.
+    """
+    if _NEEDS_ESCAPE(text) is None:
+        return text
     return html.escape(text, quote=True).replace("\n", "&#10;").replace("\r", "&#13;")
 
 
@@ -831,8 +858,11 @@ def _quote(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # one, not one per page
+
+
 def _json_text(payload: Any) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return _JSON.encode(payload) + "\n"
 
 
 def _simple_html(title: str, links: str) -> str:
@@ -855,7 +885,7 @@ def _root_pages(projects: Sequence[str], title: str) -> tuple[str, str]:
     return _simple_html(title, links), _json_text(payload)
 
 
-def _anchor(r: WheelRecord) -> str:
+def _anchor(r: WheelRecord, href: str) -> str:
     attrs = ""
     if r.requires_python is not None:
         attrs += f' data-requires-python="{_e(r.requires_python)}"'
@@ -864,22 +894,25 @@ def _anchor(r: WheelRecord) -> str:
         attrs += f' data-dist-info-metadata="{meta}" data-core-metadata="{meta}"'
     if r.yanked is not None:
         attrs += f' data-yanked="{_e(r.yanked)}"'
-    href = _e(f"{_quote(r.filename)}#sha256={r.sha256}")
-    return f'{href}"{attrs}>{_e(r.filename)}</a>'
+    return f'{_e(f"{href}#sha256={r.sha256}")}"{attrs}>{_e(r.filename)}</a>'
 
 
-def _file_json(r: WheelRecord) -> str:
-    """The PEP 691 file object, as the text after '{"url":"' + prefix."""
-    entry: dict[str, Any] = {"filename": r.filename, "hashes": {"sha256": r.sha256}}
-    if r.requires_python is not None:
-        entry["requires-python"] = r.requires_python
-    meta: dict[str, str] | bool = {"sha256": r.metadata_sha256} if r.metadata_sha256 else False
-    entry["core-metadata"] = meta
-    entry["dist-info-metadata"] = meta
-    entry["yanked"] = (r.yanked or True) if r.yanked is not None else False
-    entry["size"] = r.size
-    entry["upload-time"] = r.upload_time
-    return _quote(r.filename) + '",' + _json_text(entry).rstrip("\n")[1:]
+def _file_json(r: WheelRecord, href: str) -> str:
+    """The PEP 691 file object, as the text after '{"url":"' + prefix.
+
+    The same text as _json_text of the object, formatted here with only the strings
+    encoded (``_JSON.encode`` of a str is one call into C): json.dumps of a small
+    dict per wheel was a tenth of a rebuild.
+    """
+    text = _JSON.encode
+    meta = f'{{"sha256":{text(r.metadata_sha256)}}}' if r.metadata_sha256 else "false"
+    yanked = "false" if r.yanked is None else text(r.yanked) if r.yanked else "true"
+    requires = "" if r.requires_python is None else f',"requires-python":{text(r.requires_python)}'
+    return (
+        f'{href}","filename":{text(r.filename)},"hashes":{{"sha256":{text(r.sha256)}}}'
+        f'{requires},"core-metadata":{meta},"dist-info-metadata":{meta},"yanked":{yanked}'
+        f',"size":{r.size},"upload-time":{text(r.upload_time)}}}'
+    )
 
 
 def _project_pages(project: str, entries: Sequence[_Entry], prefix: str) -> tuple[str, str]:
@@ -917,8 +950,8 @@ def _tested_label(tested: Mapping[str, Any] | None) -> str:
     return "recorded"
 
 
-def _landing_row(r: WheelRecord) -> str:
-    python = ".".join(sorted({t.interpreter for t in _parsed(r.filename)[2]}))
+def _landing_row(r: WheelRecord, href: str) -> str:
+    python = ".".join(sorted({t.interpreter for t in _parsed(r.filename).tags}))
     status = _tested_label(r.tested).lower()
     label = status
     if r.tested is not None and isinstance(r.tested.get("gpu"), str):
@@ -935,11 +968,11 @@ def _landing_row(r: WheelRecord) -> str:
     if r.yanked is not None:
         yanked = f' <span class="yanked" title="{_e(r.yanked)}">yanked</span>'
         row_class = ' class="yanked-row"'
-    href = _e(f"{FILES_DIR}/{_quote(r.filename)}")
     return (
         f"<tr{row_class}>"
         f'<td title="{_e(r.summary or "")}">{_e(r.project)}</td>'
-        f'<td><a href="{href}" title="{_e(r.filename)}">{_e(r.version)}</a>{yanked}</td>'
+        f'<td><a href="{_e(f"{FILES_DIR}/{href}")}" title="{_e(r.filename)}">'
+        f"{_e(r.version)}</a>{yanked}</td>"
         f"<td>{_e(python)}</td>"
         f"<td>{_e(r.torch or '-')}</td>"
         f"<td>{_e(r.cuda or '-')}</td>"
@@ -1224,7 +1257,7 @@ def publish(
                         "or yank the published version",
                 )
             if _sidecar(dest).is_file():
-                existing = _load_record(dest, check_size=False)
+                existing = _load_record(files, dest.name, check_size=False)
                 target = (channel, cuda, torch, arch_list, build_key)
                 if _has_target(existing) or target == (None, None, None, (), None):
                     _check_same_target(existing, *target)
@@ -1295,8 +1328,7 @@ def rebuild(index_dir: Path) -> int:
     """Regenerate every page from files/*.whl and the sidecars; return the wheel count."""
     index_dir = Path(index_dir)
     with locked(index_dir / LOCK_FILE), _changing(index_dir):
-        sweep_temp_files(index_dir)
-        listing = _scan(index_dir / FILES_DIR, strict=True, sweep=True)
+        listing = _sweep_and_scan(index_dir)
         _sync(index_dir, listing, {}, full=True)
     return sum(len(names) for names in listing.groups.values())
 
@@ -1346,7 +1378,7 @@ def _update_records(
         matches = []
         for name in sorted(listing.groups.get(normalized, [])):
             try:
-                file_version = _parsed(name)[1]
+                file_version = _parsed(name).version
             except InvalidWheelFilename:
                 continue
             if (wanted is None or file_version == wanted) and (filename in (None, name)):
@@ -1361,7 +1393,7 @@ def _update_records(
         updated = {}
         with _changing(index_dir):
             for name in matches:
-                record = _load_record(files / name, check_size=False)
+                record = _load_record(files, name, check_size=False)
                 new = replace(record, **change)
                 if new != record:
                     atomic_write(_sidecar(files / name), to_json(new))
