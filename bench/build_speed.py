@@ -4,7 +4,8 @@
   A  upstream's default build: the unpatched sdist (9 architectures under CUDA 13,
      --threads 4), CUDA_HOME set so that it builds at all
   B  one architecture, patches 0001-0004 (no split)
-  C  one architecture, patches 0001-0005 (backward kernels split into 9 units)
+  C  one architecture, the whole series: 0005 splits the backward kernels into 18
+     units, 0006 drops debug info from the binding unit
 
 Each is a bare `pip wheel --no-build-isolation` in wheelforge's managed build
 environment with the same MAX_JOBS; prints wall time, CPU time (user+sys of all
@@ -48,6 +49,20 @@ class Result:
     wall: float
     cpu: float
     size: int
+    compile_span: float | None  # first compile start to last end, from .ninja_log
+    longest: tuple[str, float] | None  # the longest compile step
+
+
+def ninja_steps(tree: Path) -> list[tuple[float, float, str]]:
+    """(start s, end s, output) of every step in the build's .ninja_log."""
+    steps = []
+    for log in tree.glob("build/*/.ninja_log"):
+        for line in log.read_text().splitlines():
+            if line.startswith("#"):
+                continue
+            start, end, _mtime, output = line.split("\t")[:4]
+            steps.append((int(start) / 1000, int(end) / 1000, Path(output).name))
+    return steps
 
 
 def children_cpu() -> float:
@@ -64,9 +79,16 @@ def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Pat
                    stdout=subprocess.DEVNULL)
     wall, cpu = time.monotonic() - t0, children_cpu() - cpu0
     (wheel,) = out.glob("*.whl")
-    res = Result(name, wall, cpu, wheel.stat().st_size)
+    steps = ninja_steps(tree)
+    span = (max(e for _, e, _ in steps) - min(s for s, _, _ in steps)) if steps else None
+    longest = max(((o, e - s) for s, e, o in steps), key=lambda x: x[1]) if steps else None
+    res = Result(name, wall, cpu, wheel.stat().st_size, span, longest)
     print(f"  {name}: wall {wall:.0f} s, cpu {cpu:.0f} s, wheel {res.size / 2**20:.1f} MiB",
           flush=True)
+    if span is not None and longest is not None:
+        print(f"    ninja: {len(steps)} compile steps over {span:.0f} s, longest {longest[0]} "
+              f"{longest[1]:.0f} s; outside ninja (pip, setup.py, link, zip) "
+              f"{wall - span:.0f} s", flush=True)
     if keep:
         (keep / name[0]).mkdir(parents=True, exist_ok=True)
         part = keep / name[0] / (wheel.name + ".part")  # appears whole, or not at all
@@ -79,7 +101,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--jobs", type=int, default=None)
-    ap.add_argument("--skip-upstream", action="store_true", help="leave out build A")
+    ap.add_argument("--builds", default="CBA",
+                    help="which builds, always run in the order C, B, A (default CBA; "
+                         "CB leaves out upstream's)")
+    ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
     ap.add_argument("--python", type=Path, default=None,
                     help="build with this interpreter (it must have torch) instead of "
                          "the managed environment")
@@ -98,8 +123,8 @@ def main() -> None:
                                    torch_req=config.torch, requirements=recipe.build.requires)
     cuda = toolchain.find_cuda()
     archive = fetch(recipe, config.cache_dir, sources_dirs=args.sources).archive
-    split = [p for p in recipe.patches if "split" in p.name]
-    unsplit = [p for p in recipe.patches if p not in split]
+    # B: the series up to the build-speed patches (0005 on)
+    unsplit = [p for p in recipe.patches if p.name < "0005"]
     # TORCH_NO_COMPILER_WRAPPER: torch would otherwise route compilers through a ccache
     # it finds on PATH, and a cache hit is not a build
     base = dict(os.environ, MAX_JOBS=str(config.jobs), NVCC_THREADS="1",
@@ -119,12 +144,12 @@ def main() -> None:
             apply_series(tree, patches, project=recipe.name)
             trees[name] = tree
         one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
-        results.append(build("C split", trees["C split"], env.python, one_arch, t / "C",
-                             args.keep))
-        results.append(build("B one arch", trees["B one arch"], env.python, one_arch, t / "B",
-                             args.keep))
-        if not args.skip_upstream:
-            results.append(build("A upstream", trees["A upstream"], env.python, base, t / "A",
+        builds = "CB" if args.skip_upstream else args.builds.upper()
+        for name in ("C split", "B one arch", "A upstream"):
+            if name[0] not in builds:
+                continue
+            environ = base if name[0] == "A" else one_arch
+            results.append(build(name, trees[name], env.python, environ, t / name[0],
                                  args.keep))
     by = {r.name[0]: r for r in results}
     print()
@@ -132,10 +157,15 @@ def main() -> None:
     for r in results:
         print(f"{r.name:14} {r.wall:8.0f} {r.cpu:8.0f} {r.size / 2**20:10.1f}")
     print()
-    if "A" in by:
+    if "A" in by and "B" in by:
         print(f"A/B wall ratio (one arch vs upstream default): {by['A'].wall / by['B'].wall:6.2f}x")
+    if "A" in by and "C" in by:
         print(f"A/C wall ratio (split one arch vs upstream):   {by['A'].wall / by['C'].wall:6.2f}x")
-    print(f"B/C wall ratio (split vs unsplit, one arch):   {by['B'].wall / by['C'].wall:6.2f}x")
+    if "B" in by and "C" in by:
+        print(f"B/C wall ratio (split vs unsplit, one arch):   "
+              f"{by['B'].wall / by['C'].wall:6.2f}x")
+    if "C" not in by:
+        return
     c = by["C"]
     ideal = c.cpu / cpu_count()
     print(f"C wall / (C cpu / {cpu_count()} cores):              {c.wall / ideal:6.2f}  "

@@ -61,8 +61,10 @@ def kernels(so: Path) -> dict[str, str]:
     parts = FUNCTION.split(out)
     listing: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        # keep the instructions; drop the per-listing headers that follow a kernel
-        code = [ln for ln in body.splitlines() if ln.strip().startswith("/*")]
+        # keep the instructions (offset, instruction, encoding), whitespace collapsed:
+        # cuobjdump pads each listing to its widest instruction; drop the headers
+        code = [" ".join(ln.split()) for ln in body.splitlines()
+                if ln.strip().startswith("/*")]
         listing[name] = "\n".join(code)
     return listing
 

@@ -11,6 +11,7 @@
 #   scripts/speed-on-gpu.sh SOURCES_DIR OUT_DIR [ARCH] [PYTHON]
 #       ARCH default: this GPU's; PYTHON default: python3 on PATH (must have torch)
 # Logs: OUT_DIR/speed.log, OUT_DIR/test.log, OUT_DIR/compare.log
+# BUILDS=CB leaves out upstream's build (then the test and comparison follow B).
 set -uo pipefail
 src=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
 py=${4:-$(command -v python3)}
@@ -19,7 +20,7 @@ export PYTHONUNBUFFERED=1
 arch=${3:-$("$py" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}.{p.minor}")')}
 wheels=$out/wheels
 "$py" bench/build_speed.py --python "$py" --sources "$src" --arch "$arch" --keep "$wheels" \
-  > "$out/speed.log" 2>&1 &
+  --builds "${BUILDS:-CBA}" > "$out/speed.log" 2>&1 &
 bench=$!
 
 # build order: C, B, A

@@ -137,4 +137,5 @@ def test_shipped_recipes_are_valid() -> None:
     assert [p.name for p in cc.patches] == [
         "0001-find-nvcc.patch", "0002-honour-torch-cuda-arch-list.patch",
         "0003-no-network-during-build.patch", "0004-nvcc-threads.patch",
-        "0005-split-kernels-into-translation-units.patch"]
+        "0005-split-kernels-into-translation-units.patch",
+        "0006-binding-unit-without-debug-info.patch"]

@@ -28,8 +28,11 @@ HEADER = "csrc/causal_conv1d_bwd_kernels.cuh"
 UNSPLIT_BWD = "csrc/causal_conv1d_bwd.cu"
 
 # e.g. `template void causal_conv1d_bwd_cuda<at::Half, float>(ConvParamsBwd &params, ...);`
-INSTANTIATION = re.compile(r"^template\s+void\s+causal_conv1d\w*\s*<[^;]*>\s*\([^;]*\)\s*;",
-                           re.MULTILINE)
+# (a launcher moved to another unit carries `__attribute__((visibility("hidden")))`
+# after `template`)
+HIDDEN = '__attribute__((visibility("hidden")))'
+INSTANTIATION = re.compile(r"^template\s+(?:__attribute__\(\(visibility\(\"hidden\"\)\)\)\s+)?"
+                           r"void\s+causal_conv1d\w*\s*<[^;]*>\s*\([^;]*\)\s*;", re.MULTILINE)
 # e.g. `extern template void causal_conv1d_channellast_bwd_launch<128, 3, float, float>(...);`
 EXTERN = re.compile(r"^extern\s+" + INSTANTIATION.pattern[1:], re.MULTILINE)
 LAUNCH = "causal_conv1d_channellast_bwd_launch<"
@@ -102,9 +105,9 @@ def test_same_instantiations_each_exactly_once(trees: dict[str, Path]) -> None:
 
 def test_moved_launchers_compiled_exactly_once(trees: dict[str, Path]) -> None:
     """A launcher that a dispatcher's unit declares extern (so does not compile) is
-    explicitly instantiated in exactly one other unit, and no launcher is explicitly
-    instantiated unless its dispatcher's unit declares it extern (it would be
-    compiled twice)."""
+    explicitly instantiated, hidden, in exactly one other unit, and no launcher is
+    explicitly instantiated unless its dispatcher's unit declares it extern (it would
+    be compiled twice)."""
     after = instantiations(trees["split"])
     externs = instantiations(trees["split"], EXTERN)
     defined = Counter(i for lines in after.values() for i in lines if LAUNCH in i)
@@ -116,6 +119,8 @@ def test_moved_launchers_compiled_exactly_once(trees: dict[str, Path]) -> None:
         f"extern, never defined: {set(declared) - set(defined)}")
     assert max(defined.values()) == 1, defined
     for launcher, unit in declared.items():
+        # hidden: upstream inlines them and exports no symbol for them
+        assert HIDDEN in launcher, launcher
         assert launcher not in after[unit]
         # declared extern where its own dispatcher is instantiated
         assert any("channellast_bwd_cuda<" in i and pair(i) == pair(launcher)
