@@ -70,13 +70,20 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+FRONTEND = "pip"
+
+
 def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path,
           keep: Path | None) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0 = children_cpu(), time.monotonic()
-    subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                    "-q", "-w", str(out), str(tree)], env=environ, check=True,
-                   stdout=subprocess.DEVNULL)
+    if FRONTEND == "build":  # pypa/build as wheelforge runs it: no metadata step
+        argv = [str(python), "-m", "build", "--wheel", "--no-isolation",
+                "--skip-dependency-check", "--outdir", str(out), str(tree)]
+    else:
+        argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                "-q", "-w", str(out), str(tree)]
+    subprocess.run(argv, env=environ, check=True, stdout=subprocess.DEVNULL)
     wall, cpu = time.monotonic() - t0, children_cpu() - cpu0
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
@@ -105,6 +112,9 @@ def main() -> None:
                     help="which builds, always run in the order C, B, A (default CBA; "
                          "CB leaves out upstream's)")
     ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
+    ap.add_argument("--frontend", choices=("pip", "build"), default="pip",
+                    help="pip wheel (default: runs setup.py twice, for metadata and the "
+                         "wheel) or pypa/build (once, as wheelforge does)")
     ap.add_argument("--python", type=Path, default=None,
                     help="build with this interpreter (it must have torch) instead of "
                          "the managed environment")
@@ -112,6 +122,8 @@ def main() -> None:
                     help="directory holding the sdist (no download)")
     ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
     args = ap.parse_args()
+    global FRONTEND
+    FRONTEND = args.frontend
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
     config = resolve(arch=args.arch, jobs=args.jobs,
                      environ={k: v for k, v in os.environ.items()
