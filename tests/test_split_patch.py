@@ -173,3 +173,20 @@ def test_other_files_untouched(trees: dict[str, Path]) -> None:
     assert changed == {"setup.py"}
     assert set(old) - set(new) == {UNSPLIT_BWD}
     assert set(new) - set(old) == {HEADER} | {f"csrc/{u.name}" for u in new_units(trees)}
+
+
+def test_binding_unit_without_debug_info(trees: dict[str, Path]) -> None:
+    """Patch 0006: -g0 for C++ sources (the binding unit) in the CUDA build, after the
+    interpreter's CFLAGS (-g); nvcc's flags untouched."""
+    def cxx_flags(tree: Path) -> list[list[str]]:
+        found = []
+        for node in ast.walk(ast.parse((tree / "setup.py").read_text())):
+            if isinstance(node, ast.Dict):
+                keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+                if "cxx" in keys:
+                    found.append(ast.literal_eval(node.values[keys.index("cxx")]))
+        return found
+    before, after = cxx_flags(trees["unsplit"]), cxx_flags(trees["split"])
+    assert len(before) == len(after) == 2  # ROCm and CUDA branches
+    assert after[0] == before[0]  # ROCm: as it was
+    assert after[1] == [*before[1], "-g0"]
