@@ -697,12 +697,12 @@ index.publish(Path(sys.argv[2]), Path(sys.argv[3]), channel="cu130-torch2.14", c
 """
 
 
-@pytest.mark.parametrize("killed_at_rename", [1, 2, 3, 4, 6, 8, 10, 11])
+@pytest.mark.parametrize("killed_at_rename", [1, 2, 3, 4, 5, 7, 9, 10])
 def test_a_killed_publish_leaves_valid_pages_and_the_next_change_repairs_it(
     populated: Path, dist: Path, killed_at_rename: int
 ):
-    """Renames 1-3: wheel, .metadata, sidecar; 4-5 caches; 6-9 project and channel
-    pages; 10 the landing page; 11 the summary cache."""
+    """Renames 1-3: wheel, .metadata, sidecar; 4 the project's cache; 5-8 project and
+    channel pages; 9 the landing page; 10 the summary cache."""
     root = populated
     wheel = make_wheel(dist, version="2.0+cu130torch2.14", tag=LINUX)
     done = subprocess.run(
@@ -748,14 +748,36 @@ def test_publish_reads_only_the_published_projects_records(
         index.rebuild(root)  # the truth is the sidecars: rebuild reads them all
 
 
-def test_damaged_caches_are_regenerated(populated: Path, dist: Path):
+@pytest.mark.parametrize("damage", [
+    lambda data: b"garbage\n",
+    lambda data: data[:len(data) // 2],  # cut in the middle of the rows or the fragments
+    lambda data: data[:-1],  # no final newline
+    lambda data: data.replace(b" ", b"  ", 1),  # header
+    lambda data: data.split(b"\n", 1)[0] + b"\n",  # the header alone
+])
+def test_damaged_caches_are_regenerated(populated: Path, dist: Path, damage: Any):
     root = populated
     for cache in (root / ".records").iterdir():
-        cache.write_text("garbage\n")
+        cache.write_bytes(damage(cache.read_bytes()))
     publish(root, make_wheel(dist, name="helper", version="2.1"))
     incremental = snapshot(root)
     index.rebuild(root)
     assert snapshot(root) == incremental
+
+
+def test_a_project_cache_holds_its_landing_rows(populated: Path):
+    root = populated
+    (root / ".records/demo-pkg.rows").write_text("a cache file of an older schema\n")
+    index.rebuild(root)
+    projects = sorted(p.name for p in (root / "simple").iterdir() if p.is_dir())
+    assert sorted(p.name for p in (root / ".records").iterdir()) == [
+        "_summary.json", *(f"{p}.cache" for p in projects)
+    ]
+    landing = (root / "index.html").read_text()
+    for project in projects:
+        entries = index._load_cache(root, project)
+        assert entries and index._load_rows(root, project) == index._rows(entries)
+        assert f"<tbody>\n{index._rows(entries)}</tbody>" in landing
 
 
 # --------------------------------------------------------------------------- server

@@ -16,8 +16,8 @@ Layout of an index directory::
                                         channel-less pure wheels; links are relative
                                         (../../../files/<wheel>), so file:// and any web server work
     <index>/index.html                  landing page: one table of every wheel, for people
-    <index>/.records/<project>.cache    derived cache: the project's rendered page fragments
-    <index>/.records/<project>.rows     derived cache: the project's landing-page rows
+    <index>/.records/<project>.cache    derived cache: the project's rendered page fragments and
+                                        landing-page rows
     <index>/.records/_summary.json      derived cache: each project's channels and file-set digest
     <index>/.records/_writing           present while a change is in progress
     <index>/.lock                       held by every writer (the HTTP server takes no lock)
@@ -41,12 +41,13 @@ Rules:
   sidecar (a publish killed before its sidecar, or a file copied in by hand)
   gets a record derived from the wheel itself, without a build target;
   publishing the same bytes with a target completes that record.
-* A publish lists ``files/`` once (no wheel is re-read or re-hashed), reads
-  only the published project's cache, re-renders only the new wheel's
-  fragments and rewrites only the pages whose bytes change: that project's
-  pages, its channel pages, the root pages when the project is new, and the
-  landing page.  The caches are checked against the file names in ``files/``;
-  a project whose names disagree is reloaded from its sidecars.
+* A publish lists ``files/`` once (no wheel is re-read or re-hashed), loads
+  only the published project's cache (of the other caches it reads only the
+  landing-page rows), re-renders only the new wheel's fragments and rewrites
+  only the pages whose bytes change: that project's pages, its channel pages,
+  the root pages when the project is new, and the landing page.  The caches
+  are checked against the file names in ``files/``; a project whose names
+  disagree is reloaded from its sidecars.
 * :func:`rebuild` regenerates every page from ``files/`` and the sidecars, and
   removes pages no file supports any more.  It trusts each sidecar's sha256
   (only the size is checked against the file) instead of re-hashing every
@@ -133,7 +134,7 @@ JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
 
 _SCHEMA = 1  # of the sidecar
-_CACHE_SCHEMA = 2  # of the .records caches; bump whenever the page templates change
+_CACHE_SCHEMA = 3  # of the .records caches; bump whenever the page templates change
 _WRITE_THREADS = 32  # _write_all: an fsync mostly waits for the disk; more threads, more overlap
 _CHUNKS_PER_THREAD = 4
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
@@ -504,43 +505,44 @@ def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
     """List ``files/``: wheel names grouped by project; sweeps temp files.
 
     The fast mode takes the project from the text before the first '-' (the
-    wheel spec escapes '-' inside names), which costs a microsecond a file;
-    ``strict`` parses every name and reports those that are not wheels.
+    wheel spec escapes '-' inside names), normalized once per distinct prefix;
+    ``strict`` parses every name and reports those that are not wheels.  Every
+    change lists files/ (three files per wheel), hence the comprehensions.
     """
-    groups: dict[NormalizedName, list[str]] = {}
-    names: set[str] = set()
-    bad: list[str] = []
     try:
-        entries = os.scandir(files)
+        with os.scandir(files) as found:
+            entries = list(found)
     except FileNotFoundError:
-        return _Listing(groups, frozenset())
-    with entries:
+        return _Listing({}, frozenset())
+    names = frozenset(e.name for e in entries if not e.name.startswith(TMP_PREFIX))
+    if sweep and len(names) < len(entries):
         for entry in entries:
-            name = entry.name
-            if name.startswith(TMP_PREFIX):
-                if sweep:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                continue
-            names.add(name)
-            if not name.endswith(".whl") or not entry.is_file():
-                continue
-            if strict:
-                try:
-                    project = _parsed(name).project
-                except InvalidWheelFilename:
-                    bad.append(name)
-                    continue
-            else:
-                project = canonicalize_name(name.partition("-")[0])
-            groups.setdefault(project, []).append(name)
+            if entry.name.startswith(TMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+    wheels = [e.name for e in entries if e.name.endswith(".whl") and e.name in names
+              and e.is_file()]
+    groups: dict[NormalizedName, list[str]] = {}
+    bad: list[str] = []
+    if strict:
+        for name in wheels:
+            try:
+                groups.setdefault(_parsed(name).project, []).append(name)
+            except InvalidWheelFilename:
+                bad.append(name)
+    else:
+        by_prefix: dict[str, list[str]] = {}
+        for name in wheels:
+            by_prefix.setdefault(name.partition("-")[0], []).append(name)
+        for prefix, group in by_prefix.items():
+            groups.setdefault(canonicalize_name(prefix), []).extend(group)
     if bad:
         raise PublishError(
             f"{len(bad)} file(s) in {files} are not valid wheel names: {', '.join(sorted(bad))}",
             why="every .whl in files/ is published; these cannot be parsed",
             fix="remove or rename them, then rebuild the index",
         )
-    return _Listing(groups, frozenset(names))
+    return _Listing(groups, names)
 
 
 def _sweep_and_scan(index_dir: Path) -> _Listing:
@@ -671,22 +673,24 @@ def _fsync_all(paths: Iterable[str]) -> None:
 
 # --------------------------------------------------------------------------- caches
 #
-# .records/<project>.cache holds, for each of the project's wheels (sorted by
-# version, then file name), its rendered page fragments, one per line:
+# .records/<project>.cache holds the project's rendered fragments, one per line:
 #
-#     file name | version | channel membership | PEP 503 anchor | PEP 691 file | landing row
+#     wheelforge-index-cache <schema> <project> <number of wheels N> <bytes of the rows>
+#     N landing-page rows, newest wheel first (the text the landing page shows)
+#     for each wheel, sorted by version, then file name:
+#         file name | version | channel membership | PEP 503 anchor | PEP 691 file
 #
-# so that a publish re-renders only the new wheel and assembles the project's
-# pages by joining strings; membership is the channel, "*" for a channel-less
+# so that a publish re-renders only the new wheel, assembles the project's pages
+# by joining strings, and reads no more than the rows of every other project (the
+# header gives their size).  Membership is the channel, "*" for a channel-less
 # pure wheel (listed in every channel) or "" for a channel-less platform wheel
 # (listed in simple/ only).  No fragment holds a raw newline (_e escapes them,
-# json.dumps escapes them).  .records/<project>.rows holds the project's
-# landing-page rows, .records/_summary.json each project's channels and a
-# digest of its wheel names.  All three are derived: rebuild ignores them, and
-# a damaged or outdated one (another _CACHE_SCHEMA) is simply regenerated.
+# json.dumps escapes them).  .records/_summary.json holds each project's channels
+# and a digest of its wheel names.  Both are derived: rebuild ignores them, and a
+# damaged or outdated one (another _CACHE_SCHEMA) is simply regenerated.
 
 _CACHE_MAGIC = "wheelforge-index-cache"
-_FIELDS = 6
+_FIELDS = 5  # the lines of one wheel after the rows
 
 
 class _Entry(NamedTuple):
@@ -731,30 +735,65 @@ def _cache_file(index_dir: Path, project: str) -> Path:
     return index_dir / CACHE_DIR / f"{project}.cache"
 
 
-def _rows_file(index_dir: Path, project: str) -> Path:
-    return index_dir / CACHE_DIR / f"{project}.rows"
+def _read_cache(index_dir: Path, project: str, *, rows_only: bool) -> tuple[int, str] | None:
+    """The project cache's wheel count and its text after the header line, or with
+    ``rows_only`` just the landing-page rows at its start: a publish reads the rows of
+    every project, and no more of each file.  None when the cache is missing, damaged
+    or from another schema."""
+    try:
+        fd = os.open(_cache_file(index_dir, project), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        header, newline, _ = os.read(fd, 512).partition(b"\n")  # 512: any header line
+        fields = header.decode("ascii", "replace").split(" ")
+        if (not newline or fields[:3] != [_CACHE_MAGIC, str(_CACHE_SCHEMA), project]
+                or len(fields) != 5 or not (fields[3].isdigit() and fields[4].isdigit())):
+            return None
+        start, count, rows_size = len(header) + 1, int(fields[3]), int(fields[4])
+        size = rows_size if rows_only else os.fstat(fd).st_size - start
+        data = os.pread(fd, size, start)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
+    if len(data) != size or (text and not text.endswith("\n")):
+        return None
+    return count, text
 
 
 def _load_cache(index_dir: Path, project: str) -> list[_Entry]:
     """The project cache, sorted; [] when missing, damaged or from another schema."""
-    try:
-        lines = _cache_file(index_dir, project).read_text("utf-8").split("\n")
-    except (OSError, UnicodeDecodeError):
+    found = _read_cache(index_dir, project, rows_only=False)
+    if found is None:
         return []
-    if lines[0] != f"{_CACHE_MAGIC} {_CACHE_SCHEMA} {project}" or lines[-1] != "":
+    count, text = found
+    lines = text.split("\n")[:-1]
+    if len(lines) != count * (1 + _FIELDS):
         return []
-    body = lines[1:-1]
-    if len(body) % _FIELDS:
-        return []
-    return [_Entry(*body[i:i + _FIELDS]) for i in range(0, len(body), _FIELDS)]
+    entries = []
+    for i, row in enumerate(reversed(lines[:count])):  # the rows are newest first
+        at = count + i * _FIELDS
+        filename, version, member, anchor, file = lines[at:at + _FIELDS]
+        entries.append(_Entry(filename, version, member, anchor, file, row))
+    return entries
+
+
+def _load_rows(index_dir: Path, project: str) -> str | None:
+    """The project's landing-page rows (``_rows`` of its entries) from its cache; None
+    when the cache is missing, damaged or from another schema."""
+    found = _read_cache(index_dir, project, rows_only=True)
+    if found is None or found[1].count("\n") != found[0]:
+        return None
+    return found[1]
 
 
 def _cache_bytes(project: str, entries: Sequence[_Entry]) -> bytes:
-    lines = [f"{_CACHE_MAGIC} {_CACHE_SCHEMA} {project}"]
-    for entry in entries:
-        lines.extend(entry)
-    lines.append("")
-    return "\n".join(lines).encode()
+    rows = _rows(entries).encode()
+    fragments = "".join(f"{field}\n" for entry in entries for field in entry[:_FIELDS])
+    header = f"{_CACHE_MAGIC} {_CACHE_SCHEMA} {project} {len(entries)} {len(rows)}\n"
+    return header.encode() + rows + fragments.encode()
 
 
 def _rows(entries: Sequence[_Entry]) -> str:
@@ -1098,7 +1137,6 @@ def _sync(
         )
         if changed:
             caches.append((_cache_file(index_dir, project), _cache_bytes(project, found)))
-            caches.append((_rows_file(index_dir, project), _rows(found).encode()))
         entries[project] = found
         return found
 
@@ -1139,14 +1177,10 @@ def _sync(
 
     rows: dict[str, str] = {}
     for project in sorted(groups):
-        if project in entries:
-            rows[project] = _rows(entries[project])
-            continue
-        try:
-            rows[project] = _rows_file(index_dir, project).read_text("utf-8")
-        except (OSError, UnicodeDecodeError):
-            rows[project] = _rows(entries.get(project) or load(project))
-            caches.append((_rows_file(index_dir, project), rows[project].encode()))
+        if project not in entries and (cached := _load_rows(index_dir, project)) is not None:
+            rows[project] = cached
+        else:  # loading a project whose cache is damaged queues the cache's rewrite
+            rows[project] = _rows(entries[project] if project in entries else load(project))
     wheels = sum(len(names) for names in groups.values())
     report = (index_dir / REPORTS_DIR / NIGHTLY_REPORT).is_file()
     landing = _landing_page(rows, sorted(new_channels), wheels, report).encode()
@@ -1162,25 +1196,32 @@ def _stale_pages(
     index_dir: Path, summary: Mapping[NormalizedName, _Summary], channels: set[str]
 ) -> list[Path]:
     """Page directories (and caches, removed here) that no published wheel supports."""
-    stale: list[Path] = []
     simple = index_dir / SIMPLE_DIR
-    if simple.is_dir():
-        stale.extend(d for d in sorted(simple.iterdir()) if d.is_dir() and d.name not in summary)
-    for top in sorted(index_dir.iterdir()):
-        base = top / SIMPLE_DIR
-        if top.name in _RESERVED_CHANNELS or top.name.startswith(".") or not base.is_dir():
+    stale = [simple / d for d in _directories(simple) if d not in summary]
+    for top in _directories(index_dir):
+        base = index_dir / top / SIMPLE_DIR
+        if top in _RESERVED_CHANNELS or top.startswith(".") or not base.is_dir():
             continue
-        if top.name not in channels:
+        if top not in channels:
             stale.append(base)
             continue
-        members = set(_members(summary, top.name))
-        stale.extend(d for d in sorted(base.iterdir()) if d.is_dir() and d.name not in members)
-    cache = index_dir / CACHE_DIR
-    if cache.is_dir():
-        for f in cache.iterdir():
-            if not f.name.startswith("_") and f.stem not in summary and f.is_file():
-                f.unlink()
+        members = set(_members(summary, top))
+        stale.extend(base / d for d in _directories(base) if d not in members)
+    with contextlib.suppress(FileNotFoundError), os.scandir(index_dir / CACHE_DIR) as found:
+        for f in found:
+            current = f.name.endswith(".cache") and f.name.removesuffix(".cache") in summary
+            if not (f.name.startswith("_") or current) and f.is_file():
+                os.unlink(f.path)  # the cache of a project gone, or a file of another schema
     return stale
+
+
+def _directories(directory: Path) -> list[str]:
+    """The sorted names of the directories in ``directory`` (a scan, no stat per name)."""
+    try:
+        with os.scandir(directory) as found:
+            return sorted(f.name for f in found if f.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 # --------------------------------------------------------------------------- public operations
