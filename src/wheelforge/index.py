@@ -590,9 +590,11 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
     the parents of the directories made here, so that the renames are durable too.
 
     The writes run in threads, in chunks of consecutive items: an fsync mostly waits
-    for the disk, and the threads overlap those waits.  Each file is fsynced right
-    after it is written; on ext4, creating thousands of files first and syncing them
-    afterwards measured several times slower.
+    for the disk, and the threads overlap those waits (and share the kernel's work of
+    creating files between the cores).  Each file is fsynced through its own
+    descriptor right after it is written: on the ext4 of our machines, writing 3,500
+    pages first and making them durable afterwards with one sync() measured two to
+    four times slower, and a sync() would also flush everything else on the machine.
     """
     chunks = _chunked(items)
     if not chunks:
