@@ -8,6 +8,7 @@ index, through file:// and through the server on 127.0.0.1.
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 import html
 import json
@@ -622,6 +623,18 @@ def test_rebuild_removes_pages_no_wheel_supports(populated: Path):
     assert index.rebuild(root) == 3
     assert not (root / "simple/native-only").exists()
     assert "native" not in (root / "simple/index.json").read_text()
+
+
+def test_rebuild_leaves_the_garbage_collector_as_it_found_it(populated: Path):
+    assert gc.isenabled()
+    index.rebuild(populated)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        index.rebuild(populated)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_rebuild_refuses_a_modified_wheel(root: Path, dist: Path):

@@ -62,6 +62,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import gc
 import hashlib
 import html
 import http.server
@@ -1370,10 +1371,25 @@ def _check_same_target(record: WheelRecord, channel: str | None, cuda: str | Non
 def rebuild(index_dir: Path) -> int:
     """Regenerate every page from files/*.whl and the sidecars; return the wheel count."""
     index_dir = Path(index_dir)
-    with locked(index_dir / LOCK_FILE), _changing(index_dir):
+    with locked(index_dir / LOCK_FILE), _changing(index_dir), _no_cycle_collection():
         listing = _sweep_and_scan(index_dir)
         _sync(index_dir, listing, {}, full=True)
     return sum(len(names) for names in listing.groups.values())
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (reference counting still frees
+    everything at once).  A rebuild keeps several objects per wheel until it ends
+    (parsed names, versions, tags, fragments) and makes no reference cycles; the
+    collector's passes over that growing set took a tenth of its CPU time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
