@@ -63,7 +63,8 @@ def cli() -> None:
 @click.option("--torch", help="torch requirement for the managed venv (default from "
                               "wheelforge.yaml, else torch==2.14.1).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs "
-              "(MAX_JOBS). Default: $MAX_JOBS, else from cores and available memory.")
+              "(MAX_JOBS). Default: $MAX_JOBS, else from cores and available memory, shared "
+              "with nvcc --threads (NVCC_THREADS) when the source has fewer units than cores.")
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Index directory to publish into (default ./index).")
 @click.option("--sources", "sources_dirs", multiple=True,
@@ -389,7 +390,8 @@ config_option = click.option(
               help="Where the nightly-<time>.json/.html reports go (default INDEX/reports, "
                    "linked from the index's landing page).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each "
-              "build (MAX_JOBS). Default: $MAX_JOBS, else from cores and memory. Cells are "
+              "build (MAX_JOBS). Default: $MAX_JOBS, else from cores, memory and the source's "
+              "translation units. Cells are "
               "built one after another.")
 @click.option("--sources", "sources_dirs", multiple=True,
               type=click.Path(path_type=Path, file_okay=False, exists=True),
