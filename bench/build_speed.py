@@ -7,12 +7,14 @@
   C  one architecture, the whole series: 0005 splits the backward kernels into 18
      units, 0006 drops debug info from the binding unit
 
-Each is a bare `pip wheel --no-build-isolation` in wheelforge's managed build
-environment with the same MAX_JOBS; prints wall time, CPU time (user+sys of all
-compiler processes), wheel size and the ratios.  On 2 cores A alone takes ~30 min.
+Each is a bare `pip wheel --no-build-isolation` (or, with --frontend build, pypa/build
+without isolation, as wheelforge builds) in wheelforge's managed build environment with
+the same MAX_JOBS; prints wall time, CPU time (user+sys of all compiler processes),
+wheel size, ninja's span and longest step, and the ratios.  On 2 cores A alone takes
+~30-40 min.
 
-    .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--skip-upstream]
-        [--python PATH] [--sources DIR] [--keep DIR]
+    .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--builds CBA]
+        [--frontend pip|build] [--python PATH] [--sources DIR] [--keep DIR]
 
 --python builds with an existing interpreter that has torch (as `wheelforge build
 --python` does) instead of the managed environment, and --sources takes the sdist from
