@@ -128,8 +128,13 @@ def plan_jobs(slots: int, archs: int, units: int | None = None) -> tuple[int, in
     in parallel (a process per -gencode target).  So jobs x threads <= slots: every
     core busy, memory never oversubscribed.  ``units`` None: unknown, one job a slot."""
     jobs = max(1, min(slots, units) if units else slots)
-    threads = max(1, min(archs, slots // jobs))
-    return jobs, threads
+    return jobs, _leftover_threads(slots, jobs, archs)
+
+
+def _leftover_threads(slots: int, jobs: int, archs: int) -> int:
+    """nvcc threads per job: the slots ``jobs`` leave over, at most one per arch (nvcc
+    --threads parallelizes over the -gencode targets of one file), at least one."""
+    return max(1, min(archs, slots // jobs))
 
 
 def compile_units(tree: Path) -> int:
@@ -257,9 +262,8 @@ def resolve(
         threads = _positive_int(env["NVCC_THREADS"], "NVCC_THREADS")
         origins["threads"] = "NVCC_THREADS"
     else:
-        # nvcc --threads parallelizes over the -gencode targets of one file; once the
-        # build's translation units are known, jobs_for shares the cores out again
-        threads = max(1, min(len(archs), cores // n_jobs))
+        # once the build's translation units are known, jobs_for shares the cores out again
+        threads = _leftover_threads(cores, n_jobs, len(archs))
 
     cache = cache_dir or default_cache_dir()
     index = index_dir or Path(str(defaults.get("index") or "index"))
