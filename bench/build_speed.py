@@ -72,14 +72,11 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-FRONTEND = "pip"
-
-
 def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path,
-          keep: Path | None) -> Result:
+          keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0 = children_cpu(), time.monotonic()
-    if FRONTEND == "build":  # pypa/build as wheelforge runs it: no metadata step
+    if frontend == "build":  # pypa/build as wheelforge runs it: no metadata step
         argv = [str(python), "-m", "build", "--wheel", "--no-isolation",
                 "--skip-dependency-check", "--outdir", str(out), str(tree)]
     else:
@@ -124,8 +121,6 @@ def main() -> None:
                     help="directory holding the sdist (no download)")
     ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
     args = ap.parse_args()
-    global FRONTEND
-    FRONTEND = args.frontend
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
     config = resolve(arch=args.arch, jobs=args.jobs,
                      environ={k: v for k, v in os.environ.items()
@@ -164,7 +159,7 @@ def main() -> None:
                 continue
             environ = base if name[0] == "A" else one_arch
             results.append(build(name, trees[name], env.python, environ, t / name[0],
-                                 args.keep))
+                                 args.keep, args.frontend))
     by = {r.name[0]: r for r in results}
     print()
     print(f"{'build':14} {'wall s':>8} {'cpu s':>8} {'wheel MiB':>10}")
