@@ -519,8 +519,7 @@ def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
     if sweep and len(names) < len(entries):
         for entry in entries:
             if entry.name.startswith(TMP_PREFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+                discard(entry.path)
     wheels = [e.name for e in entries if e.name.endswith(".whl") and e.name in names
               and e.is_file()]
     groups: dict[NormalizedName, list[str]] = {}
