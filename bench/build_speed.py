@@ -4,14 +4,15 @@
   A  upstream's default build: the unpatched sdist (9 architectures under CUDA 13,
      --threads 4), CUDA_HOME set so that it builds at all
   B  one architecture, patches 0001-0004 (no split)
-  C  one architecture, the whole series: 0005 splits the backward kernels into 18
-     units, 0006 drops debug info from the binding unit
+  C  one architecture, the whole series: 0005 splits the backward kernels into as
+     many units as MAX_JOBS can use, 0006 drops debug info from the binding unit
 
-Each is a bare `pip wheel --no-build-isolation` (or, with --frontend build, pypa/build
-without isolation, as wheelforge builds) in wheelforge's managed build environment with
-the same MAX_JOBS; prints wall time, CPU time (user+sys of all compiler processes),
-wheel size, ninja's span and longest step, and the ratios.  On 2 cores A alone takes
-~30-40 min.
+Each is a bare build without isolation in wheelforge's managed build environment with
+the same MAX_JOBS: pypa/build's build_wheel hook, as wheelforge builds (default), or
+`pip wheel --no-build-isolation` with --frontend pip (runs setup.py twice).  Prints wall
+time, CPU time (user+sys of all compiler processes), wheel size, the ratios, and where
+each build's time went: before ninja (setup.py, torch's checks), ninja (its longest
+steps), the link, packaging.  On 2 cores A alone takes ~30-40 min.
 
     .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--builds CBA]
         [--frontend pip|build] [--python PATH] [--sources DIR] [--keep DIR]
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,18 +74,55 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def phases(tree: Path, t0: float, t1: float, steps: list[tuple[float, float, str]]
+           ) -> dict[str, float] | None:
+    """Wall seconds before ninja, in ninja, linking and packaging, from the times the
+    build wrote build.ninja (just before ninja starts), its .ninja_log and the
+    extension (the link's output); t0, t1: the build's start and end (time.time())."""
+    ninja_files = list(tree.glob("build/*/build.ninja"))
+    libs = [p for p in tree.glob("build/lib*/**/*.so")]
+    if len(ninja_files) != 1 or not libs or not steps:
+        return None
+    start = ninja_files[0].stat().st_mtime
+    end = start + max(e for _, e, _ in steps)
+    linked = max(p.stat().st_mtime for p in libs)
+    return {"before ninja": start - t0, "ninja": end - start, "link": linked - end,
+            "package": t1 - linked}
+
+
+def run_frontend(frontend: str, tree: Path, python: Path, environ: dict[str, str],
+                 out: Path) -> None:
+    if frontend == "pip":
+        subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation",
+                        "--no-deps", "-q", "-w", str(out), str(tree)],
+                       env=environ, check=True, stdout=subprocess.DEVNULL)
+        return
+    # pypa/build's build_wheel hook in the build environment, as wheelforge runs it;
+    # the compilers' output (ptxas -v is loud) goes to a log, shown if the build fails
+    import build as pypa_build
+
+    log = out.parent / f"{out.name}-build.log"
+
+    def runner(cmd, cwd=None, extra_environ=None):  # type: ignore[no-untyped-def]
+        with open(log, "ab") as f:
+            done = subprocess.run(cmd, cwd=cwd, env={**environ, **(extra_environ or {})},
+                                  stdout=f, stderr=subprocess.STDOUT)
+        if done.returncode:
+            sys.stderr.write(log.read_text(errors="replace")[-6000:])
+            raise subprocess.CalledProcessError(done.returncode, cmd)
+
+    with warnings.catch_warnings():  # the backend's deprecation notices
+        warnings.simplefilter("ignore")
+        pypa_build.ProjectBuilder(tree, python_executable=str(python),
+                                  runner=runner).build("wheel", out)
+
+
 def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path,
           keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
-    cpu0, t0 = children_cpu(), time.monotonic()
-    if frontend == "build":  # pypa/build as wheelforge runs it: no metadata step
-        argv = [str(python), "-m", "build", "--wheel", "--no-isolation",
-                "--skip-dependency-check", "--outdir", str(out), str(tree)]
-    else:
-        argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                "-q", "-w", str(out), str(tree)]
-    subprocess.run(argv, env=environ, check=True, stdout=subprocess.DEVNULL)
-    wall, cpu = time.monotonic() - t0, children_cpu() - cpu0
+    cpu0, t0, w0 = children_cpu(), time.monotonic(), time.time()
+    run_frontend(frontend, tree, python, environ, out)
+    wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
     span = (max(e for _, e, _ in steps) - min(s for s, _, _ in steps)) if steps else None
@@ -91,10 +130,14 @@ def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Pat
     res = Result(name, wall, cpu, wheel.stat().st_size, span, longest)
     print(f"  {name}: wall {wall:.0f} s, cpu {cpu:.0f} s, wheel {res.size / 2**20:.1f} MiB",
           flush=True)
-    if span is not None and longest is not None:
-        print(f"    ninja: {len(steps)} compile steps over {span:.0f} s, longest {longest[0]} "
-              f"{longest[1]:.0f} s; outside ninja (pip, setup.py, link, zip) "
-              f"{wall - span:.0f} s", flush=True)
+    if steps:
+        top = sorted(((e - s, o) for s, e, o in steps), reverse=True)[:6]
+        print(f"    ninja: {len(steps)} compile steps; longest: "
+              + ", ".join(f"{o} {d:.0f} s" for d, o in top), flush=True)
+    split = phases(tree, w0, w1, steps)
+    if split:
+        print("    wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items()),
+              flush=True)
     if keep:
         (keep / name[0]).mkdir(parents=True, exist_ok=True)
         part = keep / name[0] / (wheel.name + ".part")  # appears whole, or not at all
@@ -111,9 +154,10 @@ def main() -> None:
                     help="which builds, always run in the order C, B, A (default CBA; "
                          "CB leaves out upstream's)")
     ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
-    ap.add_argument("--frontend", choices=("pip", "build"), default="pip",
-                    help="pip wheel (default: runs setup.py twice, for metadata and the "
-                         "wheel) or pypa/build (once, as wheelforge does)")
+    ap.add_argument("--frontend", choices=("build", "pip"), default="build",
+                    help="pypa/build's build_wheel hook (default: setup.py runs once, as "
+                         "in wheelforge) or pip wheel (runs setup.py twice, for metadata "
+                         "and the wheel)")
     ap.add_argument("--python", type=Path, default=None,
                     help="build with this interpreter (it must have torch) instead of "
                          "the managed environment")

@@ -3,17 +3,23 @@
 Static checks only (no nvcc): the series is applied to the real upstream sdist
 and the split tree is compared with the tree just before 0005.  The split must
 move code, never change it: the same explicit instantiations of the dispatchers
-(each exactly once), every launcher moved out of a dispatcher's unit declared
-extern there and instantiated exactly once elsewhere, every new .cu file built
-by setup.py, and the kernel text byte-identical to upstream's.
+(each exactly once), every launcher moved out of a dispatcher's file declared
+extern there and instantiated exactly once elsewhere, every new .cu file compiled
+exactly once by the units setup.py generates (as many as MAX_JOBS can use), and
+the kernel text byte-identical to upstream's.
 """
 
 from __future__ import annotations
 
 import ast
+import glob
+import os
 import re
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,17 +79,32 @@ def new_units(trees: dict[str, Path]) -> list[Path]:
     return sorted(p for p in (trees["split"] / "csrc").glob("*.cu") if p.name not in old)
 
 
-def setup_sources(tree: Path) -> list[str]:
-    """The literal sources=[...] list of the CUDAExtension call in setup.py."""
+def setup_sources(tree: Path) -> list[ast.expr]:
+    """The sources=[...] list of the CUDAExtension call in setup.py, as expressions."""
     found = []
     for node in ast.walk(ast.parse((tree / "setup.py").read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "CUDAExtension":
             for kw in node.keywords:
                 if kw.arg == "sources":
-                    assert isinstance(kw.value, ast.List), "sources is no longer a literal list"
-                    found.append([ast.literal_eval(e) for e in kw.value.elts])
+                    assert isinstance(kw.value, ast.List), "sources is no longer a list"
+                    found.append(kw.value.elts)
     assert len(found) == 1, f"expected one CUDAExtension(sources=[...]), found {len(found)}"
     return found[0]
+
+
+def bwd_units_function(tree: Path) -> Callable[[], list[str]]:
+    """setup.py's bwd_units(), compiled on its own (setup.py as a whole needs torch)."""
+    module = ast.parse((tree / "setup.py").read_text())
+    (fn,) = [n for n in ast.walk(module)
+             if isinstance(n, ast.FunctionDef) and n.name == "bwd_units"]
+    scope: dict[str, Any] = {"os": os, "glob": glob, "this_dir": str(tree)}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), scope)
+    return scope["bwd_units"]  # type: ignore[no-any-return]
+
+
+# MAX_JOBS -> backward units, as bwd_units()'s docstring gives the rule
+EXPECTED_UNITS = {1: 1, 2: 2, 3: 2, 4: 3, 6: 5, 8: 6, 12: 10, 15: 13, 16: 13, 24: 21, 30: 27,
+                  64: 27}
 
 
 def test_same_instantiations_each_exactly_once(trees: dict[str, Path]) -> None:
@@ -136,18 +157,81 @@ def test_new_units_hold_only_instantiations(trees: dict[str, Path]) -> None:
         assert rest == [f'#include "{Path(HEADER).name}"'], f"{unit.name}: {rest}"
 
 
-def test_setup_builds_every_unit(trees: dict[str, Path]) -> None:
-    sources = setup_sources(trees["split"])
-    assert len(sources) == len(set(sources)), sources
-    on_disk = {f"csrc/{p.name}" for p in (trees["split"] / "csrc").glob("*.c*")
-               if p.suffix in (".cu", ".cpp")}
-    assert set(sources) == on_disk
-    for unit in new_units(trees):
-        assert f"csrc/{unit.name}" in sources
-    assert UNSPLIT_BWD not in sources
-    # the rest of the list as it was
-    old = setup_sources(trees["unsplit"])
-    assert [s for s in old if s != UNSPLIT_BWD] == [s for s in sources if s in old]
+def test_setup_lists_the_other_sources_as_before(trees: dict[str, Path]) -> None:
+    old = [ast.literal_eval(e) for e in setup_sources(trees["unsplit"])]
+    new = setup_sources(trees["split"])
+    # the backward file replaced by the generated units, in the same place
+    i = old.index(UNSPLIT_BWD)
+    assert [ast.unparse(e) for e in new] == [
+        *map(repr, old[:i]), "*bwd_units()", *map(repr, old[i + 1:])]
+
+
+@pytest.mark.parametrize("jobs", sorted(EXPECTED_UNITS))
+def test_bwd_units_include_every_part_once_in_order(
+        trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        jobs: int) -> None:
+    """The units setup.py generates for MAX_JOBS=jobs: as many as the rule says, each
+    a run of the kernel files in sorted order (a pair's _w2 file, which declares the
+    _w3/_w4 launchers extern, before those files), together every file exactly once."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MAX_JOBS", str(jobs))
+    units = bwd_units_function(trees["split"])()
+    assert len(units) == EXPECTED_UNITS[jobs]
+    # ninja starts the sources in sorted order: the binding unit, then these, longest
+    # first, then the forward and update units
+    assert all(u.startswith("csrc/causal_conv1d_bwd_units/unit_") for u in units), units
+    assert units == sorted(units)
+    order = sorted(["csrc/causal_conv1d.cpp", "csrc/causal_conv1d_fwd.cu",
+                    "csrc/causal_conv1d_update.cu", *units])
+    assert order == ["csrc/causal_conv1d.cpp", *units, "csrc/causal_conv1d_fwd.cu",
+                     "csrc/causal_conv1d_update.cu"]
+    included = []
+    for unit in units:
+        lines = [ln for ln in (tmp_path / unit).read_text().splitlines()
+                 if not ln.startswith("//")]
+        assert lines and all(ln.startswith('#include "') for ln in lines), lines
+        included += [ln.split('"')[1] for ln in lines]
+    parts = sorted(u.name for u in new_units(trees))
+    assert len(parts) == 27  # 9 dtype pairs x channel-last widths 2, 3, 4
+    assert sorted(included) == parts  # every file exactly once
+    sizes = []
+    for unit in units:
+        run = [ln.split('"')[1] for ln in (tmp_path / unit).read_text().splitlines()
+               if ln.startswith("#include")]
+        assert run == sorted(run)
+        assert run == parts[parts.index(run[0]):parts.index(run[0]) + len(run)]  # contiguous
+        sizes.append(len(run))
+    assert sizes == sorted(sizes, reverse=True)  # longer runs first
+    assert max(sizes) - min(sizes) <= 1  # balanced
+
+
+def test_bwd_units_override(
+        trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MAX_JOBS", "16")
+    monkeypatch.setenv("CAUSAL_CONV1D_BWD_UNITS", "27")
+    assert len(bwd_units_function(trees["split"])()) == 27
+    for bad in ("0", "28", "many"):
+        monkeypatch.setenv("CAUSAL_CONV1D_BWD_UNITS", bad)
+        with pytest.raises(RuntimeError, match="CAUSAL_CONV1D_BWD_UNITS"):
+            bwd_units_function(trees["split"])()
+
+
+def test_bwd_units_rewritten_only_when_changed(
+        trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second run of setup.py (pip runs it twice) leaves the units as they are, so
+    ninja does not compile them again; MAX_JOBS unset means one job per usable core."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    bwd_units = bwd_units_function(trees["split"])
+    first = bwd_units()
+    jobs = len(os.sched_getaffinity(0))
+    if jobs in EXPECTED_UNITS:
+        assert len(first) == EXPECTED_UNITS[jobs]
+    stamps = {u: (tmp_path / u).stat().st_mtime_ns for u in first}
+    time.sleep(0.01)
+    assert bwd_units() == first
+    assert {u: (tmp_path / u).stat().st_mtime_ns for u in first} == stamps
 
 
 def test_kernel_code_byte_identical(trees: dict[str, Path]) -> None:
