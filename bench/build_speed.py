@@ -15,7 +15,7 @@ each build's time went: before ninja (setup.py, torch's checks), ninja (its long
 steps), the link, packaging.  On 2 cores A alone takes ~30-40 min.
 
     .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--builds CBA]
-        [--frontend pip|build] [--python PATH] [--sources DIR] [--keep DIR]
+        [--frontend build|pip] [--python PATH] [--sources DIR] [--keep DIR]
 
 --python builds with an existing interpreter that has torch (as `wheelforge build
 --python` does) instead of the managed environment, and --sources takes the sdist from
