@@ -37,7 +37,15 @@ def start(tmp_path: Path, shared_cache: Path, *extra: str) -> subprocess.Popen[s
          "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
          "--index", str(tmp_path / "index"), "--cache-dir", str(shared_cache),
          "--work-dir", str(tmp_path / "work"), *extra],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_deliver_sigint)
+
+
+def _deliver_sigint() -> None:
+    """In the child: SIGINT as at a terminal.  A test run started in the background by a
+    non-interactive shell (`.ci/run &`) inherits SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored, as it should for a background job."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_compiler(proc: subprocess.Popen[str], timeout: float = 600) -> list[int]:
@@ -53,7 +61,12 @@ def wait_for_compiler(proc: subprocess.Popen[str], timeout: float = 600) -> list
 
 def assert_clean_stop(proc: subprocess.Popen[str], tree: list[int], tmp_path: Path,
                       code: int) -> str:
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # leave no build behind, then fail with what it printed
+        _, err = proc.communicate()
+        pytest.fail(f"still running 30 s after the signal:\n{err[-2000:]}")
     assert proc.returncode == code, err[-2000:]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
