@@ -53,8 +53,6 @@ class Result:
     wall: float
     cpu: float
     size: int
-    compile_span: float | None  # first compile start to last end, from .ninja_log
-    longest: tuple[str, float] | None  # the longest compile step
 
 
 def ninja_steps(tree: Path) -> list[tuple[float, float, str]]:
@@ -80,7 +78,7 @@ def phases(tree: Path, t0: float, t1: float, steps: list[tuple[float, float, str
     build wrote build.ninja (just before ninja starts), its .ninja_log and the
     extension (the link's output); t0, t1: the build's start and end (time.time())."""
     ninja_files = list(tree.glob("build/*/build.ninja"))
-    libs = [p for p in tree.glob("build/lib*/**/*.so")]
+    libs = list(tree.glob("build/lib*/**/*.so"))
     if len(ninja_files) != 1 or not libs or not steps:
         return None
     start = ninja_files[0].stat().st_mtime
@@ -125,9 +123,7 @@ def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Pat
     wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
-    span = (max(e for _, e, _ in steps) - min(s for s, _, _ in steps)) if steps else None
-    longest = max(((o, e - s) for s, e, o in steps), key=lambda x: x[1]) if steps else None
-    res = Result(name, wall, cpu, wheel.stat().st_size, span, longest)
+    res = Result(name, wall, cpu, wheel.stat().st_size)
     print(f"  {name}: wall {wall:.0f} s, cpu {cpu:.0f} s, wheel {res.size / 2**20:.1f} MiB",
           flush=True)
     if steps:
