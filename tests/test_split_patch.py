@@ -185,22 +185,19 @@ def test_bwd_units_include_every_part_once_in_order(
                     "csrc/causal_conv1d_update.cu", *units])
     assert order == ["csrc/causal_conv1d.cpp", *units, "csrc/causal_conv1d_fwd.cu",
                      "csrc/causal_conv1d_update.cu"]
-    included = []
+    parts = sorted(u.name for u in new_units(trees))
+    assert len(parts) == 27  # 9 dtype pairs x channel-last widths 2, 3, 4
+    runs = []
     for unit in units:
         lines = [ln for ln in (tmp_path / unit).read_text().splitlines()
                  if not ln.startswith("//")]
         assert lines and all(ln.startswith('#include "') for ln in lines), lines
-        included += [ln.split('"')[1] for ln in lines]
-    parts = sorted(u.name for u in new_units(trees))
-    assert len(parts) == 27  # 9 dtype pairs x channel-last widths 2, 3, 4
-    assert sorted(included) == parts  # every file exactly once
-    sizes = []
-    for unit in units:
-        run = [ln.split('"')[1] for ln in (tmp_path / unit).read_text().splitlines()
-               if ln.startswith("#include")]
+        run = [ln.split('"')[1] for ln in lines]
         assert run == sorted(run)
         assert run == parts[parts.index(run[0]):parts.index(run[0]) + len(run)]  # contiguous
-        sizes.append(len(run))
+        runs.append(run)
+    assert sorted(name for run in runs for name in run) == parts  # every file exactly once
+    sizes = [len(run) for run in runs]
     assert sizes == sorted(sizes, reverse=True)  # longer runs first
     assert max(sizes) - min(sizes) <= 1  # balanced
 
