@@ -5,9 +5,9 @@
 #   1. bench/build_speed.py: split, unsplit and upstream's default build of
 #      causal-conv1d, side by side (in the order C, B, A), with this machine's
 #      python/torch;
-#   2. while the unsplit build (B) runs (after its first minute it is one translation
-#      unit, so most cores are idle): upstream's tests/test_causal_conv1d.py against
-#      the installed split wheel (C);
+#   2. as the unsplit build (B) starts (it is soon one translation unit, so most
+#      cores are idle; B's time is slightly inflated, A's and C's are not): upstream's
+#      tests/test_causal_conv1d.py against the installed split wheel (C);
 #   3. after the benchmark: scripts/compare-wheels.py on the unsplit and split wheels
 #      (exported symbols, archs, every kernel's SASS).
 #
