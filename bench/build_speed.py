@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge import buildenv, toolchain  # noqa: E402
+from wheelforge import buildenv, builder, toolchain  # noqa: E402
 from wheelforge.config import cpu_count, resolve  # noqa: E402
 from wheelforge.patch import apply_series  # noqa: E402
 from wheelforge.recipe import RecipeBook  # noqa: E402
@@ -88,38 +88,26 @@ def phases(tree: Path, t0: float, t1: float, steps: list[tuple[float, float, str
             "package": t1 - linked}
 
 
-def run_frontend(frontend: str, tree: Path, python: Path, environ: dict[str, str],
-                 out: Path) -> None:
+def run_frontend(frontend: str, tree: Path, env: buildenv.BuildEnv,
+                 environ: dict[str, str], out: Path) -> None:
     if frontend == "pip":
-        subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation",
+        subprocess.run([str(env.python), "-m", "pip", "wheel", "--no-build-isolation",
                         "--no-deps", "-q", "-w", str(out), str(tree)],
                        env=environ, check=True, stdout=subprocess.DEVNULL)
         return
-    # pypa/build's build_wheel hook in the build environment, as wheelforge runs it;
-    # the compilers' output (ptxas -v is loud) goes to a log, shown if the build fails
-    import build as pypa_build
-
-    log = out.parent / f"{out.name}-build.log"
-
-    def runner(cmd, cwd=None, extra_environ=None):  # type: ignore[no-untyped-def]
-        with open(log, "ab") as f:
-            done = subprocess.run(cmd, cwd=cwd, env={**environ, **(extra_environ or {})},
-                                  stdout=f, stderr=subprocess.STDOUT)
-        if done.returncode:
-            sys.stderr.write(log.read_text(errors="replace")[-6000:])
-            raise subprocess.CalledProcessError(done.returncode, cmd)
-
+    # wheelforge's own build step (pypa/build's build_wheel hook); the compilers' output
+    # (ptxas -v is loud) goes to a log that a failure names
     with warnings.catch_warnings():  # the backend's deprecation notices
         warnings.simplefilter("ignore")
-        pypa_build.ProjectBuilder(tree, python_executable=str(python),
-                                  runner=runner).build("wheel", out)
+        builder.build_wheel(tree=tree, env=env, environ=environ, out_dir=out,
+                            log=out.parent / f"{out.name}-build.log")
 
 
-def build(name: str, tree: Path, python: Path, environ: dict[str, str], out: Path,
+def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str], out: Path,
           keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0, w0 = children_cpu(), time.monotonic(), time.time()
-    run_frontend(frontend, tree, python, environ, out)
+    run_frontend(frontend, tree, env, environ, out)
     wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
@@ -198,7 +186,7 @@ def main() -> None:
             if name[0] not in builds:
                 continue
             environ = base if name[0] == "A" else one_arch
-            results.append(build(name, trees[name], env.python, environ, t / name[0],
+            results.append(build(name, trees[name], env, environ, t / name[0],
                                  args.keep, args.frontend))
     by = {r.name[0]: r for r in results}
     print()
