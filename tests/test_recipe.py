@@ -138,4 +138,4 @@ def test_shipped_recipes_are_valid() -> None:
         "0001-find-nvcc.patch", "0002-honour-torch-cuda-arch-list.patch",
         "0003-no-network-during-build.patch", "0004-nvcc-threads.patch",
         "0005-split-kernels-into-translation-units.patch",
-        "0006-binding-unit-without-debug-info.patch"]
+        "0006-binding-unit-without-debug-info.patch", "0007-compress-every-fatbin.patch"]
