@@ -1,13 +1,12 @@
-"""Patch 0005: causal-conv1d's kernels compiled as several translation units.
+"""Patch 0005: causal-conv1d's backward kernels compiled as several translation units.
 
 Static checks only (no nvcc): the series is applied to the real upstream sdist
 and the split tree is compared with the tree just before 0005.  The split must
 move code, never change it: the same explicit instantiations of the dispatchers
 (each exactly once), every launcher moved out of a dispatcher's file declared
-extern there and instantiated exactly once elsewhere, every kernel file (the 27
-new backward files, upstream's forward and update files) compiled exactly once by
-the units setup.py generates (as many as MAX_JOBS can use), and the kernel text
-byte-identical to upstream's.
+extern there and instantiated exactly once elsewhere, every new .cu file compiled
+exactly once by the units setup.py generates (as many as MAX_JOBS can use), and
+the kernel text byte-identical to upstream's.
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 SPLIT = REPO / "patches" / "causal-conv1d" / "0005-split-kernels-into-translation-units.patch"
 HEADER = "csrc/causal_conv1d_bwd_kernels.cuh"
 UNSPLIT_BWD = "csrc/causal_conv1d_bwd.cu"
-BINDING, FWD, UPDATE = ("csrc/causal_conv1d.cpp", "csrc/causal_conv1d_fwd.cu",
-                        "csrc/causal_conv1d_update.cu")
 
 # e.g. `template void causal_conv1d_bwd_cuda<at::Half, float>(ConvParamsBwd &params, ...);`
 # (a launcher moved to another unit carries `__attribute__((visibility("hidden")))`
@@ -95,39 +92,19 @@ def setup_sources(tree: Path) -> list[ast.expr]:
     return found[0]
 
 
-def kernel_units_function(tree: Path) -> Callable[[], list[str]]:
-    """setup.py's kernel_units(), compiled on its own (setup.py as a whole needs torch)."""
+def bwd_units_function(tree: Path) -> Callable[[], list[str]]:
+    """setup.py's bwd_units(), compiled on its own (setup.py as a whole needs torch)."""
     module = ast.parse((tree / "setup.py").read_text())
     (fn,) = [n for n in ast.walk(module)
-             if isinstance(n, ast.FunctionDef) and n.name == "kernel_units"]
+             if isinstance(n, ast.FunctionDef) and n.name == "bwd_units"]
     scope: dict[str, Any] = {"os": os, "glob": glob, "this_dir": str(tree)}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), scope)
-    return scope["kernel_units"]  # type: ignore[no-any-return]
+    return scope["bwd_units"]  # type: ignore[no-any-return]
 
 
-def kernel_files(trees: dict[str, Path]) -> list[str]:
-    """What the units compile: the 27 backward files and upstream's forward and update
-    files."""
-    return sorted([u.name for u in new_units(trees)]
-                  + [Path(FWD).name, Path(UPDATE).name])
-
-
-# MAX_JOBS -> kernel units, from kernel_units()'s cost model (see its docstring)
-EXPECTED_UNITS = {1: 1, 2: 2, 3: 3, 4: 4, 6: 6, 8: 8, 12: 11, 15: 14, 16: 14, 24: 20,
-                  30: 20, 64: 20}
-# the costs kernel_units()'s docstring gives, CPU-s beyond a unit's headers
-COSTS = {"16-bit w2": 18, "16-bit w3": 13, "16-bit w4": 16, "float w2": 9, "float w3": 9,
-         "float w4": 10, Path(FWD).name: 13, Path(UPDATE).name: 2}
-HEAVY = 16  # a 16-bit input's _w2 and _w4
-BINDING_COST = 33  # causal_conv1d.cpp
-
-
-def unit_cost(name: str) -> int:
-    """A kernel file's cost by COSTS."""
-    if name in (Path(FWD).name, Path(UPDATE).name):
-        return COSTS[name]
-    width = int(name[-len("2.cu")])  # causal_conv1d_bwd_<in>_<wt>_w<k>.cu
-    return COSTS[f"{'float' if '_bwd_fp32_' in name else '16-bit'} w{width}"]
+# MAX_JOBS -> backward units, from bwd_units()'s cost model (see its docstring)
+EXPECTED_UNITS = {1: 1, 2: 2, 3: 3, 4: 4, 6: 5, 8: 7, 12: 9, 15: 12, 16: 14, 24: 20, 30: 20,
+                  64: 20}
 
 
 def test_same_instantiations_each_exactly_once(trees: dict[str, Path]) -> None:
@@ -180,28 +157,17 @@ def test_new_units_hold_only_instantiations(trees: dict[str, Path]) -> None:
         assert rest == [f'#include "{Path(HEADER).name}"'], f"{unit.name}: {rest}"
 
 
-def test_setup_compiles_the_binding_then_the_units(trees: dict[str, Path]) -> None:
-    """Upstream's sources were the binding and three kernel files; now the binding and
-    the generated units, which include the forward and update files as they are."""
+def test_setup_lists_the_other_sources_as_before(trees: dict[str, Path]) -> None:
     old = [ast.literal_eval(e) for e in setup_sources(trees["unsplit"])]
-    assert sorted(old) == sorted([BINDING, FWD, UNSPLIT_BWD, UPDATE])
     new = setup_sources(trees["split"])
-    assert [ast.unparse(e) for e in new] == [repr(BINDING), "*kernel_units()"]
-
-
-def unit_files(tree: Path, units: list[str]) -> list[list[str]]:
-    """The files each generated unit includes, in order; a unit is only #includes."""
-    runs = []
-    for unit in units:
-        lines = [ln for ln in (tree / unit).read_text().splitlines()
-                 if not ln.startswith("//")]
-        assert lines and all(ln.startswith('#include "') for ln in lines), lines
-        runs.append([ln.split('"')[1] for ln in lines])
-    return runs
+    # the backward file replaced by the generated units, in the same place
+    i = old.index(UNSPLIT_BWD)
+    assert [ast.unparse(e) for e in new] == [
+        *map(repr, old[:i]), "*bwd_units()", *map(repr, old[i + 1:])]
 
 
 @pytest.mark.parametrize("jobs", sorted(EXPECTED_UNITS))
-def test_kernel_units_include_every_file_once_in_order(
+def test_bwd_units_include_every_part_once_in_order(
         trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         jobs: int) -> None:
     """The units setup.py generates for MAX_JOBS=jobs: as many as the cost model
@@ -210,77 +176,78 @@ def test_kernel_units_include_every_file_once_in_order(
     unit), none empty, together every file exactly once."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MAX_JOBS", str(jobs))
-    units = kernel_units_function(trees["split"])()
+    units = bwd_units_function(trees["split"])()
     assert len(units) == EXPECTED_UNITS[jobs]
     # ninja starts the sources in sorted order: the binding unit, then these, longest
-    # first
-    assert all(u.startswith("csrc/causal_conv1d_units/unit_") for u in units), units
-    assert sorted([BINDING, *units]) == [BINDING, *units]
-    runs = unit_files(tmp_path, units)
-    assert all(run == sorted(run) for run in runs), runs
-    assert len(kernel_files(trees)) == 29  # 9 dtype pairs x widths 2, 3, 4; fwd; update
-    assert sorted(name for run in runs for name in run) == kernel_files(trees)
+    # first, then the forward and update units
+    assert all(u.startswith("csrc/causal_conv1d_bwd_units/unit_") for u in units), units
+    assert units == sorted(units)
+    order = sorted(["csrc/causal_conv1d.cpp", "csrc/causal_conv1d_fwd.cu",
+                    "csrc/causal_conv1d_update.cu", *units])
+    assert order == ["csrc/causal_conv1d.cpp", *units, "csrc/causal_conv1d_fwd.cu",
+                     "csrc/causal_conv1d_update.cu"]
+    parts = sorted(u.name for u in new_units(trees))
+    assert len(parts) == 27  # 9 dtype pairs x channel-last widths 2, 3, 4
+    runs = []
+    for unit in units:
+        lines = [ln for ln in (tmp_path / unit).read_text().splitlines()
+                 if not ln.startswith("//")]
+        assert lines and all(ln.startswith('#include "') for ln in lines), lines
+        run = [ln.split('"')[1] for ln in lines]
+        assert run == sorted(run)
+        runs.append(run)
+    assert sorted(name for run in runs for name in run) == parts  # every file exactly once
 
 
-def test_kernel_units_spread_the_heavy_files(
+def test_bwd_units_spread_the_heavy_files(
         trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """16 jobs: 14 units, the costliest files (a 16-bit input's _w2 and _w4) never
-    two in one unit, the units within one file of each other, and the heaviest first
-    (ninja starts them first), by the costs kernel_units()'s docstring gives."""
+    """16 jobs: 14 units of at most two files, the costliest (_w2 of a 16-bit input,
+    ~2x a float input's) never two in one unit, and the heaviest units first (ninja
+    starts them first), by the costs bwd_units()'s docstring gives."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MAX_JOBS", "16")
-    runs = unit_files(tmp_path, kernel_units_function(trees["split"])())
+    runs = [[ln.split('"')[1] for ln in (tmp_path / u).read_text().splitlines()
+             if ln.startswith("#include")] for u in bwd_units_function(trees["split"])()]
     assert len(runs) == 14
+    assert max(map(len, runs)) == 2
+    heavy = [sum(1 for f in run if f.endswith("_w2.cu") and "_bwd_fp32_" not in f)
+             for run in runs]
+    assert sum(heavy) == 6 and max(heavy) == 1
 
-    heavy = [sum(1 for f in run if unit_cost(f) >= HEAVY) for run in runs]
-    assert max(heavy) == 1, runs
-    loads = [sum(map(unit_cost, run)) for run in runs]
+    def cost(name: str) -> int:  # CPU-s beyond the headers: causal_conv1d_bwd_<in>_<wt>_w<k>
+        width = int(name[-len("2.cu")])
+        return ({2: 9, 3: 9, 4: 10} if "_bwd_fp32_" in name else {2: 18, 3: 13, 4: 16})[width]
+
+    loads = [sum(map(cost, run)) for run in runs]
     assert loads == sorted(loads, reverse=True)
-    assert max(loads) - min(loads) <= max(map(unit_cost, kernel_files(trees))), loads
 
 
-def test_kernel_units_two_jobs_even_out_the_binding_unit(
-        trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """2 jobs: the binding unit (~33 CPU-s) and the first kernel unit start at once,
-    the second kernel unit follows the binding unit on its job; so the second is
-    lighter than the first by about the binding unit's cost, and both jobs end
-    together (within one file)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MAX_JOBS", "2")
-    first, second = (sum(map(unit_cost, run))
-                     for run in unit_files(tmp_path, kernel_units_function(trees["split"])()))
-    assert abs(first - (BINDING_COST + second)) <= max(map(unit_cost, kernel_files(trees)))
-
-
-def test_kernel_units_override(
+def test_bwd_units_override(
         trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MAX_JOBS", "16")
-    monkeypatch.setenv("CAUSAL_CONV1D_KERNEL_UNITS", "29")
-    assert len(kernel_units_function(trees["split"])()) == 29
-    monkeypatch.setenv("CAUSAL_CONV1D_KERNEL_UNITS", "1")
-    (one,) = unit_files(tmp_path, kernel_units_function(trees["split"])())
-    assert one == kernel_files(trees)
-    for bad in ("0", "30", "many"):
-        monkeypatch.setenv("CAUSAL_CONV1D_KERNEL_UNITS", bad)
-        with pytest.raises(RuntimeError, match="CAUSAL_CONV1D_KERNEL_UNITS"):
-            kernel_units_function(trees["split"])()
+    monkeypatch.setenv("CAUSAL_CONV1D_BWD_UNITS", "27")
+    assert len(bwd_units_function(trees["split"])()) == 27
+    for bad in ("0", "28", "many"):
+        monkeypatch.setenv("CAUSAL_CONV1D_BWD_UNITS", bad)
+        with pytest.raises(RuntimeError, match="CAUSAL_CONV1D_BWD_UNITS"):
+            bwd_units_function(trees["split"])()
 
 
-def test_kernel_units_rewritten_only_when_changed(
+def test_bwd_units_rewritten_only_when_changed(
         trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second run of setup.py (pip runs it twice) leaves the units as they are, so
     ninja does not compile them again; MAX_JOBS unset means one job per usable core."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MAX_JOBS", raising=False)
-    kernel_units = kernel_units_function(trees["split"])
-    first = kernel_units()
+    bwd_units = bwd_units_function(trees["split"])
+    first = bwd_units()
     jobs = len(os.sched_getaffinity(0))
     if jobs in EXPECTED_UNITS:
         assert len(first) == EXPECTED_UNITS[jobs]
     stamps = {u: (tmp_path / u).stat().st_mtime_ns for u in first}
     time.sleep(0.01)
-    assert kernel_units() == first
+    assert bwd_units() == first
     assert {u: (tmp_path / u).stat().st_mtime_ns for u in first} == stamps
 
 
@@ -327,10 +294,9 @@ def test_binding_unit_without_debug_info(trees: dict[str, Path]) -> None:
 
 
 def test_every_fatbin_compressed(trees: dict[str, Path]) -> None:
-    """Patch 0007: -compress-all for fatbinary in the CUDA build's nvcc flags (small
-    units' SASS is otherwise stored raw); the ROCm branch untouched."""
-    def nvcc_flags(tree: Path) -> list[str]:
-        text = (tree / "setup.py").read_text()
-        return re.findall(r'"(-Xfatbin[^"]*)"', text)
-    assert nvcc_flags(trees["unsplit"]) == []
-    assert nvcc_flags(trees["split"]) == ["-Xfatbin=-compress-all"]
+    """Patch 0007: -compress-all for fatbinary in the CUDA build's nvcc flags (the
+    small units' SASS is otherwise stored raw); nothing else."""
+    def fatbin_flags(tree: Path) -> list[str]:
+        return re.findall(r'"(-Xfatbin[^"]*)"', (tree / "setup.py").read_text())
+    assert fatbin_flags(trees["unsplit"]) == []
+    assert fatbin_flags(trees["split"]) == ["-Xfatbin=-compress-all"]
