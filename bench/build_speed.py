@@ -4,9 +4,9 @@
   A  upstream's default build: the unpatched sdist (9 architectures under CUDA 13,
      --threads 4), CUDA_HOME set so that it builds at all
   B  one architecture, patches 0001-0004 (no split)
-  C  one architecture, the whole series: 0005 splits the kernels into as many units
-     as MAX_JOBS can use, 0006 drops debug info from the binding unit, 0007 compresses
-     every unit's fatbin
+  C  one architecture, the whole series: 0005 splits the backward kernels into as
+     many units as MAX_JOBS can use, 0006 drops debug info from the binding unit, 0007
+     compresses every unit's fatbin
 
 Each is a bare build without isolation in wheelforge's managed build environment with
 the same MAX_JOBS: pypa/build's build_wheel hook, as wheelforge builds (default), or
