@@ -294,8 +294,8 @@ def test_binding_unit_without_debug_info(trees: dict[str, Path]) -> None:
 
 
 def test_every_fatbin_compressed(trees: dict[str, Path]) -> None:
-    """Patch 0007: -compress-all for fatbinary in the CUDA build's nvcc flags (the
-    small units' SASS is otherwise stored raw); nothing else."""
+    """Patch 0007: setup.py passes fatbinary one flag, -compress-all, where upstream
+    passed none (the small units' SASS is otherwise stored raw)."""
     def fatbin_flags(tree: Path) -> list[str]:
         return re.findall(r'"(-Xfatbin[^"]*)"', (tree / "setup.py").read_text())
     assert fatbin_flags(trees["unsplit"]) == []
