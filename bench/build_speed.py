@@ -21,7 +21,8 @@ steps), the link, packaging.  On 2 cores A alone takes ~30-40 min.
 --python builds with an existing interpreter that has torch (as `wheelforge build
 --python` does) instead of the managed environment, and --sources takes the sdist from
 a directory: together they run on a machine without network.  --keep copies the three
-wheels to DIR (to test or inspect them afterwards).
+wheels to DIR (to test or inspect them afterwards), with each build's .ninja_log
+(DIR/<build>/ninja_log.txt: every compile step's start and end).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Result:
     wall: float
     cpu: float
     size: int
+    ninja: float | None = None  # wall seconds in ninja (the parallel compile)
 
 
 def ninja_steps(tree: Path) -> list[tuple[float, float, str]]:
@@ -123,8 +125,11 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
     if split:
         print("    wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items()),
               flush=True)
+        res.ninja = split["ninja"]
     if keep:
         (keep / name[0]).mkdir(parents=True, exist_ok=True)
+        for log in tree.glob("build/*/.ninja_log"):  # every step's start and end, in ms
+            shutil.copy2(log, keep / name[0] / "ninja_log.txt")
         part = keep / name[0] / (wheel.name + ".part")  # appears whole, or not at all
         shutil.copy2(wheel, part)
         os.replace(part, keep / name[0] / wheel.name)
@@ -208,6 +213,13 @@ def main() -> None:
     ideal = c.cpu / cpu_count()
     print(f"C wall / (C cpu / {cpu_count()} cores):              {c.wall / ideal:6.2f}  "
           "(1.0 = every core busy the whole build)")
+    if c.ninja:
+        # outside ninja (setup.py and torch's import, the link, packaging) one process
+        # runs on one core: its CPU time is about its wall time
+        outside = c.wall - c.ninja
+        print(f"  of which: {outside:.1f} s outside ninja, on one core; ninja's wall / "
+              f"((cpu - {outside:.1f} s) / {cpu_count()}): "
+              f"{c.ninja / ((c.cpu - outside) / cpu_count()):.2f}")
 
 
 if __name__ == "__main__":
