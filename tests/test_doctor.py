@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -152,7 +153,7 @@ def test_no_nvcc_is_one_failure_and_archs_are_not_checked(tmp_path: Path, bin_di
     nvcc = one(findings, "nvcc")
     assert nvcc.status == "FAIL" and "nvcc, the CUDA compiler, was not found" in nvcc.detail
     assert "CUDA_HOME" in nvcc.fix
-    assert [f.status for f in findings if f.check.startswith("arch")] == ["WARN", "WARN"]
+    assert [f.status for f in findings if f.check.startswith("arch")] == ["SKIP", "SKIP"]
     assert failures(findings) == [nvcc]
 
 
@@ -194,9 +195,59 @@ def test_torch_not_importable(tmp_path: Path, bin_dir: Path) -> None:
     assert not [f for f in findings if f.check == "torch cuda"]
 
 
-def test_without_python_the_managed_env_is_used(tmp_path: Path, bin_dir: Path) -> None:
-    torch = one(check(tmp_path, env(bin_dir, fake_cuda(tmp_path, "13.0"))), "torch")
-    assert torch.status == "OK" and "managed environment" in torch.detail
+def managed(tmp_path: Path, environ: dict[str, str], spec: str | None,
+            pip_args: tuple[str, ...] = (), base: Path | None = None) -> list[Finding]:
+    return run_checks(archs=parse_arch_list("12.0"), python=None, work_dir=tmp_path / "work",
+                      cache_dir=tmp_path / "cache", jobs=8, environ=environ,
+                      managed_torch=spec, managed_torch_pip_args=pip_args,
+                      managed_python=base or Path(sys.executable))
+
+
+@pytest.mark.parametrize(("spec", "pip_args", "nvcc", "status", "detail"), [
+    ("torch==2.14.1", (), "13.0", "OK",
+     "torch CUDA 13.0 (PyPI's torch 2.14 wheels), nvcc 13.0: same major"),
+    ("torch==2.14.1", (), "12.8", "FAIL", "torch==2.14.1 is built for CUDA 13.0, nvcc is 12.8"),
+    ("torch==2.9.1", ("--index-url", "https://download.pytorch.org/whl/cu128"), "13.0", "FAIL",
+     "torch==2.9.1 is built for CUDA 12.8, nvcc is 13.0"),
+    ("torch==2.9.1+cu128", (), "12.9", "OK",
+     "torch CUDA 12.8 (its local version +cu128), nvcc 12.9: same major"),
+    ("torch==2.14.1", ("--index-url", "https://download.pytorch.org/whl/cpu"), "13.0", "FAIL",
+     "torch==2.14.1 from the index https://download.pytorch.org/whl/cpu is a CPU-only "
+     "build"),
+    ("torch>=2.10", (), "13.0", "SKIP",
+     "cannot tell the CUDA of torch>=2.10 before the environment exists"),
+])
+def test_without_python_the_managed_torch_is_judged_by_its_requirement(
+        tmp_path: Path, bin_dir: Path, spec: str, pip_args: tuple[str, ...], nvcc: str,
+        status: str, detail: str) -> None:
+    """No environment yet: the torch line says what it will have, and torch's CUDA is
+    checked against nvcc from the requirement, or SKIP; never OK for a check not run."""
+    findings = managed(tmp_path, env(bin_dir, fake_cuda(tmp_path, nvcc)), spec, pip_args)
+    torch = one(findings, "torch")
+    assert torch.status == "OK"
+    assert torch.detail.startswith(f"the managed environment (not created yet) will have {spec}")
+    cuda = one(findings, "torch cuda")
+    assert (cuda.status, cuda.detail) == (status, detail)
+
+
+def test_without_python_an_existing_managed_env_is_inspected(tmp_path: Path,
+                                                             bin_dir: Path) -> None:
+    from wheelforge.buildenv import BASE_REQUIREMENTS, MARKER, env_key
+
+    base = Path(sys.executable)
+    root = tmp_path / "cache" / "envs" / env_key(base, "torch==2.9.1", BASE_REQUIREMENTS, ())
+    fake_python(root / "bin" / "python")
+    (root / MARKER).write_text("{}")
+    findings = managed(tmp_path, env(bin_dir, fake_cuda(tmp_path, "13.0")), "torch==2.9.1")
+    torch = one(findings, "torch")
+    assert (torch.status, torch.detail) == (
+        "OK", f"torch 2.9.1+cu128 (CUDA 12.8) in the managed environment {root}")
+    assert one(findings, "torch cuda").status == "FAIL"
+
+
+def test_no_torch_requirement_is_skip_not_ok(tmp_path: Path, bin_dir: Path) -> None:
+    torch = one(managed(tmp_path, env(bin_dir, fake_cuda(tmp_path, "13.0")), None), "torch")
+    assert torch.status == "SKIP"
 
 
 # -- host compiler -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,30 @@ def test_torch_cuda_major_mismatch(tmp_path: Path) -> None:
 def test_nothing_found_lists_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("wheelforge.toolchain.STANDARD_PREFIXES", (str(tmp_path / "std"),))
     with pytest.raises(ToolchainError) as exc:
-        find_cuda({"CUDA_HOME": str(tmp_path / "nope"), "PATH": ""})
-    assert f"$CUDA_HOME: {tmp_path / 'nope'}" in exc.value.why
-    assert "standard prefix" in exc.value.why
+        find_cuda({"PATH": str(tmp_path / "bin")})
+    assert exc.value.what == "nvcc, the CUDA compiler, was not found"
+    assert f"standard prefix: {tmp_path / 'std'}" in exc.value.why
+
+
+@pytest.mark.parametrize("var", ["CUDA_HOME", "CUDA_PATH"])
+@pytest.mark.parametrize(("make", "why"), [
+    (lambda p: p / "nope", "does not exist"),
+    (lambda p: p, "has no bin/nvcc"),
+])
+def test_an_explicit_cuda_home_that_is_no_toolkit_fails_naming_it(
+        tmp_path: Path, var: str, make: Callable[[Path], Path], why: str) -> None:
+    """torch's builder uses $CUDA_HOME (else $CUDA_PATH) as given: never fall back silently
+    to another toolkit (here a good one on PATH)."""
+    good = fake_cuda(tmp_path, "13.0")
+    bad = make(tmp_path)
+    with pytest.raises(ToolchainError) as exc:
+        find_cuda({var: str(bad), "PATH": str(good / "bin")})
+    assert exc.value.what == f"{var}={bad} is not a CUDA toolkit"
+    assert exc.value.why.startswith(f"{bad} {why}")
+    assert f"point {var} at a toolkit" in exc.value.fix
+
+
+def test_cuda_home_wins_over_cuda_path_as_in_torch(tmp_path: Path) -> None:
+    good = fake_cuda(tmp_path, "13.0")
+    found = find_cuda({"CUDA_HOME": str(good), "CUDA_PATH": str(tmp_path / "nope"), "PATH": ""})
+    assert (found.home, found.origin) == (good, "$CUDA_HOME")

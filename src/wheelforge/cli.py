@@ -16,12 +16,19 @@ import click
 from . import __version__
 from ._log import Reporter
 from .config import resolve
-from .errors import EXIT_CODES, INTERRUPT_EXIT_CODES, ConfigError, Interrupted, WheelforgeError
+from .errors import (
+    INTERNAL_ERROR_EXIT_CODE,
+    INTERRUPT_EXIT_CODES,
+    ConfigError,
+    Interrupted,
+    WheelforgeError,
+    exit_code_table,
+)
 from .recipe import RecipeBook, SdistSource
 
-EPILOG = ("Exit codes: " + ", ".join(f"{v} {k}" for k, v in sorted(EXIT_CODES.items(),
-                                                                     key=lambda kv: kv[1]))
-          + "; 124 timeout, 130 SIGINT, 143 SIGTERM.")
+#: The exit-code table of errors.py, as --help shows it (\b keeps click from rewrapping).
+EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {meaning}"
+                                          for code, meaning in exit_code_table())
 
 
 def _book(recipes: Path | None) -> RecipeBook:
@@ -47,7 +54,7 @@ def cli() -> None:
       wheelforge build causal-conv1d              # sm_120 wheel into ./index
       wheelforge build causal-conv1d --arch '10.0;12.0'
       wheelforge build causal-conv1d --python ~/venvs/train/bin/python
-        wheelforge serve                            # the index over HTTP
+      wheelforge serve                            # the index over HTTP
       wheelforge consumer-config                  # pip/uv settings that cannot be hijacked
     """
 
@@ -147,8 +154,7 @@ def show(name: str, recipes: Path | None) -> None:
         click.echo(f"summary:   {r.summary}")
     click.echo(f"recipe:    {r.path}")
     for i, s in enumerate(r.sources):
-        kind = "sdist" if isinstance(s, SdistSource) else "git"
-        click.echo(f"source {i}:  {kind} {s.identity}")
+        click.echo(f"source {i}:  {s.identity}")
         if isinstance(s, SdistSource) and s.url:
             click.echo(f"           {s.url}")
     for p in r.patches:
@@ -173,50 +179,100 @@ def check(recipes: Path | None) -> None:
 @cli.command()
 @click.argument("wheel", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def inspect(wheel: Path) -> None:
-    """Print, per shared object in WHEEL, its SASS and PTX architectures."""
+    """Print WHEEL's version, tags, torch pin and size, then per shared object its SASS and
+    PTX architectures (read from the ELF .nv_fatbin section; no GPU needed).
+
+    \b
+    Examples:
+      wheelforge inspect index/files/causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl
+      wheelforge inspect dist/tinyext-0.1.0-cp311-cp311-linux_x86_64.whl   # any wheel
+    """
+    import email.parser
     import zipfile
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import InvalidWheelFilename
 
     from .errors import VerifyError
     from .fatbin import FatbinError
     from .verify import shared_object_archs
+    from .wheel import inspect_wheel, read_metadata
 
     try:
+        info = inspect_wheel(wheel)
+        meta = email.parser.BytesParser().parsebytes(read_metadata(wheel), headersonly=True)
         found = shared_object_archs(wheel)
-    except (zipfile.BadZipFile, FatbinError, OSError) as exc:
+    except (zipfile.BadZipFile, InvalidWheelFilename, FatbinError, OSError, KeyError,
+            ValueError) as exc:
         raise VerifyError(f"cannot read {wheel}", why=str(exc),
                           fix="give the path of a wheel (.whl) file") from exc
+    pins = []
+    for text in meta.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name == "torch":
+            pins.append(str(req))
+    click.echo(f"wheel:     {wheel.name}")
+    click.echo(f"project:   {info.name}")
+    click.echo(f"version:   {info.version}")
+    click.echo(f"tags:      {', '.join(info.tags)}")
+    click.echo(f"torch pin: {', '.join(pins) if pins else 'none (no torch requirement)'}")
+    click.echo(f"size:      {_size(wheel.stat().st_size)}")
     if not found:
-        click.echo(f"{wheel.name}: no shared objects")
+        click.echo("shared objects: none")
     for name, archs in found:
         sass = ", ".join(sorted(archs.sass)) or "none"
         ptx = ", ".join(sorted(archs.ptx)) or "none"
         click.echo(f"{name}: SASS {sass}; PTX {ptx}")
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 @cli.command(epilog=EPILOG)
 @click.option("--arch", help="CUDA architectures to check nvcc against (default as for build).")
 @click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
-              help="Check this interpreter's torch against nvcc (default: the managed env).")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Job count to size memory for.")
-@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False))
-def doctor(arch: str | None, python: Path | None, jobs: int | None, cache_dir: Path | None,
-           work_dir: Path | None) -> None:
+              help="Check this interpreter's torch against nvcc: a path, or a name looked up "
+                   "on PATH (python3). Default: the managed environment a build would use.")
+@click.option("--torch", help="torch requirement of the managed environment (default as for "
+                              "build: wheelforge.yaml, else torch==2.14.1).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Job count to size memory for "
+              "(default as for build).")
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Cache whose free disk is checked (default ~/.cache/wheelforge or "
+                   "$WHEELFORGE_CACHE).")
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Work directory whose free disk is checked (default: CACHE/work).")
+@click.option("--config", "project_file", type=click.Path(path_type=Path, dir_okay=False,
+                                                          exists=True),
+              help="Project file with defaults (default ./wheelforge.yaml if present).")
+def doctor(arch: str | None, python: Path | None, torch: str | None, jobs: int | None,
+           cache_dir: Path | None, work_dir: Path | None, project_file: Path | None) -> None:
     """Check the toolchain before a build: nvcc and the archs it can compile, torch's CUDA
     against nvcc's, the host compiler, ninja, git, free disk, memory per compile job.
 
-    Each line is OK, WARN or FAIL with the fix. Exits 6 when anything FAILs. The same
-    checks run before every build, before any compile starts.
+    Each line is OK, WARN, FAIL (with the fix) or SKIP (could not be checked, and why).
+    Exits 6 when anything FAILs. The same checks run before every build, before any compile
+    starts. Without --python, the torch of the managed environment is checked: inspected
+    when the environment exists, else judged from its requirement.
     """
     from . import doctor as doc
 
-    config = resolve(arch=arch, python=python, jobs=jobs, cache_dir=cache_dir,
-                     work_dir=work_dir)
+    config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
+                     work_dir=work_dir, project_file=project_file)
+    if config.python is not None and str(config.python) != str(python):
+        click.echo(f"python: {config.python} [{config.origin('python')}]")
     findings = doc.run_checks(archs=config.archs, python=config.python,
                               work_dir=config.work_dir, cache_dir=config.cache_dir,
-                              jobs=jobs)
+                              jobs=jobs, managed_torch=config.torch,
+                              managed_torch_pip_args=config.torch_pip_args,
+                              managed_python=config.base_python,
+                              gib_per_job=config.gib_per_job)
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    colors = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+    colors = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "blue"}
     for f in findings:
         text = doc.render([f])
         click.echo(click.style(text, fg=colors[f.status]) if color else text)
@@ -339,7 +395,16 @@ def _split_pin(requirement: str) -> tuple[str, str]:
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--log-requests", is_flag=True, help="Log each request to stderr.")
 def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
-    """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated)."""
+    """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated).
+
+    Ctrl-C or SIGTERM stops it (exit 0).
+
+    \b
+    Examples:
+      wheelforge serve                              # ./index at http://127.0.0.1:8765/
+      wheelforge serve --index /srv/wheels --host 0.0.0.0 --port 8080
+      pip install --index-url http://127.0.0.1:8765/cu130-torch2.14/simple/ 'causal-conv1d==1.7.0+cu130torch2.14sm120'
+    """
     from . import index
 
     server = index.make_server(index_dir, host, port, quiet=not log_requests)
@@ -363,7 +428,14 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
               show_default=True)
 def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: str) -> None:
     """Print pip and uv settings that install the local wheels even when a public index
-    has the same names at higher versions (no dependency confusion)."""
+    has the same names at higher versions (no dependency confusion).
+
+    \b
+    Examples:
+      wheelforge consumer-config                    # pip and uv, every wheel in ./index
+      wheelforge consumer-config --format uv >> pyproject.toml
+      wheelforge consumer-config --channel cu130-torch2.14 --url http://builder:8765/cu130-torch2.14/simple
+    """
     from . import consumer, index
 
     records = consumer.newest(index.load_records(index_dir), channel)
@@ -510,4 +582,4 @@ def main() -> None:
         traceback.print_exc()
         click.echo("internal error: this is a wheelforge bug; please report it with the "
                    "traceback above", err=True)
-        sys.exit(70)
+        sys.exit(INTERNAL_ERROR_EXIT_CODE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class BuildConfig:
     work_dir: Path
     sources_dirs: tuple[Path, ...]
     force: bool = False
+    gib_per_job: float = DEFAULT_GIB_PER_JOB
     origins: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -95,6 +97,46 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
         raise ConfigError(f"{path}: unknown key(s) under defaults: {', '.join(unknown)}",
                           fix=f"allowed: {', '.join(_DEFAULT_KEYS)}")
     return defaults
+
+
+def find_python(value: str | os.PathLike[str], origin: str,
+                environ: Mapping[str, str] | None = None) -> Path:
+    """An interpreter as users name it: a path (``~/venvs/train/bin/python``,
+    ``./python3``) as given, or a bare command name (``python3``, ``python3.12``), as uv
+    accepts it, looked up on PATH.  Returns an absolute path; raises ConfigError when a
+    bare name is not on PATH."""
+    text = os.path.expanduser(os.fspath(value))
+    if not text.strip():
+        raise ConfigError(f"{origin} is empty", fix="give an interpreter, e.g. --python python3 "
+                          "or --python ~/venvs/train/bin/python")
+    if os.sep in text or text in (".", ".."):
+        return Path(os.path.abspath(text))
+    env = os.environ if environ is None else environ
+    found = shutil.which(text, path=env.get("PATH"))
+    if found is None:
+        raise ConfigError(f"{origin} {text}: no {text!r} on PATH",
+                          why="a name without a '/' is looked up on PATH, as uv does",
+                          fix=f"give the interpreter's path (e.g. ./{text} or "
+                              "~/venvs/train/bin/python), or put it on PATH")
+    return Path(os.path.abspath(found))
+
+
+def project_index(index_dir: Path | None, project_file: Path | None = None) -> Path:
+    """The index directory: the option, else ``defaults.index`` of wheelforge.yaml, else
+    ./index (absolute)."""
+    if index_dir is None:
+        index_dir = Path(str(load_project_file(project_file).get("index") or "index"))
+    return Path(os.path.abspath(index_dir))
+
+
+def project_python(python: Path | None, project_file: Path | None = None) -> Path | None:
+    """--python, else ``defaults.python`` of wheelforge.yaml, resolved by find_python."""
+    if python is not None:
+        return find_python(python, "--python")
+    configured = load_project_file(project_file).get("python")
+    if configured:
+        return find_python(str(configured), f"defaults.python of {PROJECT_FILE}")
+    return None
 
 
 def memory_available_gib() -> float:
@@ -192,6 +234,21 @@ def jobs_for(config: BuildConfig, name: str, units: int | None = None) -> tuple[
     return jobs, threads, why
 
 
+def project_gib_per_job(defaults: Mapping[str, Any]) -> float:
+    """``defaults.gib-per-job`` of wheelforge.yaml, else DEFAULT_GIB_PER_JOB."""
+    value = defaults.get("gib-per-job")
+    if value is None or value == "":
+        return DEFAULT_GIB_PER_JOB
+    try:
+        gib = float(value)
+    except (TypeError, ValueError):
+        gib = 0.0
+    if not gib > 0:
+        raise ConfigError(f"defaults.gib-per-job of {PROJECT_FILE} must be a positive number of "
+                          f"GiB, got {value!r}", fix="e.g. gib-per-job: 4")
+    return gib
+
+
 def _positive_int(value: str, what: str) -> int:
     try:
         n = int(value)
@@ -241,15 +298,16 @@ def resolve(
     pip_args = tuple(str(a) for a in (defaults.get("torch-pip-args") or []))
 
     if python is None and defaults.get("python"):
-        python = Path(str(defaults["python"]))
-        origins["python"] = PROJECT_FILE
+        given, origins["python"] = str(defaults["python"]), PROJECT_FILE
+        python = find_python(given, f"defaults.python of {PROJECT_FILE}", env)
     elif python is not None:
-        origins["python"] = "--python"
-    if python is not None:
-        python = Path(os.path.abspath(python))
+        given, origins["python"] = os.fspath(python), "--python"
+        python = find_python(python, "--python", env)
+    if python is not None and given != str(python):
+        origins["python"] += f" {given}"  # the summary shows the name and what it resolved to
 
     cores = cpu_count()
-    gib_per_job = float(defaults.get("gib-per-job") or DEFAULT_GIB_PER_JOB)
+    gib_per_job = project_gib_per_job(defaults)
     if jobs is not None:
         n_jobs, origins["jobs"] = jobs, "--jobs"
     elif env.get("MAX_JOBS"):
@@ -280,5 +338,6 @@ def resolve(
         work_dir=Path(os.path.abspath(work_dir or cache / "work")),
         sources_dirs=tuple(Path(os.path.abspath(d)) for d in sources_dirs),
         force=force,
+        gib_per_job=gib_per_job,
         origins=tuple(sorted(origins.items())),
     )

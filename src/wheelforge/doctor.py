@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from . import _proc, config
 from .arch import Arch
-from .buildenv import inspect_env
+from .buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 from .errors import WheelforgeError
 from .toolchain import MIN_CUDA_FOR_ARCH, Cuda, find_cuda, supported_sass
 
@@ -32,12 +32,14 @@ __all__ = [
     "HOST_COMPILER_MAX",
     "Finding",
     "Status",
+    "expected_torch_cuda",
     "failures",
     "render",
     "run_checks",
 ]
 
-Status = Literal["OK", "WARN", "FAIL"]
+#: SKIP: a check that could not run (what it needs is missing), never reported as OK.
+Status = Literal["OK", "WARN", "FAIL", "SKIP"]
 Compiler = Literal["gcc", "clang"]
 
 DISK_WARN_GIB = 20.0
@@ -92,8 +94,17 @@ def run_checks(
     jobs: int | None,
     environ: Mapping[str, str] | None = None,
     check_torch: bool = True,
+    managed_torch: str | None = None,
+    managed_torch_pip_args: tuple[str, ...] = (),
+    managed_python: Path | None = None,
+    gib_per_job: float = config.DEFAULT_GIB_PER_JOB,
 ) -> list[Finding]:
-    """Every check, collected; a check that cannot run is a finding, never an exception."""
+    """Every check, collected; a check that cannot run is a finding, never an exception.
+
+    Without ``python`` the torch check is about the managed environment: its torch
+    requirement ``managed_torch`` (with ``managed_torch_pip_args``, created from
+    ``managed_python``), inspected when that environment exists in ``cache_dir``, else
+    judged from the requirement."""
     env = dict(os.environ if environ is None else environ)
     findings: list[Finding] = []
     cuda_box: list[Cuda | None] = [None]
@@ -106,13 +117,15 @@ def run_checks(
     cuda = cuda_box[0]
     _collect(findings, "arch", lambda: _check_archs(cuda, archs))
     if check_torch:  # the build pipeline has inspected torch already: no second import
-        _collect(findings, "torch", lambda: _check_torch(python, cuda))
+        _collect(findings, "torch", lambda: _check_torch(
+            python, cuda, managed=(managed_torch, managed_torch_pip_args, managed_python,
+                                   cache_dir)))
     _collect(findings, "compiler", lambda: [_check_host_compiler(cuda, env)])
     _collect(findings, "ninja", lambda: [_check_ninja(python, env)])
     _collect(findings, "git", lambda: [_check_git(env)])
     _collect(findings, "disk work", lambda: [_check_disk("disk work", work_dir, "--work-dir")])
     _collect(findings, "disk cache", lambda: [_check_disk("disk cache", cache_dir, "--cache-dir")])
-    _collect(findings, "memory", lambda: [_check_memory(jobs, env)])
+    _collect(findings, "memory", lambda: [_check_memory(jobs, env, gib_per_job)])
     return findings
 
 
@@ -142,7 +155,7 @@ def _check_archs(cuda: Cuda | None, archs: tuple[Arch, ...]) -> list[Finding]:
         need = MIN_CUDA_FOR_ARCH.get((arch.major, arch.minor))
         base = f"sm_{arch.major}{arch.minor}"
         if cuda is None:
-            out.append(Finding(name, "WARN", "not checked: nvcc was not found"))
+            out.append(Finding(name, "SKIP", "not checked: no usable CUDA toolkit (see nvcc)"))
         elif need is not None and cuda.version < Version(need):
             out.append(Finding(
                 name, "FAIL", f"needs CUDA {need}+, nvcc is {cuda.version}",
@@ -165,23 +178,33 @@ def _check_archs(cuda: Cuda | None, archs: tuple[Arch, ...]) -> list[Finding]:
 
 # -- torch -------------------------------------------------------------------------------------
 
-def _check_torch(python: Path | None, cuda: Cuda | None) -> list[Finding]:
+_Managed = tuple[str | None, tuple[str, ...], Path | None, Path]
+
+
+def _check_torch(python: Path | None, cuda: Cuda | None,
+                 managed: _Managed = (None, (), None, Path())) -> list[Finding]:
+    where = str(python)
     if python is None:
-        return [Finding("torch", "OK", "no --python: the build uses wheelforge's managed "
-                        "environment with its pinned torch")]
+        spec, pip_args, base, cache_dir = managed
+        if spec is None:
+            return [Finding("torch", "SKIP", "no --python and no torch requirement: not checked")]
+        existing = _existing_managed_env(spec, pip_args, base, cache_dir)
+        if existing is None:
+            return _check_torch_spec(spec, pip_args, cuda)
+        python, where = existing, f"the managed environment {existing.parent.parent}"
     try:
         env = inspect_env(python)
     except WheelforgeError as exc:
         return [Finding("torch", "FAIL", _what_why(exc), exc.fix)]
     torch = f"torch {env.torch_version}"
-    out = [Finding("torch", "OK", f"{torch} (CUDA {env.torch_cuda or 'none'}) in {python}")]
+    out = [Finding("torch", "OK", f"{torch} (CUDA {env.torch_cuda or 'none'}) in {where}")]
     if env.torch_cuda is None:
         out.append(Finding(
             "torch cuda", "FAIL", f"{torch} is a CPU-only build",
             "install a CUDA build of torch into that environment (e.g. from the cu130 index), "
             "or leave out --python to use the managed environment"))
     elif cuda is None:
-        out.append(Finding("torch cuda", "WARN",
+        out.append(Finding("torch cuda", "SKIP",
                            f"{torch} is built for CUDA {env.torch_cuda}; not compared: no nvcc"))
     elif Version(env.torch_cuda).major != cuda.version.major:
         major = Version(env.torch_cuda).major
@@ -194,6 +217,80 @@ def _check_torch(python: Path | None, cuda: Cuda | None) -> list[Finding]:
         out.append(Finding("torch cuda", "OK",
                            f"torch CUDA {env.torch_cuda}, nvcc {cuda.version}: same major"))
     return out
+
+
+def _existing_managed_env(spec: str, pip_args: tuple[str, ...], base: Path | None,
+                          cache_dir: Path) -> Path | None:
+    """The python of the managed environment a build would use, if it exists already."""
+    if base is None:
+        return None
+    root = cache_dir / "envs" / env_key(base, spec, BASE_REQUIREMENTS, pip_args)
+    python = root / "bin" / "python"
+    return python if (root / MARKER).is_file() and python.exists() else None
+
+
+def _check_torch_spec(spec: str, pip_args: tuple[str, ...], cuda: Cuda | None) -> list[Finding]:
+    """The managed environment does not exist yet: judge its torch by the requirement."""
+    expected, source = expected_torch_cuda(spec, pip_args)
+    out = [Finding("torch", "OK", f"the managed environment (not created yet) will have {spec}"
+                   + (f" ({' '.join(pip_args)})" if pip_args else "")
+                   + (f": CUDA {expected}, {source}" if expected else ""))]
+    if expected == "none":
+        out.append(Finding("torch cuda", "FAIL", f"{spec} from {source} is a CPU-only build",
+                           "use a CUDA index (e.g. https://download.pytorch.org/whl/cu130) in "
+                           "torch-pip-args of wheelforge.yaml"))
+    elif expected is None:
+        out.append(Finding("torch cuda", "SKIP", f"cannot tell the CUDA of {spec} before the "
+                           "environment exists",
+                           "pin torch (--torch 'torch==2.14.1') or give its index in "
+                           "torch-pip-args (e.g. .../whl/cu130); the build checks it again"))
+    elif cuda is None:
+        out.append(Finding("torch cuda", "SKIP", f"{spec} is built for CUDA {expected}; not "
+                           "compared: no nvcc"))
+    elif Version(expected).major != cuda.version.major:
+        out.append(Finding(
+            "torch cuda", "FAIL", f"{spec} is built for CUDA {expected}, nvcc is {cuda.version}",
+            f"point CUDA_HOME at a CUDA {Version(expected).major}.x toolkit, or pick a torch "
+            f"built for CUDA {cuda.version.major} (--torch, torch-pip-args)"))
+    else:
+        out.append(Finding("torch cuda", "OK", f"torch CUDA {expected} ({source}), nvcc "
+                           f"{cuda.version}: same major"))
+    return out
+
+
+#: The CUDA of the torch wheels on PyPI (Linux x86_64) by torch release, where wheelforge
+#: knows it; other releases are judged once their environment exists.
+PYPI_TORCH_CUDA: dict[str, str] = {"2.14": "13.0"}
+_CU_INDEX = re.compile(r"/whl/(?:(?P<cpu>cpu)|cu(?P<cu>\d{3,}))/?$")
+_CU_LOCAL = re.compile(r"^(?:(?P<cpu>cpu)|cu(?P<cu>\d{3,}))$")
+
+
+def expected_torch_cuda(spec: str, pip_args: tuple[str, ...]) -> tuple[str | None, str]:
+    """The CUDA (``"13.0"``, ``"none"`` for a CPU build, None when unknown) that torch
+    ``spec`` installed with ``pip_args`` will be built for, and how that is known."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    def cuda_of(m: re.Match[str]) -> str:
+        return "none" if m["cpu"] else f"{m['cu'][:-1]}.{m['cu'][-1]}"
+
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement:
+        return None, ""
+    pinned = [s.version for s in req.specifier if s.operator in ("==", "===")]
+    if pinned and "+" in pinned[0]:
+        m = _CU_LOCAL.match(pinned[0].split("+", 1)[1])
+        if m:
+            return cuda_of(m), f"its local version +{pinned[0].split('+', 1)[1]}"
+    for arg in pip_args:
+        m = _CU_INDEX.search(arg)
+        if m:
+            return cuda_of(m), f"the index {arg}"
+    if pinned and not any(a.startswith(("--index-url", "-i")) for a in pip_args):
+        release = ".".join(pinned[0].split("+")[0].split(".")[:2])
+        if release in PYPI_TORCH_CUDA and not pinned[0].endswith("*"):
+            return PYPI_TORCH_CUDA[release], f"PyPI's torch {release} wheels"
+    return None, ""
 
 
 # -- host compiler -----------------------------------------------------------------------------
@@ -333,8 +430,8 @@ def _nearest_existing(path: Path) -> Path:
     return p
 
 
-def _check_memory(jobs: int | None, env: Mapping[str, str]) -> Finding:
-    per_job = config.DEFAULT_GIB_PER_JOB
+def _check_memory(jobs: int | None, env: Mapping[str, str],
+                  per_job: float = config.DEFAULT_GIB_PER_JOB) -> Finding:
     mem = config.memory_available_gib()
     if mem <= 0:
         return Finding("memory", "WARN", "cannot read the available memory (/proc/meminfo)",

@@ -12,6 +12,7 @@ class WheelforgeError(Exception):
 
     exit_code = 1
     label = "error"
+    meaning = "a nightly run with failed cells"
 
     def __init__(self, what: str, why: str = "", fix: str = "", *, log: str | None = None):
         super().__init__(what)
@@ -32,56 +33,67 @@ class WheelforgeError(Exception):
 
 
 class ConfigError(WheelforgeError):
+    meaning = "configuration or usage (a bad option, wheelforge.yaml, no index or recipes where told)"
     exit_code = 2
     label = "config error"
 
 
 class RecipeError(WheelforgeError):
+    meaning = "recipe (invalid, unknown, or lacking the section a command needs)"
     exit_code = 3
     label = "recipe error"
 
 
 class SourceError(WheelforgeError):
+    meaning = "source (download, checksum, commit or archive)"
     exit_code = 4
     label = "source error"
 
 
 class PatchError(WheelforgeError):
+    meaning = "patch (does not apply)"
     exit_code = 5
     label = "patch error"
 
 
 class ToolchainError(WheelforgeError):
+    meaning = "toolchain (nvcc, torch, compiler, build environment; a doctor FAIL)"
     exit_code = 6
     label = "toolchain error"
 
 
 class BuildError(WheelforgeError):
+    meaning = "build (the compile failed)"
     exit_code = 7
     label = "build error"
 
 
 class VerifyError(WheelforgeError):
+    meaning = "verification (the wheel's archs, RECORD or imports)"
     exit_code = 8
     label = "verify error"
 
 
 class PublishError(WheelforgeError):
+    meaning = "publish (the index refused the wheel)"
     exit_code = 9
     label = "publish error"
 
 
 class NoGpuError(WheelforgeError):
+    meaning = "no GPU (wheelforge test)"
     exit_code = 10
     label = "no GPU"
 
 
 class GpuTestError(WheelforgeError):
+    meaning = "GPU test failed (wheelforge test)"
     exit_code = 11
     label = "test failed"
 
 
 class IncompatibleGpuError(WheelforgeError):
+    meaning = "the wheel has no code for this GPU (wheelforge test)"
     exit_code = 12
     label = "incompatible GPU"
 
@@ -99,8 +111,11 @@ class Interrupted(KeyboardInterrupt):
 #: Exit statuses of interrupted runs (shell convention: 128 + signal; 124 like timeout(1)).
 INTERRUPT_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "timeout": 124}
 
-EXIT_CODES: dict[str, int] = {
-    cls.__name__: cls.exit_code
+#: A bug: the traceback is shown (EX_SOFTWARE of sysexits.h).
+INTERNAL_ERROR_EXIT_CODE = 70
+
+_CLASSES: dict[str, type[WheelforgeError]] = {
+    cls.__name__: cls
     for cls in (
         ConfigError,
         RecipeError,
@@ -115,3 +130,24 @@ EXIT_CODES: dict[str, int] = {
         IncompatibleGpuError,
     )
 }
+EXIT_CODES: dict[str, int] = {name: cls.exit_code for name, cls in _CLASSES.items()}
+
+
+def exit_code_table() -> tuple[tuple[int, str], ...]:
+    """Every exit status of wheelforge and what it means, in order: the one table that
+    --help and the README show (tests/test_cli.py checks that the README matches)."""
+    rows: list[tuple[int, str]] = [(0, "success"), (WheelforgeError.exit_code,
+                                                     WheelforgeError.meaning)]
+    rows += [(code, _CLASSES[name].meaning) for name, code in EXIT_CODES.items()]
+    rows += [(INTERRUPT_EXIT_CODES["timeout"], "stopped by --timeout"),
+             (INTERRUPT_EXIT_CODES["SIGINT"], "interrupted (Ctrl-C, SIGINT)"),
+             (INTERRUPT_EXIT_CODES["SIGTERM"], "terminated (SIGTERM)"),
+             (INTERNAL_ERROR_EXIT_CODE, "internal error: a wheelforge bug (traceback shown)")]
+    return tuple(sorted(rows))
+
+
+def exit_code_markdown() -> str:
+    """The table as README.md shows it."""
+    lines = ["| exit code | meaning |", "|---|---|"]
+    lines += [f"| {code} | {meaning} |" for code, meaning in exit_code_table()]
+    return "\n".join(lines)

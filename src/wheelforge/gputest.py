@@ -26,7 +26,7 @@ from packaging.version import Version
 
 from . import _proc, index
 from .buildenv import BuildEnv, inspect_env, missing_requirements
-from .errors import GpuTestError, IncompatibleGpuError, NoGpuError, ToolchainError
+from .errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
 from .patch import apply_series
 from .recipe import Recipe
 from .source import extract, fetch
@@ -208,8 +208,11 @@ def run_test(
 ) -> tuple[index.WheelRecord, TestOutcome]:
     say = progress or (lambda _m: None)
     if recipe.test.empty:
-        raise ToolchainError(f"recipe {recipe.name} declares no GPU test",
-                             fix=f"add a 'test:' section to {recipe.path}")
+        raise RecipeError(f"recipe {recipe.name} declares no GPU test",
+                          why="wheelforge test runs the files of the recipe's 'test:' section, "
+                              "and it has none",
+                          fix=f"add a 'test:' section to {recipe.path} (docs/recipe-format.md, "
+                              "'The test section')")
     gpu = probe_gpu(python)
     say(f"GPU: {gpu.name} (compute capability {gpu.capability}, driver {gpu.driver or '?'})")
     env = inspect_env(python)

@@ -156,7 +156,8 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
     """The checks of `wheelforge doctor`, before any compile: FAIL stops the build."""
     findings = doctor.run_checks(archs=config.archs, python=env.python,
                                  work_dir=config.work_dir, cache_dir=config.cache_dir,
-                                 jobs=config.jobs, check_torch=False)
+                                 jobs=config.jobs, check_torch=False,
+                                 gib_per_job=config.gib_per_job)
     for f in findings:
         if f.status == "WARN":
             reporter.info(f"WARN {f.check}: {f.detail}" + (f" ({f.fix})" if f.fix else ""))

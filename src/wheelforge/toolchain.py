@@ -81,10 +81,24 @@ def _wrapped_nvcc(script: Path) -> Path | None:
 def find_cuda(environ: Mapping[str, str] | None = None) -> Cuda:
     """Locate nvcc; raise ToolchainError listing every place searched."""
     env = os.environ if environ is None else environ
+    # torch's extension builder takes $CUDA_HOME, else $CUDA_PATH, as given: one that is not
+    # a toolkit is an error, never a reason to build with another toolkit found elsewhere
+    var = next((v for v in ("CUDA_HOME", "CUDA_PATH") if env.get(v)), None)
+    if var is not None and not _is_toolkit(Path(env[var])):
+        home = Path(env[var])
+        why = (f"{home} does not exist" if not home.exists()
+               else f"{home} has no bin/nvcc" if not os.access(home / "bin" / "nvcc", os.X_OK)
+               else f"{home} has no include/cuda_runtime.h")
+        raise ToolchainError(
+            f"{var}={home} is not a CUDA toolkit",
+            why=why + " (a toolkit is a directory with bin/nvcc and include/cuda_runtime.h; "
+                f"torch's extension builder would use ${var} as given)",
+            fix=f"point {var} at a toolkit (e.g. {var}=/usr/local/cuda-13.0), or unset it to "
+                "use the nvcc on PATH")
     searched: list[str] = []
     for origin, home in _candidates(env):
         nvcc = home / "bin" / "nvcc"
-        if os.access(nvcc, os.X_OK) and (home / "include" / "cuda_runtime.h").is_file():
+        if _is_toolkit(home):
             return Cuda(home=home, nvcc=nvcc, version=nvcc_version(nvcc), origin=origin)
         searched.append(f"{origin}: {home}")
     raise ToolchainError(
@@ -94,6 +108,11 @@ def find_cuda(environ: Mapping[str, str] | None = None) -> Cuda:
         fix="install the CUDA toolkit (12.8 or newer for Blackwell) and set CUDA_HOME, e.g. "
             "CUDA_HOME=/usr/local/cuda-13.0",
     )
+
+
+def _is_toolkit(home: Path) -> bool:
+    return os.access(home / "bin" / "nvcc", os.X_OK) and (home / "include" /
+                                                          "cuda_runtime.h").is_file()
 
 
 def nvcc_version(nvcc: Path) -> Version:
