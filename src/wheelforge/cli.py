@@ -31,9 +31,39 @@ EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {meaning}"
                                           for code, meaning in exit_code_table())
 
 
-def _book(recipes: Path | None) -> RecipeBook:
-    rdir = recipes or Path(os.environ.get("WHEELFORGE_RECIPES", "recipes"))
-    return RecipeBook(rdir, rdir.parent / "patches")
+def _book(recipes: Path | None, *, nonempty: bool = False) -> RecipeBook:
+    """The recipes: --recipes, else $WHEELFORGE_RECIPES, else ./recipes; the directory must
+    exist (and, with ``nonempty``, hold a recipe): never an empty answer to a typo."""
+    env = os.environ.get("WHEELFORGE_RECIPES")
+    rdir, how = ((recipes, "--recipes") if recipes else (Path(env), "$WHEELFORGE_RECIPES")
+                 if env else (Path("recipes"), "the default, ./recipes"))
+    book = RecipeBook(rdir, rdir.parent / "patches")
+    where = os.path.abspath(rdir)
+    fix = ("run wheelforge in the directory that holds recipes/, or point at one with "
+           "--recipes DIR or WHEELFORGE_RECIPES=DIR")
+    if not rdir.is_dir():
+        raise ConfigError(f"no recipes directory at {where}", why=f"looked there ({how})",
+                          fix=fix)
+    if nonempty and not book.names():
+        raise ConfigError(f"no recipes in {where}", why=f"looked for *.yaml there ({how})",
+                          fix=fix + "; docs/recipe-format.md describes a recipe")
+    return book
+
+
+def _existing_index(index_dir: Path | None, project_file: Path | None = None) -> Path:
+    """The index a command reads: --index, else defaults.index of wheelforge.yaml, else
+    ./index.  It must hold an index: a typo is an error, and nothing is created."""
+    from .config import project_index
+
+    path = project_index(index_dir, project_file)
+    if not ((path / "files").is_dir() or (path / "simple").is_dir()):
+        why = (f"{path} does not exist" if not path.exists() else
+               f"{path} is not a directory" if not path.is_dir() else
+               f"{path} holds neither files/ nor simple/")
+        raise ConfigError(f"no index at {path}", why=why,
+                          fix="pass --index the directory `wheelforge build` publishes into "
+                              "(default ./index, or defaults.index in wheelforge.yaml)")
+    return path
 
 
 recipes_option = click.option(
@@ -138,7 +168,7 @@ def _version_of(wheel: Path) -> str:
 @recipes_option
 def list_(recipes: Path | None) -> None:
     """List the recipes: name, version, kind."""
-    for r in _book(recipes).load_all():
+    for r in _book(recipes, nonempty=True).load_all():
         click.echo(f"{r.name:28} {str(r.version):12} {r.build.kind}")
 
 
@@ -172,7 +202,7 @@ def show(name: str, recipes: Path | None) -> None:
 @recipes_option
 def check(recipes: Path | None) -> None:
     """Lint every recipe; report all problems at once."""
-    loaded = _book(recipes).load_all()
+    loaded = _book(recipes, nonempty=True).load_all()
     click.echo(f"{len(loaded)} recipe(s) OK: {', '.join(r.name for r in loaded)}")
 
 
@@ -287,19 +317,23 @@ def doctor(arch: str | None, python: Path | None, torch: str | None, jobs: int |
 @cli.command(epilog=EPILOG)
 @click.argument("name")
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
-              default=Path("index"), show_default=True, help="The index to install from.")
+              help="The index to install from (default: defaults.index of wheelforge.yaml, "
+                   "else ./index).")
 @click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
-              help="Interpreter whose torch (and GPU) the test uses; the wheel is installed "
-                   "into a fresh venv layered on it. Default: the python3 on PATH.")
+              help="Interpreter whose torch (and GPU) the test uses, a path or a name looked "
+                   "up on PATH; the wheel is installed into a fresh venv layered on it. "
+                   "Default: defaults.python of wheelforge.yaml, else the python3 on PATH.")
 @click.option("--sources", "sources_dirs", multiple=True,
               type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Directory holding source archives (for tests that live in the source).")
-@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Cache for sources and logs (default ~/.cache/wheelforge or "
+                   "$WHEELFORGE_CACHE).")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="pytest-xdist processes sharing the GPU (default: min(8, cores) when "
                    "pytest-xdist is installed, else 1).")
 @recipes_option
-def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Path, ...],
+def test(name: str, index_dir: Path | None, python: Path | None, sources_dirs: tuple[Path, ...],
          cache_dir: Path | None, workers: int | None, recipes: Path | None) -> None:
     """Prove a published wheel on this machine's GPU.
 
@@ -308,19 +342,20 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
     implementations) and records the result with the wheel, shown in the index. Exits 10
     when there is no GPU, 12 when the wheel has no code for this GPU, 11 when tests fail.
     """
-    import shutil as _shutil
     import time as _time
 
-    from .config import default_cache_dir
+    from .config import default_cache_dir, find_python, project_python
     from .gputest import run_test
 
     recipe = _book(recipes).load(name)
-    interp = python or Path(_shutil.which("python3") or sys.executable)
+    index_dir = _existing_index(index_dir)
+    interp = project_python(python) or find_python("python3", "the default interpreter")
     cache = cache_dir or default_cache_dir()
     log = cache / "logs" / f"test-{recipe.name}-{_time.strftime('%Y%m%dT%H%M%S')}.log"
     reporter = Reporter()
+    reporter.info(f"python {interp}" + (f"  [--python {python}]" if python else ""))
     with reporter.step(f"test {recipe.name} from {index_dir}"):
-        record, outcome = run_test(recipe, index_dir=Path(os.path.abspath(index_dir)),
+        record, outcome = run_test(recipe, index_dir=index_dir,
                                    python=interp, cache_dir=cache, sources_dirs=sources_dirs,
                                    progress=reporter.info, log=log,
                                    workers=workers or min(8, os.cpu_count() or 1))
@@ -337,7 +372,7 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
 
 index_option = click.option(
     "--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
-    default=Path("index"), show_default=True, help="The index directory.")
+    help="The index directory (default: defaults.index of wheelforge.yaml, else ./index).")
 
 
 @cli.group("index")
@@ -347,10 +382,11 @@ def index_group() -> None:
 
 @index_group.command("rebuild")
 @index_option
-def index_rebuild(index_dir: Path) -> None:
+def index_rebuild(index_dir: Path | None) -> None:
     """Regenerate every page from files/ and the wheels' sidecar records."""
     from . import index
 
+    index_dir = _existing_index(index_dir)
     n = index.rebuild(index_dir)
     click.echo(f"rebuilt {index_dir}: {n} wheel(s)")
 
@@ -359,11 +395,12 @@ def index_rebuild(index_dir: Path) -> None:
 @click.argument("requirement", metavar="NAME==VERSION")
 @click.option("--reason", default="", help="Shown to pip users (PEP 592).")
 @index_option
-def yank(requirement: str, reason: str, index_dir: Path) -> None:
+def yank(requirement: str, reason: str, index_dir: Path | None) -> None:
     """Yank every file of NAME==VERSION: unpinned installs skip it, exact pins still work."""
     from . import index
 
     name, version = _split_pin(requirement)
+    index_dir = _existing_index(index_dir)
     for f in index.yank(index_dir, name, version, reason):
         click.echo(f"yanked {f}")
 
@@ -371,11 +408,12 @@ def yank(requirement: str, reason: str, index_dir: Path) -> None:
 @cli.command()
 @click.argument("requirement", metavar="NAME==VERSION")
 @index_option
-def unyank(requirement: str, index_dir: Path) -> None:
+def unyank(requirement: str, index_dir: Path | None) -> None:
     """Undo `wheelforge yank`."""
     from . import index
 
     name, version = _split_pin(requirement)
+    index_dir = _existing_index(index_dir)
     for f in index.unyank(index_dir, name, version):
         click.echo(f"unyanked {f}")
 
@@ -392,9 +430,10 @@ def _split_pin(requirement: str) -> tuple[str, str]:
 @index_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; the default serves this machine only.")
-@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port; 0 takes a free one.")
 @click.option("--log-requests", is_flag=True, help="Log each request to stderr.")
-def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
+def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> None:
     """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated).
 
     Ctrl-C or SIGTERM stops it (exit 0).
@@ -407,13 +446,17 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
     """
     from . import index
 
+    index_dir = _existing_index(index_dir)
     server = index.make_server(index_dir, host, port, quiet=not log_requests)
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
-    click.echo(f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops")
+    click.echo(f"serving {index_dir} at {url}/ (read-only); Ctrl-C stops")
     click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
     try:
         server.serve_forever()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the normal way to stop a server
+        reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"
+        click.echo(f"stopped serving {index_dir} ({reason})", err=True)
     finally:
         server.server_close()
 
@@ -425,8 +468,9 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
 @click.option("--url", help="The index URL consumers use (default: file:// of --index); "
                             "e.g. the URL of `wheelforge serve` or your web server.")
 @click.option("--format", "fmt", type=click.Choice(["pip", "uv", "all"]), default="all",
-              show_default=True)
-def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: str) -> None:
+              show_default=True, help="pip (a two-step install), uv (pyproject.toml), or both.")
+def consumer_config(index_dir: Path | None, channel: str | None, url: str | None,
+                    fmt: str) -> None:
     """Print pip and uv settings that install the local wheels even when a public index
     has the same names at higher versions (no dependency confusion).
 
@@ -438,10 +482,14 @@ def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: 
     """
     from . import consumer, index
 
+    index_dir = _existing_index(index_dir)
     records = consumer.newest(index.load_records(index_dir), channel)
     if not records:
-        raise click.ClickException(f"{index_dir} holds no wheels"
-                                   + (f" for channel {channel}" if channel else ""))
+        raise ConfigError(f"{index_dir} holds no wheels"
+                          + (f" for channel {channel}" if channel else ""),
+                          fix="build one first (wheelforge build NAME --index "
+                              f"{index_dir})" + ("" if not channel else ", or leave out "
+                                                 "--channel to see every channel"))
     where = consumer.index_url(index_dir, url, channel)
     if fmt in ("pip", "all"):
         click.echo(consumer.pip_config(where, records))
@@ -531,9 +579,9 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
     from . import nightly as night
     from .matrix import retention_keep
 
-    base = resolve(index_dir=index_dir, project_file=project_file)
+    target = _existing_index(index_dir, project_file)
     n = keep or retention_keep(project_file)
-    result = night.prune(base.index_dir, n, dry_run=dry_run)
+    result = night.prune(target, n, dry_run=dry_run)
     for name in result.removed:
         click.echo(f"{'would remove' if dry_run else 'removed'} {name}")
     for name, by in result.protected:
