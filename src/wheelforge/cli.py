@@ -214,7 +214,7 @@ def inspect(wheel: Path) -> None:
 
     \b
     Examples:
-      wheelforge inspect index/files/causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl
+      wheelforge inspect index/files/causal_conv1d-1.7.0+cu130torch2.14sm120-*.whl
       wheelforge inspect dist/tinyext-0.1.0-cp311-cp311-linux_x86_64.whl   # any wheel
     """
     import email.parser
@@ -442,7 +442,7 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> N
     Examples:
       wheelforge serve                              # ./index at http://127.0.0.1:8765/
       wheelforge serve --index /srv/wheels --host 0.0.0.0 --port 8080
-      pip install --index-url http://127.0.0.1:8765/cu130-torch2.14/simple/ 'causal-conv1d==1.7.0+cu130torch2.14sm120'
+      pip install --index-url http://127.0.0.1:8765/cu130-torch2.14/simple/ causal-conv1d
     """
     from . import index
 

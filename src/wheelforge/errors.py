@@ -33,7 +33,7 @@ class WheelforgeError(Exception):
 
 
 class ConfigError(WheelforgeError):
-    meaning = "configuration or usage (a bad option, wheelforge.yaml, no index or recipes where told)"
+    meaning = "configuration or usage (an option, wheelforge.yaml, no index or recipes there)"
     exit_code = 2
     label = "config error"
 
@@ -57,7 +57,7 @@ class PatchError(WheelforgeError):
 
 
 class ToolchainError(WheelforgeError):
-    meaning = "toolchain (nvcc, torch, compiler, build environment; a doctor FAIL)"
+    meaning = "toolchain (nvcc, torch, compiler, build environment; a FAIL of doctor)"
     exit_code = 6
     label = "toolchain error"
 
