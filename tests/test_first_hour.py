@@ -179,6 +179,46 @@ def test_the_readme_settings_table_lists_every_defaults_key() -> None:
         assert f"`defaults.{key}`" in table, key
 
 
+# -- 3. --arch as people write it ------------------------------------------------------------
+
+@pytest.mark.parametrize(("arch", "message"), [
+    ("sm_120", "config error: 'sm_120' is not a CUDA architecture; did you mean '12.0'?"),
+    ("120", "config error: '120' is not a CUDA architecture; did you mean '12.0'?"),
+    ("12", "config error: '12' is not a CUDA architecture; did you mean '12.0'?"),
+    ("", "config error: the CUDA architecture list is empty"),
+    ("13.0", "config error: 13.0 is not a known CUDA compute capability"),
+    ("12.0f", "config error: '12.0f' is a family-specific target (CUDA 12.9+), which "
+              "wheelforge does not build"),
+])
+def test_arch_as_people_write_it(tmp_path: Path, arch: str, message: str) -> None:
+    for command in (["build", "causal-conv1d", "--index", str(tmp_path / "i")], ["doctor"]):
+        res = wf(*command, "--arch", arch, cwd=REPO)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.splitlines()[0] == message
+        assert "Traceback" not in res.stderr and "sm_120 minimum" not in res.stderr
+    assert not (tmp_path / "i").exists()
+
+
+def test_arch_lists_from_the_environment_and_the_project_file(tmp_path: Path) -> None:
+    res = wf("doctor", cwd=tmp_path, env={"TORCH_CUDA_ARCH_LIST": "10.0 12.0"})
+    assert [ln.split()[1:3] for ln in res.stdout.splitlines() if " arch " in ln] == [
+        ["arch", "10.0"], ["arch", "12.0"]]
+    res = wf("doctor", cwd=tmp_path, env={"TORCH_CUDA_ARCH_LIST": "sm_120"})
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[0] == (
+        "config error: $TORCH_CUDA_ARCH_LIST: 'sm_120' is not a CUDA architecture; did you "
+        "mean '12.0'?")
+    (tmp_path / "wheelforge.yaml").write_text("defaults:\n  arch: ['10.0', '12.0a']\n")
+    res = wf("doctor", cwd=tmp_path)
+    assert [ln.split()[1:3] for ln in res.stdout.splitlines() if " arch " in ln] == [
+        ["arch", "10.0"], ["arch", "12.0a"]]
+    (tmp_path / "wheelforge.yaml").write_text("defaults:\n  arch: ''\n")
+    res = wf("doctor", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[0] == (
+        "config error: defaults.arch of wheelforge.yaml: the CUDA architecture list is empty")
+
+
 # -- 4. exit codes and help -------------------------------------------------------------------
 
 def test_one_exit_code_table_in_help_and_readme() -> None:

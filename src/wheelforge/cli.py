@@ -92,8 +92,8 @@ def cli() -> None:
 @cli.command(epilog=EPILOG)
 @click.argument("names", nargs=-1, required=True)
 @click.option("--arch", help="CUDA architectures, as TORCH_CUDA_ARCH_LIST spells them: '12.0', "
-              "'10.0;12.0', '9.0a', '12.0+PTX'. Default: wheelforge.yaml, else "
-              "$TORCH_CUDA_ARCH_LIST, else 12.0.")
+              "'10.0;12.0' (or spaces between), '9.0a', '12.0+PTX', torch's names "
+              "('Hopper'). Default: $TORCH_CUDA_ARCH_LIST, else wheelforge.yaml, else 12.0.")
 @click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
               help="Build against this interpreter and its installed torch, as-is (your "
                    "training venv). Default: a managed, cached venv with the configured torch.")

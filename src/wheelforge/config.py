@@ -278,13 +278,22 @@ def resolve(
     origins: dict[str, str] = {}
 
     arch_text, origins["arch"] = DEFAULT_ARCH, "default"
-    if defaults.get("arch"):
-        arch_text, origins["arch"] = str(defaults["arch"]), PROJECT_FILE
-    if env.get("TORCH_CUDA_ARCH_LIST", "").strip():
+    if "arch" in defaults:
+        value = defaults["arch"]  # a YAML list is an arch list too
+        arch_text = ";".join(map(str, value)) if isinstance(value, list) else str(value or "")
+        origins["arch"] = PROJECT_FILE
+    if env.get("TORCH_CUDA_ARCH_LIST", "").strip():  # empty: unset, as torch reads it
         arch_text, origins["arch"] = env["TORCH_CUDA_ARCH_LIST"], "TORCH_CUDA_ARCH_LIST"
-    if arch:
+    if arch is not None:  # --arch '' is a mistake, never the default
         arch_text, origins["arch"] = arch, "--arch"
-    archs = parse_arch_list(arch_text)
+    try:
+        archs = parse_arch_list(arch_text)
+    except ConfigError as exc:
+        if origins["arch"] != "--arch":
+            where = ("defaults.arch of " + PROJECT_FILE if origins["arch"] == PROJECT_FILE
+                     else "$TORCH_CUDA_ARCH_LIST")
+            exc.what = f"{where}: {exc.what}"
+        raise
 
     torch_req = str(defaults.get("torch") or DEFAULT_TORCH)
     if torch:

@@ -15,24 +15,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from . import _proc
-from .arch import Arch
+from .arch import MIN_CUDA_FOR_ARCH, Arch
 from .errors import ToolchainError
-
-#: The oldest CUDA release whose nvcc can emit SASS for a compute capability.
-MIN_CUDA_FOR_ARCH: dict[tuple[int, int], str] = {
-    (7, 5): "10.0",
-    (8, 0): "11.0",
-    (8, 6): "11.1",
-    (8, 7): "11.4",
-    (8, 9): "11.8",
-    (9, 0): "11.8",
-    (10, 0): "12.8",
-    (10, 1): "12.8",
-    (10, 3): "12.9",
-    (11, 0): "13.0",
-    (12, 0): "12.8",
-    (12, 1): "12.9",
-}
 
 #: Where nvcc may live, in search order, besides CUDA_HOME / CUDA_PATH / PATH.
 STANDARD_PREFIXES = ("/usr/local/cuda",)
@@ -139,21 +123,28 @@ def supported_sass(nvcc: Path) -> frozenset[str]:
 
 def check_archs(cuda: Cuda, archs: tuple[Arch, ...]) -> None:
     """Fail before compiling if nvcc cannot emit code for an arch."""
-    problems = []
+    problems, needs, unlisted = [], [], []
     known = supported_sass(cuda.nvcc)
     for arch in archs:
         base = f"sm_{arch.major}{arch.minor}"
         need = MIN_CUDA_FOR_ARCH.get((arch.major, arch.minor))
         if need is not None and cuda.version < Version(need):
             problems.append(f"{arch} needs CUDA {need} or newer, nvcc is {cuda.version}")
+            needs.append(Version(need))
         elif known and base not in known:
             problems.append(f"{arch}: nvcc {cuda.version} does not list {base} in --list-gpu-code")
+            unlisted.append(str(arch))
     if problems:
+        fixes = []
+        if needs:
+            fixes.append(f"install CUDA {max(needs)} or newer and point CUDA_HOME at it (e.g. "
+                         f"CUDA_HOME=/usr/local/cuda-{max(needs)})")
+        if unlisted:
+            fixes.append(f"use a toolkit whose nvcc --list-gpu-code lists {', '.join(unlisted)}")
         raise ToolchainError(
             f"nvcc at {cuda.nvcc} cannot compile for the requested architectures",
             why="; ".join(problems),
-            fix="install a newer CUDA toolkit (sm_120 and sm_100 need 12.8+) and point "
-                "CUDA_HOME at it, or change --arch",
+            fix=", or ".join(fixes) + ", or change --arch",
         )
 
 
