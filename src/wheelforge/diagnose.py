@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
+from .arch import MIN_CUDA_FOR_ARCH
 from .config import DEFAULT_GIB_PER_JOB
 from .errors import WheelforgeError
-from .toolchain import MIN_CUDA_FOR_ARCH
 
 __all__ = [
     "Diagnosis",

@@ -4,7 +4,7 @@
 for anything not OK); ``render`` lays them out one per line, without colour.
 Compatibility rules are data: the host compilers each CUDA release accepts are
 in ``HOST_COMPILER_MAX`` (the toolkit's own crt/host_config.h wins when found),
-the architectures in ``toolchain.MIN_CUDA_FOR_ARCH``.
+the architectures in ``arch.MIN_CUDA_FOR_ARCH``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Literal
 from packaging.version import Version
 
 from . import _proc, config
-from .arch import Arch
+from .arch import MIN_CUDA_FOR_ARCH, Arch
 from .buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 from .errors import WheelforgeError
-from .toolchain import MIN_CUDA_FOR_ARCH, Cuda, find_cuda, supported_sass
+from .toolchain import Cuda, find_cuda, supported_sass
 
 __all__ = [
     "DISK_FAIL_GIB",
