@@ -5,6 +5,7 @@ as users run it, each case asserting its message and exit code."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -217,6 +218,103 @@ def test_arch_lists_from_the_environment_and_the_project_file(tmp_path: Path) ->
     assert res.returncode == 2
     assert res.stderr.splitlines()[0] == (
         "config error: defaults.arch of wheelforge.yaml: the CUDA architecture list is empty")
+
+
+# -- 5. a clean console -----------------------------------------------------------------------
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_live_line_is_cleared_before_any_other_line() -> None:
+    from wheelforge._log import Reporter, clear_live
+
+    out = FakeTty()
+    reporter = Reporter(out)
+    reporter.progress(1, 3)
+    assert out.getvalue().endswith("[1/3] compiling, 0.0s elapsed")
+    reporter.info("a line")  # the reporter's own lines clear it
+    assert out.getvalue().endswith("0.0s elapsed\r\x1b[K  a line\n")
+    reporter.progress(2, 3)
+    clear_live()  # what the CLI does before an error, a warning or a result
+    assert out.getvalue().endswith("\r\x1b[K")
+    clear_live()  # once only
+    assert not out.getvalue().endswith("\r\x1b[K\r\x1b[K")
+
+
+def test_a_python_warning_of_wheelforge_itself_clears_the_live_line() -> None:
+    import warnings
+
+    from wheelforge import cli as cli_module
+    from wheelforge._log import Reporter
+
+    out = FakeTty()
+    reporter = Reporter(out)
+    reporter.progress(1, 2)
+    saved = warnings.showwarning
+    try:
+        warnings.showwarning = cli_module._show_warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("something", UserWarning, stacklevel=1)
+    finally:
+        warnings.showwarning = saved
+    assert out.getvalue().endswith("\r\x1b[K")
+
+
+NOISY_SETUP = """import os, sys
+from setuptools import setup
+sys.stderr.write("/x/torch/_subclasses/functional_tensor.py:276: UserWarning: Failed to "
+                 "initialize NumPy: No module named 'numpy'\\n")
+sys.stderr.write("SetuptoolsDeprecationWarning: License classifiers are deprecated.\\n!!\\n"
+                 "        Please consider removing the following classifiers\\n!!\\n")
+if os.environ.get("NOISY_FAIL"):
+    raise SystemExit("noisy: deliberate failure")
+setup(name="noisy", version="0.1.0", packages=["noisy"])
+"""
+
+
+@pytest.mark.e2e
+def test_backend_noise_goes_to_the_log_not_the_console(tmp_path: Path) -> None:
+    """A real build (pure, in the shared managed environment) whose backend prints the
+    banners setuptools and torch print: in the log; on the console only with -v or on
+    failure."""
+    from conftest import make_sdist
+    from wheelforge.config import default_cache_dir
+
+    src = tmp_path / "noisy-src"
+    (src / "noisy").mkdir(parents=True)
+    (src / "noisy" / "__init__.py").write_text("")
+    (src / "setup.py").write_text(NOISY_SETUP)
+    (src / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n'
+                                        'build-backend = "setuptools.build_meta"\n')
+    _, sha = make_sdist(src, tmp_path / "sdists", "noisy", "0.1.0")
+    write_recipe(tmp_path, "noisy", f"""format: 1
+name: noisy
+version: "0.1.0"
+sources:
+  - sdist: {{filename: noisy-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+verify:
+  imports: [noisy]
+""")
+    common = ["build", "noisy", "--recipes", tmp_path / "recipes", "--sources",
+              tmp_path / "sdists", "--index", tmp_path / "index", "--work-dir",
+              tmp_path / "work", "--cache-dir", default_cache_dir(), "--force"]
+    noise = ("Failed to initialize NumPy", "License classifiers are deprecated")
+    quiet = wf(*common, cwd=tmp_path, env={"PYTHONWARNINGS": ""})
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert not [n for n in noise if n in quiet.stderr + quiet.stdout]
+    log = sorted((default_cache_dir() / "logs").glob("noisy-0.1.0-*.log"))[-1]
+    assert all(n in log.read_text() for n in noise)
+    verbose = wf(*common, "-v", cwd=tmp_path)
+    assert verbose.returncode == 0 and all(n in verbose.stderr for n in noise)
+    failed = wf(*common, cwd=tmp_path, env={"NOISY_FAIL": "1"})
+    assert failed.returncode == 7
+    assert "build error: the build of noisy-0.1.0 failed" in failed.stderr
+    assert "noisy: deliberate failure" in failed.stderr
 
 
 # -- 4. exit codes and help -------------------------------------------------------------------

@@ -12,8 +12,21 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TextIO
+
+#: Reporters whose live line may be on the terminal now: cleared before any other output.
+_LIVE: weakref.WeakSet[Reporter] = weakref.WeakSet()
+
+
+def clear_live() -> None:
+    """Erase every live progress line, so that the next line printed (an error, an
+    interrupt, a warning, a result on stdout) starts at the beginning of a clean line."""
+    for reporter in list(_LIVE):
+        with reporter._lock:
+            reporter._clear_live()
+            reporter.stream.flush()
 
 
 class Reporter:
@@ -37,6 +50,7 @@ class Reporter:
         if self._live:
             self.stream.write("\r\033[K")
             self._live = False
+            _LIVE.discard(self)
 
     def _emit(self, text: str) -> None:
         with self._lock:
@@ -81,6 +95,7 @@ class Reporter:
         if self.tty and not self.verbose:
             self.stream.write("\r\033[K" + text)
             self._live = True
+            _LIVE.add(self)
             self.stream.flush()
             return
         now = time.monotonic()

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from ._log import Reporter
+from ._log import Reporter, clear_live
 from .config import resolve
 from .errors import (
     INTERNAL_ERROR_EXIT_CODE,
@@ -148,6 +148,7 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     for line in config.summary():
         reporter.info(line)
     results = [build_one(r, config, reporter) for r in loaded]
+    clear_live()
     simple = (config.index_dir / "simple").as_uri()
     for res in results:
         state = "already published" if res.skipped else "published"
@@ -604,8 +605,21 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGALRM, on_alarm)
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """Python warnings of wheelforge's own process: on a line of their own."""
+    import warnings
+
+    clear_live()
+    click.echo(warnings.formatwarning(message, category, filename, lineno, line).rstrip(),
+               err=True)
+
+
 def main() -> None:
+    import warnings
+
     _install_signal_handlers()
+    warnings.showwarning = _show_warning
     try:
         try:
             cli.main(standalone_mode=False)
@@ -614,19 +628,23 @@ def main() -> None:
                 raise exc.__cause__ from None
             raise KeyboardInterrupt from None
     except click.ClickException as exc:
+        clear_live()
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
+        clear_live()
         reason = exc.reason if isinstance(exc, Interrupted) else "SIGINT"
         click.echo(f"interrupted ({reason})", err=True)
         sys.exit(exc.exit_code if isinstance(exc, Interrupted) else
                  INTERRUPT_EXIT_CODES["SIGINT"])
     except WheelforgeError as exc:
+        clear_live()
         click.echo(exc.render(), err=True)
         sys.exit(exc.exit_code)
     except Exception:  # a bug: keep the traceback, and say it is one
         import traceback
 
+        clear_live()
         traceback.print_exc()
         click.echo("internal error: this is a wheelforge bug; please report it with the "
                    "traceback above", err=True)
