@@ -32,9 +32,10 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from wheelforge import index
+from wheelforge import _fs, index
 from wheelforge._fs import TMP_PREFIX
 from wheelforge.errors import PublishError
+from wheelforge.index import _markup, _writes, pages, records, store
 
 CU130 = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1"}
 CU128 = {"channel": "cu128-torch2.14", "cuda": "12.8", "torch": "2.14.1"}
@@ -429,7 +430,7 @@ def reference_escape(text: str) -> str:
 
 @pytest.mark.parametrize("text", TRICKY_TEXT + [chr(c) for c in range(0x100)])
 def test_the_escape_fast_path_equals_html_escape(text: str):
-    assert index._e(text) == reference_escape(text)
+    assert _markup._e(text) == reference_escape(text)
 
 
 def test_the_escape_fast_path_equals_html_escape_on_random_text():
@@ -437,7 +438,7 @@ def test_the_escape_fast_path_equals_html_escape_on_random_text():
     alphabet = "&<>\"'\n\r\t\x00 aZ09-_.+=;#/ü😀"
     for _ in range(5000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
-        assert index._e(text) == reference_escape(text), repr(text)
+        assert _markup._e(text) == reference_escape(text), repr(text)
 
 
 def reference_file_json(r: index.WheelRecord, href: str) -> str:
@@ -464,8 +465,8 @@ def test_file_json_equals_json_dumps(text: str, yanked: str | None, metadata_sha
         channel=None, cuda=None, torch=None, archs=(), build_key=None,
         yanked=text if yanked == "reason" else yanked, metadata_sha256=metadata_sha256,
     )
-    href = index._quote(record.filename)
-    fragment = index._file_json(record, href)
+    href = _markup._quote(record.filename)
+    fragment = pages._file_json(record, href)
     assert fragment == reference_file_json(record, href)
     assert json.loads('{"url":"' + fragment)["upload-time"] == text
 
@@ -679,13 +680,13 @@ def test_a_failed_batch_write_renames_nothing_and_leaves_no_temp_files(tmp_path:
     items += [(tmp_path / "kept/index.html", b"new"), (tmp_path / "blocker/x/index.html", b"new")]
 
     with pytest.raises(NotADirectoryError):
-        index._write_all(items)
+        _writes._write_all(items)
 
     assert (tmp_path / "kept/index.html").read_bytes() == b"old"
     assert list(tmp_path.rglob("index.html")) == [tmp_path / "kept/index.html"]
     assert list(tmp_path.rglob(f"{TMP_PREFIX}*")) == []
 
-    index._write_all(items[:-1])
+    _writes._write_all(items[:-1])
     assert all(path.read_bytes() == b"new" for path, _data in items[:-1])
     assert list(tmp_path.rglob(f"{TMP_PREFIX}*")) == []
 
@@ -749,8 +750,9 @@ def test_publish_reads_only_the_published_projects_records(
     for sidecar in (root / "files").glob("other-*.wf.json"):
         sidecar.write_text("{ damaged")
     hashed: list[str] = []
-    real = index.sha256_file
-    monkeypatch.setattr(index, "sha256_file", lambda p: hashed.append(p.name) or real(p))
+    real = _fs.sha256_file
+    for module in (records, store):
+        monkeypatch.setattr(module, "sha256_file", lambda p: hashed.append(p.name) or real(p))
 
     publish(root, make_wheel(dist, version="1.1"))
 
@@ -788,9 +790,9 @@ def test_a_project_cache_holds_its_landing_rows(populated: Path):
     ]
     landing = (root / "index.html").read_text()
     for project in projects:
-        entries = index._load_cache(root, project)
-        assert entries and index._load_rows(root, project) == index._rows(entries)
-        assert f"<tbody>\n{index._rows(entries)}</tbody>" in landing
+        entries = pages._load_cache(root, project)
+        assert entries and pages._load_rows(root, project) == pages._rows(entries)
+        assert f"<tbody>\n{pages._rows(entries)}</tbody>" in landing
 
 
 # --------------------------------------------------------------------------- server

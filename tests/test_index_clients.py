@@ -36,6 +36,7 @@ import tomllib
 
 from conftest import IN_CI, make_wheel
 from wheelforge import index
+from wheelforge._fs import sha256_file
 
 CHANNEL = "cu130-torch2.14"
 CU130: dict[str, Any] = {"channel": CHANNEL, "cuda": "13.0", "torch": "2.14.1",
@@ -260,7 +261,7 @@ def published_hash(root: Path, project: str) -> tuple[str, str]:
 
 def test_pip_and_uv_install_with_require_hashes(local: Path, uv: str, tmp_path: Path):
     version, sha = published_hash(local, "wf-helper")
-    assert sha == index.sha256_file(local / "files" / f"wf_helper-{version}-py3-none-any.whl")
+    assert sha == sha256_file(local / "files" / f"wf_helper-{version}-py3-none-any.whl")
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(f"wf-helper=={version} --hash=sha256:{sha}\n")
     url = channel_url(file_base(local))

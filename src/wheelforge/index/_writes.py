@@ -1,0 +1,115 @@
+"""Atomic writes of many files at once (temp file, fsync, rename, directory fsync)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import TypeVar
+
+from .._fs import (
+    discard,
+    fsync_path,
+    make_dirs,
+    read_file,
+    temp_file,
+)
+from .records import (
+    _CHUNKS_PER_THREAD,
+    _WRITE_THREADS,
+)
+
+
+def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
+    """Atomic writes of many files, skipping those whose bytes are unchanged.
+
+    The atomic_write protocol, for many files at once: each file is written to a
+    temp file in its directory and fsynced; only when every temp file is durable are
+    they renamed over their targets, in ``items`` order, so that a reader never
+    follows a link to a page that is not there yet (a crash before that leaves only
+    temp files, which the next writer sweeps); then the directories are fsynced, and
+    the parents of the directories made here, so that the renames are durable too.
+
+    The writes run in threads, in chunks of consecutive items: an fsync mostly waits
+    for the disk, and the threads overlap those waits (and share the kernel's work of
+    creating files between the cores).  Each file is fsynced through its own
+    descriptor right after it is written: on the ext4 of our machines, writing 3,500
+    pages first and making them durable afterwards with one sync() measured two to
+    four times slower, and a sync() would also flush everything else on the machine.
+    """
+    chunks = _chunked(items)
+    if not chunks:
+        return
+    with ThreadPoolExecutor(max_workers=min(_WRITE_THREADS, len(chunks))) as pool:
+        futures = [pool.submit(_write_temps, chunk) for chunk in chunks]
+        wait(futures)
+        written: list[tuple[str, str]] = []  # (temp file, target), in items order
+        made: list[str] = []
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
+        for future in futures:
+            if future.exception() is None:
+                temps, directories = future.result()
+                written += temps
+                made += directories
+        renamed = 0
+        try:
+            if errors:
+                raise errors[0]
+            for tmp, path in written:
+                os.replace(tmp, path)
+                renamed += 1
+        except BaseException:
+            for tmp, _path in written[renamed:]:
+                discard(tmp)
+            raise
+        durable = {os.path.dirname(path) for _tmp, path in written}
+        durable.update(os.path.dirname(d) for d in made)
+        list(pool.map(_fsync_all, _chunked(sorted(durable))))
+
+
+_T = TypeVar("_T")
+
+
+def _chunked(items: Sequence[_T]) -> list[Sequence[_T]]:
+    """``items`` cut into runs of consecutive items, a few per writer thread."""
+    size = max(1, -(-len(items) // (_WRITE_THREADS * _CHUNKS_PER_THREAD)))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _write_temps(items: Sequence[tuple[Path, bytes]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Write each item whose bytes changed to a durable temp file beside its target,
+    making the directory when needed; return the (temp file, target) pairs and the
+    directories made.  On failure, the temp files written so far are removed."""
+    written: list[tuple[str, str]] = []
+    made: list[str] = []
+    ready: set[str] = set()
+    try:
+        for target, data in items:
+            path = os.fspath(target)
+            if _unchanged(path, data):
+                continue  # no rewrite, no fsync, mtime kept for HTTP caches
+            directory = os.path.dirname(path)
+            if directory not in ready:
+                make_dirs(directory, made)
+                ready.add(directory)
+            with temp_file(directory) as (f, tmp):
+                f.write(data)
+            written.append((tmp, path))
+    except BaseException:
+        for tmp, _path in written:
+            discard(tmp)
+        raise
+    return written, made
+
+
+def _unchanged(path: str, data: bytes) -> bool:
+    try:
+        return os.stat(path).st_size == len(data) and read_file(path) == data
+    except OSError:
+        return False
+
+
+def _fsync_all(paths: Iterable[str]) -> None:
+    for path in paths:
+        fsync_path(path)

@@ -1,0 +1,135 @@
+"""The landing page: one table of every wheel, for people."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._markup import (
+    _e,
+)
+from .records import (
+    FILES_DIR,
+    NIGHTLY_REPORT,
+    REPORTS_DIR,
+    SIMPLE_DIR,
+    WheelRecord,
+    _parsed,
+)
+
+
+def _human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def _tested_label(tested: Mapping[str, Any] | None) -> str:
+    """A short label for a free-form test result: its status, result or outcome,
+    else passed/failed from a boolean ``passed``, else "recorded"."""
+    if tested is None:
+        return "untested"
+    for key in ("status", "result", "outcome"):
+        value = tested.get(key)
+        if isinstance(value, str) and value:
+            return value
+    passed = tested.get("passed")
+    if isinstance(passed, bool):
+        return "passed" if passed else "failed"
+    return "recorded"
+
+
+def _landing_row(r: WheelRecord, href: str) -> str:
+    python = ".".join(sorted({t.interpreter for t in _parsed(r.filename).tags}))
+    status = _tested_label(r.tested).lower()
+    label = status
+    if r.tested is not None and isinstance(r.tested.get("gpu"), str):
+        label += f" on {r.tested['gpu']}"  # e.g. "passed on NVIDIA H200"
+        if isinstance(r.tested.get("capability"), str):
+            label += f" (sm {r.tested['capability']})"
+    tested_class = (
+        "ok" if status in ("passed", "pass", "ok", "success")
+        else "bad" if status in ("failed", "fail", "error", "failure")
+        else "none"
+    )
+    tested_title = json.dumps(r.tested, sort_keys=True) if r.tested is not None else ""
+    yanked = row_class = ""
+    if r.yanked is not None:
+        yanked = f' <span class="yanked" title="{_e(r.yanked)}">yanked</span>'
+        row_class = ' class="yanked-row"'
+    return (
+        f"<tr{row_class}>"
+        f'<td title="{_e(r.summary or "")}">{_e(r.project)}</td>'
+        f'<td><a href="{_e(f"{FILES_DIR}/{href}")}" title="{_e(r.filename)}">'
+        f"{_e(r.version)}</a>{yanked}</td>"
+        f"<td>{_e(python)}</td>"
+        f"<td>{_e(r.torch or '-')}</td>"
+        f"<td>{_e(r.cuda or '-')}</td>"
+        f"<td>{_e(' '.join(r.archs) or '-')}</td>"
+        f'<td class="num" title="{r.size} bytes">{_human_size(r.size)}</td>'
+        f'<td title="{_e(r.upload_time)}">{_e(r.upload_time[:16].replace("T", " "))}</td>'
+        f'<td title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
+        f'<td class="{tested_class}" title="{_e(tested_title)}">{_e(label)}</td>'
+        "</tr>"
+    )
+
+
+_CSS = """
+body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 90rem;
+       padding: 0 1rem; color: #1b1b1b; background: #fff; }
+h1 { font-size: 1.5rem; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #ddd;
+         white-space: nowrap; }
+th { background: #f3f3f3; position: sticky; top: 0; }
+tbody:nth-of-type(even) { background: #fafafa; }
+th.num, td.num { text-align: right; }
+td { font-variant-numeric: tabular-nums; }
+code { font-size: .9em; }
+a { color: #0550ae; }
+.yanked { color: #a40e26; font-size: .85em; font-weight: bold; }
+tr.yanked-row td { color: #777; }
+td.ok { color: #116329; } td.bad { color: #a40e26; } td.none { color: #777; }
+@media (prefers-color-scheme: dark) {
+  body { color: #ddd; background: #161616; } th { background: #262626; }
+  th, td { border-color: #333; } tbody:nth-of-type(even) { background: #1c1c1c; }
+  a { color: #79b8ff; } tr.yanked-row td, td.none { color: #999; }
+  td.ok { color: #56d364; } td.bad, .yanked { color: #f85149; }
+}
+"""
+
+
+def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
+                  report: bool = False) -> str:
+    """The landing page: one table, a <tbody> per project (``rows``, by project name)."""
+    channel_links = ", ".join(
+        f'<a href="{_e(urllib.parse.quote(c))}/simple/">{_e(c)}</a>' for c in channels
+    ) or "none"
+    bodies = "".join(f"<tbody>\n{rows[p]}</tbody>\n" for p in sorted(rows) if rows[p])
+    plural = "" if wheels == 1 else "s"
+    projects = f"{len(rows)} project{'' if len(rows) == 1 else 's'}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>wheelforge index</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        "<h1>wheelforge index</h1>\n"
+        f"<p>{wheels} wheel{plural} of {projects}. "
+        f'Everything: <a href="{SIMPLE_DIR}/">{SIMPLE_DIR}/</a>. '
+        f"Channels: {channel_links}."
+        + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
+           if report else "")
+        + "</p>\n"
+        "<p>Install with <code>pip install --index-url &lt;this index&gt;/&lt;channel&gt;/simple/"
+        " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL); for "
+        "settings that a public index cannot override, run "
+        "<code>wheelforge consumer-config</code>.</p>\n"
+        "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
+        '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
+        "<th>SHA-256</th><th>Tested</th></tr></thead>\n"
+        f"{bodies}</table>\n</body>\n</html>\n"
+    )

@@ -1,0 +1,374 @@
+"""The index's writers and readers: publish, rebuild, remove, yank, record test results,
+and the recovery of an interrupted change.  Every writer holds the index lock."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from .._fs import (
+    atomic_copy,
+    atomic_write,
+    fsync_path,
+    locked,
+    sha256_file,
+)
+from ..errors import PublishError
+from .pages import (
+    _sync,
+)
+from .records import (
+    _ARCH_RE,
+    _CHANNEL_RE,
+    _RESERVED_CHANNELS,
+    _WRITING,
+    CACHE_DIR,
+    FILES_DIR,
+    LOCK_FILE,
+    METADATA_SUFFIX,
+    SIDECAR_SUFFIX,
+    PublishResult,
+    WheelRecord,
+    _derive,
+    _inspect_wheel,
+    _Listing,
+    _load_record,
+    _metadata_file,
+    _now,
+    _parse_version,
+    _parsed,
+    _read_sidecar,
+    _scan,
+    _sidecar,
+    _sort_key,
+    _sweep_and_scan,
+    to_json,
+)
+
+
+def _marker(index_dir: Path) -> Path:
+    return index_dir / CACHE_DIR / _WRITING
+
+
+@contextlib.contextmanager
+def _changing(index_dir: Path) -> Iterator[None]:
+    """Mark the index as being changed for the duration (removed only on success).
+
+    A marker left behind means a writer died half-way: temp files may lie
+    anywhere and pages may lag behind the sidecars; _recover repairs both.
+    """
+    marker = _marker(index_dir)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
+    fsync_path(marker.parent)
+    yield
+    marker.unlink()
+
+
+def _recover(index_dir: Path) -> None:
+    """After an interrupted change (the marker is there): sweep and rebuild everything."""
+    if not _marker(index_dir).exists():
+        return
+    _sync(index_dir, _sweep_and_scan(index_dir), {}, full=True)
+    _marker(index_dir).unlink()
+
+# --------------------------------------------------------------------------- public operations
+
+
+def _validate_target(channel: str | None, cuda: str | None, torch: str | None,
+                     archs: Sequence[str]) -> tuple[str, ...]:
+    problems = []
+    if channel is not None and (not _CHANNEL_RE.match(channel) or channel in _RESERVED_CHANNELS):
+        problems.append(
+            f"channel {channel!r} must be lowercase letters, digits, '.', '_' or '-' "
+            f"and not one of {', '.join(sorted(_RESERVED_CHANNELS))}"
+        )
+    for what, value in (("CUDA version", cuda), ("torch version", torch)):
+        if value is not None:
+            try:
+                Version(value)
+            except InvalidVersion:
+                problems.append(f"{what} {value!r} is not a valid version")
+    if isinstance(archs, str):
+        problems.append(f"archs must be a sequence of names such as ('sm_120',), not {archs!r}")
+        archs = ()
+    bad = [a for a in archs if not _ARCH_RE.match(a)]
+    if bad:
+        problems.append(f"arch names {bad!r} are not valid (expected names such as sm_120)")
+    if problems:
+        raise PublishError(
+            "cannot publish: invalid build target",
+            why="; ".join(problems),
+            fix="pass the values the build used (see `channel_name(cuda, torch)`)",
+        )
+    return tuple(sorted(set(archs), key=lambda a: [int(t) if t.isdigit() else t
+                                                   for t in re.split(r"(\d+)", a)]))
+
+
+def publish(
+    index_dir: Path,
+    wheel: Path,
+    *,
+    channel: str | None,
+    cuda: str | None,
+    torch: str | None,
+    archs: Sequence[str],
+    build_key: str | None,
+) -> PublishResult:
+    """Publish ``wheel`` into the index at ``index_dir`` and update the affected pages.
+
+    The same bytes under a published name are a no-op (``noop=True``) when the
+    build target matches; different bytes, or the same bytes for another
+    target, raise PublishError.  The one exception: a record without any build
+    target (rebuild derives those for wheels that have no sidecar, such as one
+    whose publish was killed) is completed by publishing the same bytes with a
+    target.
+    """
+    index_dir, wheel = Path(index_dir), Path(wheel)
+    arch_list = _validate_target(channel, cuda, torch, archs)
+    if not wheel.is_file():
+        raise PublishError(f"{wheel} does not exist", fix="publish the wheel the build produced")
+    info = _inspect_wheel(wheel)
+    sha256 = sha256_file(wheel)
+    files = index_dir / FILES_DIR
+    dest = files / wheel.name
+    existing: WheelRecord | None = None
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        listing = _scan(files, strict=False, sweep=True)
+        if dest.is_file():
+            if sha256_file(dest) != sha256:
+                raise PublishError(
+                    f"{wheel.name} is already published with different contents",
+                    why="a different file with that name is already published; "
+                        "published files are immutable",
+                    fix="bump the build (version or build tag) and publish the new file, "
+                        "or yank the published version",
+                )
+            if _sidecar(dest).is_file():
+                existing = _load_record(files, dest.name, check_size=False)
+                target = (channel, cuda, torch, arch_list, build_key)
+                if _has_target(existing) or target == (None, None, None, (), None):
+                    _check_same_target(existing, *target)
+                    return PublishResult(path=dest, record=existing, noop=True)
+                # a record without a build target, as rebuild derives it for a wheel whose
+                # publish was interrupted before its sidecar: complete it below
+            # else the wheel is there without its sidecar: finish that interrupted publish
+        record = WheelRecord(
+            filename=wheel.name,
+            project=info.project,
+            version=str(info.version),
+            sha256=sha256,
+            size=wheel.stat().st_size,
+            requires_python=info.requires_python,
+            upload_time=_now(),
+            channel=channel,
+            cuda=cuda,
+            torch=torch,
+            archs=arch_list,
+            build_key=build_key,
+            metadata_sha256=hashlib.sha256(info.metadata).hexdigest(),
+            summary=info.summary,
+        )
+        if existing is not None:  # keep its upload time, yank and test result
+            record = replace(existing, channel=channel, cuda=cuda, torch=torch, archs=arch_list,
+                             build_key=build_key)
+        with _changing(index_dir):
+            if not dest.is_file():
+                atomic_copy(wheel, dest)
+            atomic_write(_metadata_file(dest), info.metadata)
+            atomic_write(_sidecar(dest), to_json(record))  # the record last: it commits
+            names = listing.groups.setdefault(info.project, [])
+            if dest.name not in names:
+                names.append(dest.name)
+            _sync(index_dir, listing, {info.project: {dest.name: record}}, full=False)
+    return PublishResult(path=dest, record=record, noop=False)
+
+
+def _has_target(record: WheelRecord) -> bool:
+    return (record.channel, record.cuda, record.torch, record.archs, record.build_key) != (
+        None, None, None, (), None
+    )
+
+
+def _check_same_target(record: WheelRecord, channel: str | None, cuda: str | None,
+                       torch: str | None, archs: tuple[str, ...], build_key: str | None) -> None:
+    differences = [
+        f"{what}: published {old!r}, now {new!r}"
+        for what, old, new in (
+            ("channel", record.channel, channel),
+            ("cuda", record.cuda, cuda),
+            ("torch", record.torch, torch),
+            ("archs", record.archs, archs),
+            ("build_key", record.build_key, build_key),
+        )
+        if old != new
+    ]
+    if differences:
+        raise PublishError(
+            f"{record.filename} is already published for another build target",
+            why="; ".join(differences),
+            fix="a wheel file belongs to one channel; build a separately named wheel "
+                "(e.g. a different local version) for the other target",
+        )
+
+
+def rebuild(index_dir: Path) -> int:
+    """Regenerate every page from files/*.whl and the sidecars; return the wheel count."""
+    index_dir = Path(index_dir)
+    with locked(index_dir / LOCK_FILE), _changing(index_dir), _no_cycle_collection():
+        listing = _sweep_and_scan(index_dir)
+        _sync(index_dir, listing, {}, full=True)
+    return sum(len(names) for names in listing.groups.values())
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector during a pass over every wheel.
+
+    Such a pass keeps several objects per wheel until it ends (parsed names,
+    versions, tags, fragments) and makes no reference cycles; the collector's
+    passes over that growing set took a tenth of a rebuild's CPU time.  At the end
+    the memo of parsed names is cleared, so that reference counting frees all that
+    the pass made: the collector resumes with no backlog (else the next publish in
+    the same process paid for a full collection) and the memory is returned.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        _parsed.cache_clear()
+        if enabled:
+            gc.enable()
+
+
+def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
+    """Unpublish wheels; return the names removed (those not published are ignored).
+
+    Under the index lock, the pages are rewritten without the wheels first, and only
+    then are the files deleted: each wheel, then its ``.metadata``, then its sidecar
+    (a wheel without a sidecar would be re-derived as channel-less; a sidecar without
+    its wheel is ignored).  A page never links a missing file; a crash in between leaves
+    files that the next writer lists again, so run the removal again.
+    """
+    index_dir = Path(index_dir)
+    files = index_dir / FILES_DIR
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        listing = _scan(files, strict=True, sweep=True)
+        doomed = set(filenames) & listing.names
+        doomed = {n for n in doomed if n.endswith(".whl")}
+        if not doomed:
+            return []
+        groups = {p: kept for p, names in listing.groups.items()
+                  if (kept := [n for n in names if n not in doomed])}
+        gone = {n + suffix for n in doomed for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX)}
+        with _changing(index_dir):
+            _sync(index_dir, _Listing(groups, listing.names - gone), {}, full=True)
+            for name in sorted(doomed):
+                for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        (files / (name + suffix)).unlink()
+            fsync_path(files)
+    return sorted(doomed)
+
+
+def _update_records(
+    index_dir: Path, project: str, version: str | None, filename: str | None, change: dict[str, Any]
+) -> list[WheelRecord]:
+    """Apply ``change`` to the sidecars of one project's version (or one file)."""
+    index_dir = Path(index_dir)
+    normalized = canonicalize_name(project)
+    wanted = _parse_version(version, f"{normalized} version") if version is not None else None
+    files = index_dir / FILES_DIR
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        listing = _scan(files, strict=False, sweep=True)
+        matches = []
+        for name in sorted(listing.groups.get(normalized, [])):
+            try:
+                file_version = _parsed(name).version
+            except InvalidWheelFilename:
+                continue
+            if (wanted is None or file_version == wanted) and (filename in (None, name)):
+                matches.append(name)
+        if not matches:
+            target = filename or f"{normalized} {version}"
+            raise PublishError(
+                f"no published file matches {target}",
+                why=f"files/ holds no wheel of {target}",
+                fix="check the project name and version against the index's landing page",
+            )
+        updated = {}
+        with _changing(index_dir):
+            for name in matches:
+                record = _load_record(files, name, check_size=False)
+                new = replace(record, **change)
+                if new != record:
+                    atomic_write(_sidecar(files / name), to_json(new))
+                updated[name] = new
+            _sync(index_dir, listing, {normalized: updated}, full=False)
+    return [updated[n] for n in matches]
+
+
+def yank(index_dir: Path, project: str, version: str, reason: str) -> list[str]:
+    """Mark every file of ``project`` ``version`` yanked (PEP 592); return their names."""
+    records = _update_records(index_dir, project, version, None, {"yanked": reason})
+    return [r.filename for r in records]
+
+
+def unyank(index_dir: Path, project: str, version: str) -> list[str]:
+    """Clear the yank of every file of ``project`` ``version``; return their names."""
+    records = _update_records(index_dir, project, version, None, {"yanked": None})
+    return [r.filename for r in records]
+
+
+def set_tested(index_dir: Path, filename: str, tested: Mapping[str, Any] | None) -> WheelRecord:
+    """Record a free-form test result for one published wheel; shown on the landing page."""
+    try:
+        project = parse_wheel_filename(filename)[0]
+    except InvalidWheelFilename as exc:
+        raise PublishError(f"{filename} is not a wheel file name", why=str(exc)) from None
+    value = dict(tested) if tested is not None else None
+    (record,) = _update_records(index_dir, project, None, filename, {"tested": value})
+    return record
+
+
+def load_records(index_dir: Path) -> list[WheelRecord]:
+    """Every published wheel's record (read-only: no lock, nothing written).
+
+    A wheel without a sidecar is described as :func:`rebuild` would derive it.
+    """
+    files = Path(index_dir) / FILES_DIR
+    listing = _scan(files, strict=False, sweep=False)
+    out = []
+    for names in listing.groups.values():
+        for name in names:
+            wheel = files / name
+            try:
+                _parsed(name)
+                if _sidecar(wheel).name in listing.names:
+                    out.append(_read_sidecar(_sidecar(wheel)))
+                    continue
+            except InvalidWheelFilename:
+                continue
+            except FileNotFoundError:
+                pass  # removed since the listing, or a publish is finishing
+            with contextlib.suppress(FileNotFoundError):
+                out.append(_derive(wheel, write=False))
+    return sorted(out, key=lambda r: (r.project, *_sort_key(r)))
