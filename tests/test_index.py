@@ -491,7 +491,7 @@ def test_set_tested_is_shown_on_the_landing_page(root: Path, dist: Path):
     record = index.set_tested(root, wheel.name, {"status": "passed", "gpu": "RTX 5090"})
     assert record.tested == {"status": "passed", "gpu": "RTX 5090"}
     assert index.load_records(root)[0].tested == record.tested
-    assert '<td class="ok" title="{&quot;gpu&quot;: &quot;RTX 5090&quot;, ' in (
+    assert '<td class="ok wrap" title="{&quot;gpu&quot;: &quot;RTX 5090&quot;, ' in (
         root / "index.html").read_text()
 
 

@@ -23,8 +23,8 @@ from conftest import make_wheel, require_tool
 from wheelforge import index
 
 WIDTH, HEIGHT = 1400, 900
-HEADERS = ["Project", "Version", "Python", "Torch", "CUDA", "Archs", "Size", "Built (UTC)",
-           "SHA-256", "Tested"]
+HEADERS = ["Project", "Version", "Python", "Channel", "Torch", "CUDA", "Archs", "Size",
+           "Built (UTC)", "SHA-256", "Tested"]
 EXTENSION = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
 
 
@@ -193,20 +193,68 @@ def test_dom_has_the_headers_and_every_row(chromium: str, landing: Path, tmp_pat
 
     size = r"\d+ B|\d+\.\d KiB"
     expected = [
-        ("", ["causal-conv1d", "1.7.0+cu130torch2.14sm120", "cp311", "2.14.1", "13.0",
-              "sm_100 sm_120", size, *fixed(ext), "passed on NVIDIA RTX PRO 6000"]),
-        ("", ["fla-core", "0.6.0", "py3", "-", "-", "-", size, *fixed(pure), "untested"]),
-        ("yanked-row", ["fla-core", "0.5.0 yanked", "py3", "-", "-", "-", size, *fixed(old),
-                        "untested"]),
+        ("", ["causal-conv1d", "1.7.0+cu130torch2.14sm120", "cp311", "cu130-torch2.14",
+              "2.14.1", "13.0", "sm_100 sm_120", size, *fixed(ext),
+              "passed on NVIDIA RTX PRO 6000"]),
+        ("", ["fla-core", "0.6.0", "py3", "every", "-", "-", "-", size, *fixed(pure),
+              "untested"]),
+        ("yanked-row", ["fla-core", "0.5.0 yanked", "py3", "every", "-", "-", "-", size,
+                        *fixed(old), "untested"]),
     ]
     assert len(table.rows) == len(expected)
     for (row_class, cells), (want_class, want) in zip(table.rows, expected, strict=True):
         assert row_class == want_class
         assert len(cells) == len(want) == len(HEADERS)
-        assert cells[:6] + cells[7:] == want[:6] + want[7:]
-        assert re.fullmatch(want[6], cells[6]), cells[6]
+        assert cells[:7] + cells[8:] == want[:7] + want[8:]
+        assert re.fullmatch(want[7], cells[7]), cells[7]
+    assert "cu130-torch2.14/simple/" in table.links  # the channel cell links its sub-index
     files = [link for link in table.links if link.startswith("files/")]
     assert len(files) == 3
     for link in files:
         assert (landing.parent / link.replace("%2B", "+")).is_file(), link
     assert "wrong kernels" in dom  # the yank reason, on the label's title
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A landing page at its widest: long project names, long local versions, many
+    archs, several channels, a long test label."""
+    tmp = tmp_path_factory.mktemp("crowded")
+    root, dist = tmp / "index", tmp / "dist"
+    name = "flash-linear-attention-with-a-very-long-project-name-for-testing"
+    for torch, cuda in (("2.14.1", "13.0"), ("2.13.0", "12.8"), ("2.12.0", "12.6")):
+        label = (f"cu{cuda.replace('.', '')}torch{torch[:4]}"
+                 "sm75sm80sm86sm89sm90asm100asm103sm110sm120asm121ptx")
+        wheel = make_wheel(dist, {"x/_C.so": b"\x7fELF" + bytes(64)}, name=name,
+                           version=f"12.345.6789rc1+{label}", tag="cp313-cp313-linux_x86_64")
+        index.publish(root, wheel, channel=f"cu{cuda.replace('.', '')}-torch{torch[:4]}",
+                      cuda=cuda, torch=torch, build_key=f"k-{torch}",
+                      archs=["sm_75", "sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103",
+                             "sm_110", "sm_120a", "sm_121", "compute_121"])
+        index.set_tested(root, wheel.name, {"status": "failed", "gpu": "NVIDIA RTX PRO 6000 "
+                                            "Blackwell Max-Q Workstation Edition",
+                                            "capability": "12.0"})
+    return root / "index.html"
+
+
+@pytest.mark.parametrize("page", ["landing", "crowded"])
+def test_fits_1400_px_without_sideways_scrolling(chromium: str, tmp_path: Path, page: str,
+                                                 request: pytest.FixtureRequest) -> None:
+    from browser import layout
+
+    html: Path = request.getfixturevalue(page)
+    found = layout(chromium, html, tmp_path / "profile", width=WIDTH, height=HEIGHT)
+    assert found.client_width == WIDTH
+    assert not found.overflows, (found.scroll_width, found.wide)
+
+
+def test_crowded_screenshot(chromium: str, crowded: Path, tmp_path: Path) -> None:
+    shot = tmp_path / "crowded.png"
+    browse(chromium, tmp_path, f"--screenshot={shot}", page=crowded)
+    width, height, rgb = decode_png(shot.read_bytes())
+    assert (width, height) == (WIDTH, HEIGHT)
+    dark = sum(1 for i in range(0, len(rgb), 3) if rgb[i] + rgb[i + 1] + rgb[i + 2] < 200)
+    assert 0.002 * width * height < dark < 0.3 * width * height

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from .records import (
     REPORTS_DIR,
     SIMPLE_DIR,
     WheelRecord,
+    _is_pure,
     _parsed,
 )
 
@@ -44,6 +46,29 @@ def _tested_label(tested: Mapping[str, Any] | None) -> str:
     return "recorded"
 
 
+#: Names up to this long stay on one line; longer ones wrap at their hyphens.
+_SHORT = 24
+_WRAP = ' class="wrap"'
+
+
+def _breakable_version(version: str) -> str:
+    """The version, escaped, with line-break opportunities in its local label (after
+    ``+``, before ``torch`` and each ``sm``): a long label wraps at its parts."""
+    text = _e(version)
+    if "+" not in text:
+        return text
+    public, local = text.split("+", 1)
+    return f"{public}+<wbr>" + re.sub(r"(?<=.)(torch|sm)", r"<wbr>\1", local)
+
+
+def _channel_cell(channel: str | None, *, pure: bool) -> str:
+    """The channel a wheel belongs to, linked to its sub-index; a pure wheel without one
+    is in every channel."""
+    if channel is not None:
+        return f'<a href="{_e(urllib.parse.quote(channel))}/simple/">{_e(channel)}</a>'
+    return "every" if pure else "-"
+
+
 def _landing_row(r: WheelRecord, href: str) -> str:
     python = ".".join(sorted({t.interpreter for t in _parsed(r.filename).tags}))
     status = _tested_label(r.tested).lower()
@@ -64,17 +89,20 @@ def _landing_row(r: WheelRecord, href: str) -> str:
         row_class = ' class="yanked-row"'
     return (
         f"<tr{row_class}>"
-        f'<td title="{_e(r.summary or "")}">{_e(r.project)}</td>'
-        f'<td><a href="{_e(f"{FILES_DIR}/{href}")}" title="{_e(r.filename)}">'
-        f"{_e(r.version)}</a>{yanked}</td>"
+        f'<td{_WRAP if len(r.project) > _SHORT else ""} title="{_e(r.summary or "")}">'
+        f"{_e(r.project)}</td>"
+        f'<td class="wrap"><a href="{_e(f"{FILES_DIR}/{href}")}" title="{_e(r.filename)}">'
+        f"{_breakable_version(r.version)}</a>{yanked}</td>"
         f"<td>{_e(python)}</td>"
+        f"<td>{_channel_cell(r.channel, pure=_is_pure(r.filename))}</td>"
         f"<td>{_e(r.torch or '-')}</td>"
         f"<td>{_e(r.cuda or '-')}</td>"
-        f"<td>{_e(' '.join(r.archs) or '-')}</td>"
+        f'<td class="wrap">{_e(" ".join(r.archs) or "-")}</td>'
         f'<td class="num" title="{r.size} bytes">{_human_size(r.size)}</td>'
-        f'<td title="{_e(r.upload_time)}">{_e(r.upload_time[:16].replace("T", " "))}</td>'
-        f'<td title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
-        f'<td class="{tested_class}" title="{_e(tested_title)}">{_e(label)}</td>'
+        f'<td class="fixed" title="{_e(r.upload_time)}">'
+        f'{_e(r.upload_time[:16].replace("T", " "))}</td>'
+        f'<td class="fixed" title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
+        f'<td class="{tested_class} wrap" title="{_e(tested_title)}">{_e(label)}</td>'
         "</tr>"
     )
 
@@ -83,9 +111,12 @@ _CSS = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 90rem;
        padding: 0 1rem; color: #1b1b1b; background: #fff; }
 h1 { font-size: 1.5rem; }
+p { overflow-wrap: break-word; }
 table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #ddd;
-         white-space: nowrap; }
+th, td { text-align: left; vertical-align: top; padding: .3rem .6rem;
+         border-bottom: 1px solid #ddd; white-space: nowrap; }
+td.wrap { white-space: normal; overflow-wrap: break-word; }
+td.pin code { white-space: normal; overflow-wrap: anywhere; }
 th { background: #f3f3f3; position: sticky; top: 0; }
 tbody:nth-of-type(even) { background: #fafafa; }
 th.num, td.num { text-align: right; }
@@ -128,7 +159,8 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL); for "
         "settings that a public index cannot override, run "
         "<code>wheelforge consumer-config</code>.</p>\n"
-        "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
+        "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Channel</th>"
+        "<th>Torch</th>"
         '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
         "<th>SHA-256</th><th>Tested</th></tr></thead>\n"
         f"{bodies}</table>\n</body>\n</html>\n"

@@ -1,0 +1,80 @@
+"""Headless Chromium for the page tests: render a page at a window width and measure it.
+
+``layout`` copies the page beside itself (so relative links still resolve) with a script
+that, once the page has loaded, measures the document's scroll width against the window's
+and lists the elements that stick out on the right; Chromium's ``--dump-dom`` prints the
+DOM with that measurement in it.  Real Chromium, real layout: no mock of the browser.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+_MEASURE = """<script>
+window.addEventListener("load", () => {
+  const root = document.documentElement;
+  const wide = [...document.querySelectorAll("body *")]
+    .filter((e) => e.getBoundingClientRect().right > root.clientWidth + 0.5)
+    .slice(0, 12)
+    .map((e) => `${e.tagName.toLowerCase()}${e.className ? "." + e.className : ""}: `
+                + (e.textContent || "").trim().slice(0, 80));
+  const out = document.createElement("pre");
+  out.id = "wf-layout";
+  out.hidden = true;
+  out.textContent = JSON.stringify({scrollWidth: root.scrollWidth,
+                                    clientWidth: root.clientWidth, wide: wide});
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    scroll_width: int
+    client_width: int
+    wide: tuple[str, ...]  # elements reaching past the window's right edge
+
+    @property
+    def overflows(self) -> bool:
+        return self.scroll_width > self.client_width or bool(self.wide)
+
+
+def chromium_argv(chromium: str, profile: Path, width: int, height: int) -> list[str]:
+    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}",
+            f"--window-size={width},{height}"]
+
+
+def layout(chromium: str, page: Path, profile: Path, *, width: int = 1400,
+           height: int = 900) -> Layout:
+    html = page.read_text(encoding="utf-8")
+    assert "</body>" in html, f"{page} has no </body>"
+    probe = page.with_name(f".layout-{page.name}")
+    probe.write_text(html.replace("</body>", _MEASURE + "</body>", 1), encoding="utf-8")
+    try:
+        done = subprocess.run([*chromium_argv(chromium, profile, width, height),
+                               "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        probe.unlink()
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    dom = done.stdout.decode()
+    start = dom.index('<pre id="wf-layout" hidden="">') + len('<pre id="wf-layout" hidden="">')
+    text = dom[start:dom.index("</pre>", start)]
+    text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"')
+    data = json.loads(text.replace("&amp;", "&"))
+    return Layout(int(data["scrollWidth"]), int(data["clientWidth"]), tuple(data["wide"]))
+
+
+def screenshot(chromium: str, page: Path, profile: Path, out: Path, *, width: int = 1400,
+               height: int = 900) -> Path:
+    done = subprocess.run([*chromium_argv(chromium, profile, width, height),
+                           f"--screenshot={out}", page.as_uri()],
+                          capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    return out
