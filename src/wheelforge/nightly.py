@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -38,7 +39,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import __version__, _proc, buildenv, config, index, pipeline, toolchain
-from ._fs import atomic_write, locked
+from ._fs import atomic_copy, atomic_write, locked
 from ._log import Reporter
 from .errors import ToolchainError, WheelforgeError
 from .matrix import Cell, Matrix, cells
@@ -61,6 +62,7 @@ __all__ = [
 CellStatus = Literal["built", "skipped", "failed", "not run"]
 REPORT_SCHEMA = 1
 REPORTS_DIR = "reports"
+LOGS_DIR = "logs"  # beside the reports: copies of the cells' build logs, linked relatively
 LOG_TAIL_LINES = 40
 
 Builder = Callable[[Recipe, config.BuildConfig, Reporter], pipeline.BuildResult]
@@ -96,7 +98,8 @@ class CellResult:
     log: str | None = None
     note: str = ""  # why skipped, or the compile cache summary of a build
     error: str | None = None
-    log_tail: str | None = None
+    log_tail: str | None = None  # the last lines of the log (None without a log)
+    log_file: str | None = None  # the log's copy beside the report, relative to it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,12 +179,13 @@ def _try_locked(path: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def _tail(log: str | None, fallback: str) -> str:
+def _tail(log: str | None) -> str | None:
+    """The log's last lines; None when there is no log to read (the error says it all)."""
     if log:
         with contextlib.suppress(OSError):
             lines = Path(log).read_text(encoding="utf-8", errors="replace").splitlines()
-            return "\n".join(lines[-LOG_TAIL_LINES:])
-    return fallback
+            return "\n".join(lines[-LOG_TAIL_LINES:]) or None
+    return None
 
 
 @dataclass
@@ -278,7 +282,7 @@ class _Run:
     def failed(self, plan: _Plan, exc: WheelforgeError) -> CellResult:
         self.reporter.info(f"FAILED {plan.cell.label}: {exc.what}")
         return self.result(plan, "failed", error=exc.render(), log=exc.log,
-                           log_tail=_tail(exc.log, exc.why or exc.what))
+                           log_tail=_tail(exc.log))
 
     def skipped(self, plan: _Plan, why: str) -> CellResult:
         assert plan.key is not None
@@ -410,22 +414,48 @@ def to_json(report: NightlyReport) -> str:
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #1f2328; }
-table { border-collapse: collapse; font-size: 0.9em; }
+p, h3 { overflow-wrap: anywhere; }
+table { border-collapse: collapse; font-size: 0.9em; width: 100%; }
 th, td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: left;
-         vertical-align: top; }
-td.n { white-space: nowrap; }
+         vertical-align: top; overflow-wrap: anywhere; }
+th, td.n { white-space: nowrap; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
-pre { background: #f6f8fa; padding: 0.6em; overflow-x: auto; max-width: 100em; }
+pre { background: #f6f8fa; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
 .built { color: #1a7f37; } .skipped { color: #57606a; } .failed, .not { color: #cf222e; }
 @media (prefers-color-scheme: dark) {
   body { background: #0d1117; color: #e6edf3; } pre { background: #161b22; }
   th, td { border-color: #30363d; } .built { color: #56d364; } .failed { color: #f85149; }
+  a { color: #79b8ff; }
 }
 """
 
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+def _log_link(r: CellResult, *, short: bool = False) -> str:
+    """A link to the log's copy beside the report (it works wherever the report is
+    served from), else the log's path on the build machine."""
+    if r.log_file:
+        href = "/".join(urllib.parse.quote(p) for p in r.log_file.split("/"))
+        return f'<a href="{_e(href)}">{"log" if short else _e(r.log_file)}</a>'
+    return f"<code>{_e(r.log or '')}</code>"
+
+
+def _copy_logs(report: NightlyReport, report_dir: Path) -> NightlyReport:
+    """Copy every cell's log to ``report_dir/logs/`` (so the report links it relatively,
+    also when the index is served over HTTP); the copies are named after the logs."""
+    results = []
+    for r in report.results:
+        if r.log and not r.log_file and Path(r.log).is_file():
+            dest = report_dir / LOGS_DIR / Path(r.log).name
+            with contextlib.suppress(OSError):
+                if not (dest.is_file() and dest.stat().st_size == Path(r.log).stat().st_size):
+                    atomic_copy(Path(r.log), dest)
+                r = dataclasses.replace(r, log_file=f"{LOGS_DIR}/{dest.name}")
+        results.append(r)
+    return dataclasses.replace(report, results=tuple(results))
 
 
 def render_html(report: NightlyReport, report_dir: Path) -> str:
@@ -443,23 +473,24 @@ def render_html(report: NightlyReport, report_dir: Path) -> str:
             failures.append(
                 f'<h3 id="cell-{n}">{n}. {_e(r.recipe)} ({_e(r.archs or "pure")})</h3>\n'
                 f"<pre>{_e(r.error or '')}</pre>\n"
-                + (f"<p>log: <code>{_e(r.log)}</code></p>\n" if r.log else "")
-                + f"<details open><summary>last lines</summary><pre>{_e(r.log_tail or '')}"
-                  "</pre></details>\n")
+                + (f"<p>log: {_log_link(r)}</p>\n" if r.log else "")
+                + (f"<details open><summary>last lines of the log</summary>"
+                   f"<pre>{_e(r.log_tail)}</pre></details>\n" if r.log_tail else ""))
         torch = r.torch + (f" {' '.join(r.pip_args)}" if r.pip_args else "")
         rows.append(
             f"<tr><td>{n}</td><td>{_e(r.recipe)} {_e(r.version or '')}</td>"
-            f"<td><code>{_e(os.path.basename(r.python))}</code></td>"
+            f"<td class=n><code>{_e(os.path.basename(r.python))}</code></td>"
             f"<td><code>{_e(torch)}</code> (CUDA {_e(r.cuda)})</td>"
             f"<td>{_e(r.archs or 'pure')}</td><td>{status}</td>"
             f"<td class=n>{r.duration_s:.1f} s</td>"
             f"<td>{wheel}</td><td>{_e(', '.join(r.archs_found) or '-')}</td>"
-            f"<td><code>{_e((r.build_key or '-')[:16])}</code></td>"
+            f"<td class=n><code>{_e((r.build_key or '-')[:16])}</code></td>"
             f"<td>{_e(r.note)}</td>"
-            f"<td>{f'<code>{_e(r.log)}</code>' if r.log else '-'}</td></tr>\n")
+            f"<td>{_log_link(r, short=True) if r.log else '-'}</td></tr>\n")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>wheelforge nightly {_e(report.started)}</title>\n<style>{_CSS}</style>\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         "</head>\n<body>\n"
         f"<h1>wheelforge nightly, {_e(report.started)}</h1>\n"
         f"<p>{_e(report.summary())} in {report.duration_s:.0f} s. Matrix "
@@ -482,6 +513,7 @@ def write_report(report: NightlyReport, report_dir: Path) -> tuple[Path, Path]:
     while (report_dir / f"{base}.json").exists():
         n += 1
         base = f"nightly-{stamp}-{n}"
+    report = _copy_logs(report, report_dir)
     text, page = to_json(report), render_html(report, report_dir)
     paths = (report_dir / f"{base}.json", report_dir / f"{base}.html")
     atomic_write(paths[0], text)

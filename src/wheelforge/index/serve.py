@@ -42,6 +42,7 @@ _FILE_TYPES = {
     METADATA_SUFFIX: "application/octet-stream",
     ".html": "text/html; charset=utf-8",
     ".json": "application/json",
+    ".log": "text/plain; charset=utf-8",  # the build logs beside the nightly reports
 }
 
 
