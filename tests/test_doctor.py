@@ -315,7 +315,19 @@ def test_no_ninja(tmp_path: Path) -> None:
     found = one(check(tmp_path, env(tmp_path / "empty"), python=python), "ninja")
     assert found.status == "WARN" and found.fix == f"{python} -m pip install ninja"
     managed = one(check(tmp_path, env(tmp_path / "empty")), "ninja")
-    assert managed.status == "OK" and "managed environment installs it" in managed.detail
+    assert managed.status == "SKIP" and "the first build creates installs it" in managed.detail
+
+
+def test_ninja_of_an_existing_managed_env_is_checked(tmp_path: Path) -> None:
+    from wheelforge.buildenv import BASE_REQUIREMENTS, MARKER, env_key
+
+    root = tmp_path / "cache" / "envs" / env_key(Path(sys.executable), "torch==2.9.1",
+                                                 BASE_REQUIREMENTS, ())
+    fake_python(root / "bin" / "python")
+    script(root / "bin" / "ninja", "echo 1.13.2\n")
+    (root / MARKER).write_text("{}")
+    found = one(managed(tmp_path, env(tmp_path / "empty"), "torch==2.9.1"), "ninja")
+    assert (found.status, found.detail) == ("OK", f"1.13.2 at {root / 'bin' / 'ninja'}")
 
 
 def test_git(tmp_path: Path, bin_dir: Path) -> None:

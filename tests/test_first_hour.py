@@ -48,6 +48,22 @@ def test_python_as_a_bare_name_is_looked_up_on_path(tmp_path: Path) -> None:
     assert "./python3" not in res.stdout
 
 
+def test_the_build_summary_names_the_interpreter_a_bare_name_resolved_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from wheelforge.config import resolve
+
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3.11").symlink_to(sys.executable)
+    cfg = resolve(python=Path("python3.11"), environ={"PATH": str(bin_dir)})
+    assert cfg.python == bin_dir / "python3.11"
+    assert cfg.summary()[1] == (f"build env      {bin_dir / 'python3.11'} (as-is)  "
+                                "[--python python3.11]")
+    given = resolve(python=Path("./bin/python3.11"), environ={"PATH": ""})
+    assert given.python == bin_dir / "python3.11"  # a path is a path, PATH not consulted
+
+
 def test_python_name_not_on_path_says_so(tmp_path: Path) -> None:
     res = wf("build", "causal-conv1d", "--python", "python9.9", "--index", tmp_path / "i")
     assert res.returncode == 2, res.stderr

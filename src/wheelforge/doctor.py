@@ -121,7 +121,10 @@ def run_checks(
             python, cuda, managed=(managed_torch, managed_torch_pip_args, managed_python,
                                    cache_dir)))
     _collect(findings, "compiler", lambda: [_check_host_compiler(cuda, env)])
-    _collect(findings, "ninja", lambda: [_check_ninja(python, env)])
+    managed_env = (None if python is not None or managed_torch is None else
+                   _existing_managed_env(managed_torch, managed_torch_pip_args, managed_python,
+                                         cache_dir))
+    _collect(findings, "ninja", lambda: [_check_ninja(python or managed_env, env)])
     _collect(findings, "git", lambda: [_check_git(env)])
     _collect(findings, "disk work", lambda: [_check_disk("disk work", work_dir, "--work-dir")])
     _collect(findings, "disk cache", lambda: [_check_disk("disk cache", cache_dir, "--cache-dir")])
@@ -389,7 +392,8 @@ def _check_ninja(python: Path | None, env: Mapping[str, str]) -> Finding:
             if done.returncode == 0:
                 return Finding("ninja", "OK", f"{_first_line(done.output)} at {exe}")
     if python is None:
-        return Finding("ninja", "OK", "not on PATH; the managed environment installs it")
+        return Finding("ninja", "SKIP", "not on PATH, and no managed environment yet: the "
+                       "managed environment the first build creates installs it")
     return Finding("ninja", "WARN", f"neither in {python.parent} nor on PATH: torch falls back "
                    "to its slow, serial distutils build", f"{python} -m pip install ninja")
 
