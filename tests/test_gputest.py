@@ -39,6 +39,7 @@ def test_no_gpu_exit_code(tmp_path: Path, shared_cache: Path) -> None:
                          capture_output=True, text=True)
     if gpu.stdout.strip() == "True":
         pytest.skip("this machine has a GPU")
+    (tmp_path / "index" / "files").mkdir(parents=True)  # an index, empty
     res = subprocess.run([sys.executable, "-m", "wheelforge", "test", "causal-conv1d",
                           "--python", str(env.python), "--index", str(tmp_path / "index"),
                           "--cache-dir", str(shared_cache)],

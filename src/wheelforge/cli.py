@@ -451,11 +451,11 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> N
     server = index.make_server(index_dir, host, port, quiet=not log_requests)
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
-    click.echo(f"serving {index_dir} at {url}/ (read-only); Ctrl-C stops")
-    click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
-    try:
+    try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop
+        click.echo(f"serving {index_dir} at {url}/ (read-only); Ctrl-C stops")
+        click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
         server.serve_forever()
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the normal way to stop a server
+    except KeyboardInterrupt as exc:
         reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"
         click.echo(f"stopped serving {index_dir} ({reason})", err=True)
     finally:
