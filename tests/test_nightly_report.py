@@ -155,3 +155,28 @@ def test_the_report_screenshot_shows_text_and_the_failure(chromium: str, report:
             red += 1  # "failed" (#cf222e)
     assert 0.002 * width * height < dark < 0.3 * width * height
     assert red > 20
+
+
+def test_a_matrix_python_named_by_its_command_is_resolved_and_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """matrix.python: [python3], as users write it: looked up on PATH, and the run says
+    which interpreter that is."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    pure(tmp_path, "ok-one")
+    (tmp_path / "wheelforge.yaml").write_text(yaml.safe_dump({"matrix": {
+        "recipes": ["ok-one"], "python": ["python3"],
+        "torch": [{"spec": "torch==2.14.1", "cuda": "13.0"}], "archs": ["12.0"]}}))
+    book = RecipeBook(tmp_path / "recipes", tmp_path / "patches")
+    out = io.StringIO()
+    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
+                                work_dir=tmp_path / "work",
+                                project_file=tmp_path / "wheelforge.yaml")
+    done = nightly.run(load_matrix(tmp_path / "wheelforge.yaml", book.names()), book, settings,
+                       reporter=Reporter(out),
+                       build=builder(tmp_path / "logs"))  # type: ignore[arg-type]
+    [said] = [ln for ln in out.getvalue().splitlines() if "matrix python" in ln]
+    assert said == f"  matrix python python3: {done.results[0].python}"
+    assert Path(done.results[0].python).is_absolute()

@@ -245,8 +245,12 @@ class _Run:
         return _once(self.cuda, None, lambda: toolchain.find_cuda(self.settings.environ))
 
     def python(self, entry: str | None) -> Path:
-        return _once(self.pythons, entry, lambda: resolve_python(
-            entry, self.matrix.path.parent, self.default_python))
+        def find() -> Path:
+            found = resolve_python(entry, self.matrix.path.parent, self.default_python)
+            if entry is not None:  # say what a name (python3.11) or a path resolved to
+                self.reporter.info(f"matrix python {entry}: {found}")
+            return found
+        return _once(self.pythons, entry, find)
 
     def plan(self, cell: Cell) -> _Plan:
         """The cell's recipe, configuration and build key; nothing is created."""
