@@ -531,7 +531,7 @@ def test_a_failing_cell_is_reported_and_the_run_exits_non_zero(
     assert statuses(report) == [("tinyext", "12.0", "failed"), ("tinypure", None, "built")]
     bad = report["cells"][0]
     assert bad["error"].startswith("patch error: patch 0001-setup-comment.patch does not apply")
-    assert bad["log_tail"]
+    assert bad["log_tail"] is None  # no build ran, no log: the error alone, not twice
     assert "patch 0001-setup-comment.patch does not apply" in (
         root / "index" / "reports" / "nightly-latest.html").read_text()
 
