@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.cli import cli
-from wheelforge.errors import exit_code_markdown, exit_code_table
+from wheelforge.errors import ConfigError, exit_code_markdown, exit_code_table
 
 
 def wf(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
@@ -62,6 +62,13 @@ def test_the_build_summary_names_the_interpreter_a_bare_name_resolved_to(
                                 "[--python python3.11]")
     given = resolve(python=Path("./bin/python3.11"), environ={"PATH": ""})
     assert given.python == bin_dir / "python3.11"  # a path is a path, PATH not consulted
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    assert resolve(python=venv).python == venv / "bin" / "python"  # a venv, as uv takes it
+    with pytest.raises(ConfigError) as exc:
+        resolve(python=tmp_path / "bin")
+    assert exc.value.what == f"--python {tmp_path / 'bin'} is a directory without bin/python"
 
 
 def test_python_name_not_on_path_says_so(tmp_path: Path) -> None:

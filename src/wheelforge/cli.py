@@ -94,9 +94,10 @@ def cli() -> None:
 @click.option("--arch", help="CUDA architectures, as TORCH_CUDA_ARCH_LIST spells them: '12.0', "
               "'10.0;12.0' (or spaces between), '9.0a', '12.0+PTX', torch's names "
               "('Hopper'). Default: $TORCH_CUDA_ARCH_LIST, else wheelforge.yaml, else 12.0.")
-@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
+@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=True),
               help="Build against this interpreter and its installed torch, as-is (your "
-                   "training venv). Default: a managed, cached venv with the configured torch.")
+                   "training venv): a path, a venv directory, or a name looked up on PATH "
+                   "(python3). Default: a managed, cached venv with the configured torch.")
 @click.option("--torch", help="torch requirement for the managed venv (default from "
                               "wheelforge.yaml, else torch==2.14.1).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs "
@@ -265,9 +266,10 @@ def _size(n: int) -> str:
 
 @cli.command(epilog=EPILOG)
 @click.option("--arch", help="CUDA architectures to check nvcc against (default as for build).")
-@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
-              help="Check this interpreter's torch against nvcc: a path, or a name looked up "
-                   "on PATH (python3). Default: the managed environment a build would use.")
+@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=True),
+              help="Check this interpreter's torch against nvcc: a path, a venv directory, or "
+                   "a name looked up on PATH (python3). Default: the managed environment a "
+                   "build would use.")
 @click.option("--torch", help="torch requirement of the managed environment (default as for "
                               "build: wheelforge.yaml, else torch==2.14.1).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Job count to size memory for "
@@ -320,9 +322,10 @@ def doctor(arch: str | None, python: Path | None, torch: str | None, jobs: int |
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
               help="The index to install from (default: defaults.index of wheelforge.yaml, "
                    "else ./index).")
-@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=False),
-              help="Interpreter whose torch (and GPU) the test uses, a path or a name looked "
-                   "up on PATH; the wheel is installed into a fresh venv layered on it. "
+@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=True),
+              help="Interpreter whose torch (and GPU) the test uses (a path, a venv directory "
+                   "or a name looked up on PATH); the wheel is installed into a fresh venv "
+                   "layered on it. "
                    "Default: defaults.python of wheelforge.yaml, else the python3 on PATH.")
 @click.option("--sources", "sources_dirs", multiple=True,
               type=click.Path(path_type=Path, file_okay=False, exists=True),

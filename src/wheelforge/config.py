@@ -110,7 +110,15 @@ def find_python(value: str | os.PathLike[str], origin: str,
         raise ConfigError(f"{origin} is empty", fix="give an interpreter, e.g. --python python3 "
                           "or --python ~/venvs/train/bin/python")
     if os.sep in text or text in (".", ".."):
-        return Path(os.path.abspath(text))
+        path = Path(os.path.abspath(text))
+        if path.is_dir():  # a venv, as uv takes it: its interpreter
+            inside = path / "bin" / "python"
+            if not inside.is_file():
+                raise ConfigError(f"{origin} {text} is a directory without bin/python",
+                                  fix="give the interpreter (e.g. ~/venvs/train/bin/python) "
+                                      "or a venv directory")
+            return inside
+        return path
     env = os.environ if environ is None else environ
     found = shutil.which(text, path=env.get("PATH"))
     if found is None:
