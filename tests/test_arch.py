@@ -101,3 +101,9 @@ def test_native_is_refused() -> None:
     with pytest.raises(ConfigError) as exc:
         parse_arch_list("native")
     assert exc.value.what == "'native' is not accepted as an architecture"
+
+
+def test_arch_specific_minimum_cuda() -> None:
+    from wheelforge.arch import min_cuda
+
+    assert [min_cuda(a) for a in parse_arch_list("9.0;9.0a;12.0a")] == ["11.8", "12.0", "12.8"]

@@ -106,3 +106,12 @@ def test_cuda_home_wins_over_cuda_path_as_in_torch(tmp_path: Path) -> None:
     good = fake_cuda(tmp_path, "13.0")
     found = find_cuda({"CUDA_HOME": str(good), "CUDA_PATH": str(tmp_path / "nope"), "PATH": ""})
     assert (found.home, found.origin) == (good, "$CUDA_HOME")
+
+
+def test_sm_90a_needs_cuda_12(tmp_path: Path) -> None:
+    cuda = find_cuda({"CUDA_HOME": str(fake_cuda(tmp_path, "11.8", "sm_90")), "PATH": ""})
+    check_archs(cuda, parse_arch_list("9.0"))
+    with pytest.raises(ToolchainError) as exc:
+        check_archs(cuda, parse_arch_list("9.0a"))
+    assert exc.value.why == "9.0a needs CUDA 12.0 or newer, nvcc is 11.8"
+    assert exc.value.fix.startswith("install CUDA 12.0 or newer and point CUDA_HOME at it")

@@ -35,8 +35,10 @@ MIN_CUDA_FOR_ARCH: dict[tuple[int, int], str] = {
     (12, 0): "12.8",
     (12, 1): "12.9",
 }
-#: Capabilities with an arch-specific variant (``9.0a``: wgmma, tcgen05 ...).
+#: Capabilities with an arch-specific variant (``9.0a``: wgmma, tcgen05 ...), and the
+#: oldest CUDA that compiles it where that is newer than for the plain arch.
 ARCH_SPECIFIC = frozenset({(9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)})
+MIN_CUDA_FOR_ARCH_SPECIFIC: dict[tuple[int, int], str] = {(9, 0): "12.0"}
 #: torch's names for arch sets (torch.utils.cpp_extension), expanded as torch expands them.
 NAMED_ARCHES: dict[str, str] = {
     "Kepler+Tesla": "3.7", "Kepler": "3.5+PTX", "Maxwell+Tegra": "5.3",
@@ -69,6 +71,14 @@ class Arch:
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}{self.suffix}{'+PTX' if self.ptx else ''}"
+
+
+def min_cuda(arch: Arch) -> str | None:
+    """The oldest CUDA release whose nvcc compiles ``arch`` (None: unknown)."""
+    base = (arch.major, arch.minor)
+    if arch.suffix == "a" and base in MIN_CUDA_FOR_ARCH_SPECIFIC:
+        return MIN_CUDA_FOR_ARCH_SPECIFIC[base]
+    return MIN_CUDA_FOR_ARCH.get(base)
 
 
 def _known() -> str:

@@ -21,7 +21,7 @@ from typing import Literal
 from packaging.version import Version
 
 from . import _proc, config
-from .arch import MIN_CUDA_FOR_ARCH, Arch
+from .arch import Arch, min_cuda
 from .buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 from .errors import WheelforgeError
 from .toolchain import Cuda, find_cuda, supported_sass
@@ -155,7 +155,7 @@ def _check_archs(cuda: Cuda | None, archs: tuple[Arch, ...]) -> list[Finding]:
     listed = supported_sass(cuda.nvcc) if cuda is not None else frozenset()
     for arch in archs:
         name = f"arch {arch}"
-        need = MIN_CUDA_FOR_ARCH.get((arch.major, arch.minor))
+        need = min_cuda(arch)
         base = f"sm_{arch.major}{arch.minor}"
         if cuda is None:
             out.append(Finding(name, "SKIP", "not checked: no usable CUDA toolkit (see nvcc)"))

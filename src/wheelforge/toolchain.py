@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from . import _proc
-from .arch import MIN_CUDA_FOR_ARCH, Arch
+from .arch import Arch, min_cuda
 from .errors import ToolchainError
 
 #: Where nvcc may live, in search order, besides CUDA_HOME / CUDA_PATH / PATH.
@@ -127,7 +127,7 @@ def check_archs(cuda: Cuda, archs: tuple[Arch, ...]) -> None:
     known = supported_sass(cuda.nvcc)
     for arch in archs:
         base = f"sm_{arch.major}{arch.minor}"
-        need = MIN_CUDA_FOR_ARCH.get((arch.major, arch.minor))
+        need = min_cuda(arch)
         if need is not None and cuda.version < Version(need):
             problems.append(f"{arch} needs CUDA {need} or newer, nvcc is {cuda.version}")
             needs.append(Version(need))
