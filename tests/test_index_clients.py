@@ -487,5 +487,6 @@ def test_serve_on_a_port_in_use_is_an_error_not_a_crash(local: Path):
         port = busy.getsockname()[1]
         done = run([sys.executable, "-m", "wheelforge", "serve", "--index", str(local),
                     "--port", str(port)], clean_env())
-    assert done.returncode == 9, done.stderr
+    assert done.returncode == 2, done.stderr  # a usage error, not a "publish error"
+    assert done.stderr.startswith(f"config error: cannot serve {local} on 127.0.0.1 port ")
     assert "internal error" not in done.stderr and "--port 0" in done.stderr

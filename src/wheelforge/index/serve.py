@@ -17,7 +17,7 @@ from packaging.utils import (
     canonicalize_name,
 )
 
-from ..errors import PublishError
+from ..errors import ConfigError
 from .records import (
     HTML_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -229,14 +229,14 @@ def make_server(
     """
     root = os.path.realpath(index_dir)
     if not os.path.isdir(root):
-        raise PublishError(
-            f"{index_dir} is not an index directory",
+        raise ConfigError(  # serving publishes nothing: a wrong path or port is usage
+            f"no index at {index_dir}",
             fix="publish a wheel into it or rebuild it first",
         )
     try:
         return _IndexServer((host, port), root, quiet)
     except OSError as exc:  # address in use, not this machine's, no permission
-        raise PublishError(
+        raise ConfigError(
             f"cannot serve {index_dir} on {host} port {port}",
             why=exc.strerror or str(exc),
             fix="choose another --port (--port 0 takes a free one) or another --host",
