@@ -363,6 +363,7 @@ def test(name: str, index_dir: Path | None, python: Path | None, sources_dirs: t
                                    python=interp, cache_dir=cache, sources_dirs=sources_dirs,
                                    progress=reporter.info, log=log,
                                    workers=workers or min(8, os.cpu_count() or 1))
+    clear_live()
     click.echo(f"{outcome.status}: {record.filename} on {outcome.gpu} (sm {outcome.capability}): "
                f"{outcome.passed} passed, {outcome.failed} failed, {outcome.skipped} skipped, "
                f"{outcome.errors} errors in {outcome.duration_s:.0f}s  [log {log}]")
@@ -555,6 +556,7 @@ def nightly(project_file: Path | None, index_dir: Path | None, report_dir: Path 
     reporter.header(f"wheelforge {__version__}: nightly, matrix {path}")
     reports = report_dir or base.index_dir / night.REPORTS_DIR
     report = night.run(matrix, book, settings, reporter=reporter, report_dir=reports)
+    clear_live()
     for r in report.results:
         target = "pure" if r.archs is None else f"{r.torch} cu{r.cuda} arch {r.archs}"
         click.echo(f"{r.status:8} {r.recipe} [{target}] {r.wheel or r.note or ''}".rstrip())
