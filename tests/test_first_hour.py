@@ -71,6 +71,20 @@ def test_the_build_summary_names_the_interpreter_a_bare_name_resolved_to(
     assert exc.value.what == f"--python {tmp_path / 'bin'} is a directory without bin/python"
 
 
+def test_a_dot_slash_path_is_a_path_not_a_name(tmp_path: Path) -> None:
+    """`--python ./python3` is the file here (click must not normalize the './' away), and
+    `--python python3` the one on PATH, even with a ./python3 beside."""
+    (tmp_path / "python3").symlink_to(sys.executable)
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "python3").symlink_to(sys.executable)
+    env = {"PATH": f"{on_path}{os.pathsep}{os.environ['PATH']}"}
+    here = wf("doctor", "--python", "./python3", cwd=tmp_path, env=env)
+    assert here.stdout.splitlines()[0] == f"python: {tmp_path / 'python3'} [--python ./python3]"
+    named = wf("doctor", "--python", "python3", cwd=tmp_path, env=env)
+    assert named.stdout.splitlines()[0] == f"python: {on_path / 'python3'} [--python python3]"
+
+
 def test_python_name_not_on_path_says_so(tmp_path: Path) -> None:
     res = wf("build", "causal-conv1d", "--python", "python9.9", "--index", tmp_path / "i")
     assert res.returncode == 2, res.stderr

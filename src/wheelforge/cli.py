@@ -94,7 +94,7 @@ def cli() -> None:
 @click.option("--arch", help="CUDA architectures, as TORCH_CUDA_ARCH_LIST spells them: '12.0', "
               "'10.0;12.0' (or spaces between), '9.0a', '12.0+PTX', torch's names "
               "('Hopper'). Default: $TORCH_CUDA_ARCH_LIST, else wheelforge.yaml, else 12.0.")
-@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=True),
+@click.option("--python", "python", type=click.Path(dir_okay=True),
               help="Build against this interpreter and its installed torch, as-is (your "
                    "training venv): a path, a venv directory, or a name looked up on PATH "
                    "(python3). Default: a managed, cached venv with the configured torch.")
@@ -123,7 +123,7 @@ def cli() -> None:
               help="Stop the whole build (every compiler process) after SECONDS; exit 124.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
 @recipes_option
-def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: str | None,
+def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: str | None,
           jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
           cache_dir: Path | None, work_dir: Path | None, force: bool,
           project_file: Path | None, timeout: int | None, verbose: bool,
@@ -266,7 +266,7 @@ def _size(n: int) -> str:
 
 @cli.command(epilog=EPILOG)
 @click.option("--arch", help="CUDA architectures to check nvcc against (default as for build).")
-@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=True),
+@click.option("--python", "python", type=click.Path(dir_okay=True),
               help="Check this interpreter's torch against nvcc: a path, a venv directory, or "
                    "a name looked up on PATH (python3). Default: the managed environment a "
                    "build would use.")
@@ -282,7 +282,7 @@ def _size(n: int) -> str:
 @click.option("--config", "project_file", type=click.Path(path_type=Path, dir_okay=False,
                                                           exists=True),
               help="Project file with defaults (default ./wheelforge.yaml if present).")
-def doctor(arch: str | None, python: Path | None, torch: str | None, jobs: int | None,
+def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | None,
            cache_dir: Path | None, work_dir: Path | None, project_file: Path | None) -> None:
     """Check the toolchain before a build: nvcc and the archs it can compile, torch's CUDA
     against nvcc's, the host compiler, ninja, git, free disk, memory per compile job.
@@ -322,7 +322,7 @@ def doctor(arch: str | None, python: Path | None, torch: str | None, jobs: int |
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
               help="The index to install from (default: defaults.index of wheelforge.yaml, "
                    "else ./index).")
-@click.option("--python", "python", type=click.Path(path_type=Path, dir_okay=True),
+@click.option("--python", "python", type=click.Path(dir_okay=True),
               help="Interpreter whose torch (and GPU) the test uses (a path, a venv directory "
                    "or a name looked up on PATH); the wheel is installed into a fresh venv "
                    "layered on it. "
@@ -337,7 +337,7 @@ def doctor(arch: str | None, python: Path | None, torch: str | None, jobs: int |
               help="pytest-xdist processes sharing the GPU (default: min(8, cores) when "
                    "pytest-xdist is installed, else 1).")
 @recipes_option
-def test(name: str, index_dir: Path | None, python: Path | None, sources_dirs: tuple[Path, ...],
+def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tuple[Path, ...],
          cache_dir: Path | None, workers: int | None, recipes: Path | None) -> None:
     """Prove a published wheel on this machine's GPU.
 

@@ -137,7 +137,8 @@ def project_index(index_dir: Path | None, project_file: Path | None = None) -> P
     return Path(os.path.abspath(index_dir))
 
 
-def project_python(python: Path | None, project_file: Path | None = None) -> Path | None:
+def project_python(python: str | os.PathLike[str] | None,
+                   project_file: Path | None = None) -> Path | None:
     """--python, else ``defaults.python`` of wheelforge.yaml, resolved by find_python."""
     if python is not None:
         return find_python(python, "--python")
@@ -270,7 +271,7 @@ def _positive_int(value: str, what: str) -> int:
 def resolve(
     *,
     arch: str | None = None,
-    python: Path | None = None,
+    python: str | os.PathLike[str] | None = None,
     torch: str | None = None,
     jobs: int | None = None,
     index_dir: Path | None = None,
