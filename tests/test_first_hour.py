@@ -147,6 +147,17 @@ def test_an_empty_directory_is_no_index_either(tmp_path: Path) -> None:
     assert list((tmp_path / "typo").iterdir()) == []
 
 
+def test_a_directory_inside_an_index_points_at_the_index(tmp_path: Path) -> None:
+    index = empty_index(tmp_path / "index")
+    (index / "simple" / "demo").mkdir(parents=True)
+    for inside in (index / "files", index / "simple" / "demo"):
+        res = wf("consumer-config", "--index", inside)
+        assert res.returncode == 2
+        assert res.stderr.splitlines()[0] == f"config error: no index at {inside}"
+        assert res.stderr.splitlines()[-1] == (
+            f"  fix: that is inside the index {index}: pass --index {index}")
+
+
 @pytest.mark.parametrize("command", [["list"], ["check"], ["show", "causal-conv1d"]])
 def test_no_recipes_directory_says_where_it_looked(tmp_path: Path, command: list[str]) -> None:
     res = wf(*command, cwd=tmp_path)

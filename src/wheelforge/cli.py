@@ -60,9 +60,12 @@ def _existing_index(index_dir: Path | None, project_file: Path | None = None) ->
         why = (f"{path} does not exist" if not path.exists() else
                f"{path} is not a directory" if not path.is_dir() else
                f"{path} holds neither files/ nor simple/")
-        raise ConfigError(f"no index at {path}", why=why,
-                          fix="pass --index the directory `wheelforge build` publishes into "
-                              "(default ./index, or defaults.index in wheelforge.yaml)")
+        inner = next((p for p in (path.parent, path.parent.parent)
+                      if (p / "files").is_dir() and p != path), None)
+        fix = (f"that is inside the index {inner}: pass --index {inner}" if inner else
+               "pass --index the directory `wheelforge build` publishes into (default "
+               "./index, or defaults.index in wheelforge.yaml)")
+        raise ConfigError(f"no index at {path}", why=why, fix=fix)
     return path
 
 
