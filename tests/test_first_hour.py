@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,7 +103,7 @@ def test_a_cuda_home_that_is_no_toolkit_is_a_doctor_fail_naming_it(tmp_path: Pat
     assert first.startswith("FAIL  nvcc         CUDA_HOME=/nonexistent is not a CUDA toolkit: "
                             "/nonexistent does not exist")
     assert "point CUDA_HOME at a toolkit" in first
-    assert "toolchain error: 1 check(s) failed" in res.stderr
+    assert re.search(r"^toolchain error: \d+ check\(s\) failed$", res.stderr, re.M)
 
 
 def test_doctor_never_says_ok_for_a_check_it_did_not_run(tmp_path: Path) -> None:
