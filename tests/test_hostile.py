@@ -219,3 +219,173 @@ def test_recipe_env_table_is_documented() -> None:
     for patterns, _why in REFUSED_ENV:
         for pattern in patterns:
             assert f"`{pattern}`" in doc, pattern
+
+
+# ------------------------------------------------------------------------------------------
+# patches: checked before any is applied, and the tree checked after each
+
+def _new_link(path: str, target: str) -> str:
+    return (f"diff --git a/{path} b/{path}\nnew file mode 120000\nindex 0000000..1111111\n"
+            f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+{target}\n"
+            "\\ No newline at end of file\n")
+
+
+def _new_file(header: str, body: str = "+x\n") -> str:
+    return f"{header}@@ -0,0 +1 @@\n{body}"
+
+
+PATCH_CASES = [
+    # (id, patch text, what the error names)
+    ("symlink-absolute", _new_link("leak", "/etc/passwd"), "mode 120000, a symlink, for 'leak'"),
+    ("symlink-escaping", _new_link("leak", "../../../../etc/passwd"), "a symlink, for 'leak'"),
+    ("symlink-in-tree", _new_link("alias.py", "setup.py"), "a symlink, for 'alias.py'"),
+    ("symlink-into-subdir", _new_link("pkg/leak", "/root/.ssh/id_rsa"), "for 'pkg/leak'"),
+    ("mode-change-to-symlink", "diff --git a/setup.py b/setup.py\nold mode 100644\n"
+     "new mode 120000\n", "mode 120000, a symlink, for 'setup.py'"),
+    ("retarget-existing-symlink", "diff --git a/link b/link\nindex 1111111..2222222 120000\n"
+     "--- a/link\n+++ b/link\n@@ -1 +1 @@\n-setup.py\n\\ No newline at end of file\n"
+     "+/etc/passwd\n\\ No newline at end of file\n", "mode 120000, a symlink, for 'link'"),
+    ("delete-symlink", "diff --git a/link b/link\ndeleted file mode 120000\n"
+     "index 1111111..0000000\n--- a/link\n+++ /dev/null\n@@ -1 +0,0 @@\n-setup.py\n",
+     "mode 120000"),
+    ("submodule", "diff --git a/sub b/sub\nnew file mode 160000\nindex 0000000..1111111\n"
+     "--- /dev/null\n+++ b/sub\n@@ -0,0 +1 @@\n+Subproject commit " + "1" * 40 + "\n",
+     "mode 160000, a submodule (gitlink), for 'sub'"),
+    ("setuid-mode", _new_file("diff --git a/x.sh b/x.sh\nnew file mode 104755\n"
+                              "--- /dev/null\n+++ b/x.sh\n"), "mode 104755, a special file mode"),
+    ("world-writable-mode", "diff --git a/setup.py b/setup.py\nold mode 100644\nnew mode 100777\n",
+     "mode 100777, a special file mode"),
+    ("absolute-traditional", "--- /tmp/x\n+++ /tmp/x\n@@ -1 +1 @@\n-a\n+b\n",
+     "an absolute path '/tmp/x'"),
+    ("absolute-new-file", _new_file("--- /dev/null\n+++ /tmp/wf-hostile-new\n"),
+     "an absolute path '/tmp/wf-hostile-new'"),
+    ("absolute-after-prefix", _new_file("--- /dev/null\n+++ b//tmp/x\n"),
+     "an absolute path 'b//tmp/x'"),
+    ("dotdot-traditional", "--- a/../setup.py\n+++ b/../setup.py\n@@ -1 +1 @@\n-line 1\n+x\n",
+     "a path with a '..' component 'a/../setup.py'"),
+    ("dotdot-git-header", _new_file("diff --git a/../../x b/../../x\nnew file mode 100644\n"
+                                    "--- /dev/null\n+++ b/../../x\n"),
+     "a path with a '..' component 'a/../../x'"),
+    ("dotdot-quoted-octal", _new_file('--- /dev/null\n+++ "b/\\056\\056/x"\n'),
+     "a path with a '..' component 'b/../x'"),
+    ("rename-out", "diff --git a/setup.py b/setup.py\nsimilarity index 100%\n"
+     "rename from setup.py\nrename to ../evil.py\n", "a path with a '..' component '../evil.py'"),
+    ("copy-to-absolute", "diff --git a/setup.py b/setup.py\nsimilarity index 100%\n"
+     "copy from setup.py\ncopy to /tmp/evil.py\n", "an absolute path '/tmp/evil.py'"),
+    ("after-a-good-hunk", "--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-line 1\n+LINE 1\n"
+     + _new_link("leak", "/etc/shadow"), "line 7: mode 120000"),
+]
+
+
+@pytest.fixture
+def src_tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "work" / "proj"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "setup.py").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    (tree / "link").symlink_to("setup.py")
+    return tree
+
+
+GOOD_PATCH = ("--- a/setup.py\n+++ b/setup.py\n@@ -1,3 +1,3 @@\n"
+              " line 1\n-line 2\n+LINE 2\n line 3\n")
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    import os
+
+    out = {}
+    for parent, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = Path(parent, n)
+            out[str(p.relative_to(root))] = (f"-> {os.readlink(p)}" if p.is_symlink() else
+                                             p.read_text() if p.is_file() else "dir")
+    return out
+
+
+@pytest.mark.parametrize("text, named", [c[1:] for c in PATCH_CASES],
+                         ids=[c[0] for c in PATCH_CASES])
+def test_hostile_patch_refused_before_anything_is_applied(src_tree: Path, tmp_path: Path,
+                                                          text: str, named: str) -> None:
+    from wheelforge.errors import PatchError
+    from wheelforge.patch import apply_series
+
+    good = tmp_path / "0001-good.patch"
+    good.write_text(GOOD_PATCH)
+    bad = tmp_path / "0002-hostile.patch"
+    bad.write_text(text)
+    before = _snapshot(src_tree)
+    with pytest.raises(PatchError) as exc:
+        apply_series(src_tree, [good, bad], project="demo 1.0")
+    assert exc.value.what.startswith("patch 0002-hostile.patch is refused (line ")
+    assert named in exc.value.what + exc.value.why
+    assert _snapshot(src_tree) == before  # not even 0001 was applied
+    assert not src_tree.with_name("proj.patching").exists()
+    assert not Path("/tmp/wf-hostile-new").exists() and not (tmp_path / "work" / "x").exists()
+
+
+def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second line of defence: were the header checks fooled, the tree is checked after
+    each patch (here the checks are switched off to show it)."""
+    from wheelforge import patch as patch_mod
+    from wheelforge.errors import PatchError
+
+    monkeypatch.setattr(patch_mod, "check_patch", lambda _p: None)
+    for name, target in (("leak", "/etc/passwd"), ("leak2", "setup.py")):
+        p = tmp_path / f"{name}.patch"
+        p.write_text(_new_link(name, target))
+        with pytest.raises(PatchError) as exc:
+            patch_mod.apply_series(src_tree, [p], project="demo 1.0")
+        assert exc.value.what == f"patch {name}.patch made {name} a symlink to {target} in demo 1.0"
+        assert not (src_tree / name).is_symlink()
+
+
+def test_escaping_link_in_the_tree_is_caught(src_tree: Path, tmp_path: Path) -> None:
+    from wheelforge.errors import PatchError
+    from wheelforge.patch import apply_series
+
+    (src_tree / "pkg" / "out").symlink_to("../../..")
+    p = tmp_path / "0001.patch"
+    p.write_text(GOOD_PATCH)
+    with pytest.raises(PatchError, match=r"after patch 0001.patch, pkg/out in demo resolves "
+                                         r"outside the tree"):
+        apply_series(src_tree, [p], project="demo")
+
+
+BENIGN = """From 1234 Mon Sep 17 00:00:00 2001
+Subject: [PATCH] a commit message that quotes --- /etc/passwd and a/../b
+
+---
+ setup.py | 4 ++--
+ 1 file changed, 2 insertions(+), 2 deletions(-)
+
+diff --git a/setup.py b/setup.py
+index 1111111..2222222 100644
+--- a/setup.py
++++ b/setup.py
+@@ -1,4 +1,4 @@
+--- /etc/removed
++++ /abs/added
+ line 2
+--- a/../gone
++++ b/../new
+ line 4
+diff --git a/tool.sh b/tool.sh
+new file mode 100755
+--- /dev/null
++++ b/tool.sh
+@@ -0,0 +1 @@
++echo hi
+--
+2.43.0
+"""
+
+
+def test_benign_patches_pass_the_checks() -> None:
+    """Hunk lines that look like headers ('--- /x' removing '-- /x') are content, a commit
+    message is not a header, and 100755 is a normal mode; the shipped series passes."""
+    from wheelforge.patch import refusals
+
+    assert refusals(BENIGN) == []
+    for p in sorted((REPO / "patches").rglob("*.patch")):
+        assert refusals(p.read_text()) == [], p.name
