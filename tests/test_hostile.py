@@ -389,3 +389,308 @@ def test_benign_patches_pass_the_checks() -> None:
     assert refusals(BENIGN) == []
     for p in sorted((REPO / "patches").rglob("*.patch")):
         assert refusals(p.read_text()) == [], p.name
+
+
+# ------------------------------------------------------------------------------------------
+# archives: bounded, one top-level directory, nothing outside, every failure a SourceError
+
+def _tar(path: Path, members: list[tuple[str, str, bytes | str]], mode: str = "w:gz") -> Path:
+    """(name, kind, data): kind f (file; data), d (dir), l (symlink; data = target),
+    h (hard link; data = target), c/b/p (char/block device, FIFO), s (setuid file)."""
+    import io
+    import tarfile
+
+    types = {"f": tarfile.REGTYPE, "s": tarfile.REGTYPE, "d": tarfile.DIRTYPE,
+             "l": tarfile.SYMTYPE, "h": tarfile.LNKTYPE, "c": tarfile.CHRTYPE,
+             "b": tarfile.BLKTYPE, "p": tarfile.FIFOTYPE}
+    with tarfile.open(path, mode) as tf:
+        for name, kind, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.type = types[kind]
+            ti.mode = 0o4777 if kind == "s" else 0o755 if kind == "d" else 0o644
+            if kind in "lh":
+                ti.linkname = str(data)
+                tf.addfile(ti)
+            elif kind in "fs":
+                raw = data.encode() if isinstance(data, str) else data
+                ti.size = len(raw)
+                tf.addfile(ti, io.BytesIO(raw))
+            else:
+                tf.addfile(ti)
+    return path
+
+
+def _zip(path: Path, members: list[tuple[str, str, bytes | str]]) -> Path:
+    """(name, kind, data): kind f (file), l (symlink by external attributes), p (FIFO)."""
+    import stat
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, kind, data in members:
+            zi = zipfile.ZipInfo(name)
+            zi.external_attr = {"f": stat.S_IFREG | 0o644, "l": stat.S_IFLNK | 0o777,
+                                "p": stat.S_IFIFO | 0o644}[kind] << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(zi, data)
+    return path
+
+
+OK = ("demo-1.0/setup.py", "f", "print('hi')\n")
+
+ARCHIVE_CASES = [
+    # (id, builder(path) -> archive, expected text in what + why)
+    ("tar-absolute-member", lambda p: _tar(p, [OK, ("/etc/wf-evil", "f", "x")]),
+     "member '/etc/wf-evil'"),
+    ("tar-dotdot-member", lambda p: _tar(p, [OK, ("demo-1.0/../../wf-evil", "f", "x")]),
+     "'..' component"),
+    ("tar-two-top-level-dirs", lambda p: _tar(p, [OK, ("other-1.0/setup.py", "f", "x")]),
+     "member 'other-1.0/setup.py'"),
+    ("tar-file-at-top-level", lambda p: _tar(p, [("setup.py", "f", "x"), OK]),
+     "a file at the top level"),
+    ("tar-symlink-absolute", lambda p: _tar(p, [OK, ("demo-1.0/leak", "l", "/etc/passwd")]),
+     "a link to '/etc/passwd'"),
+    ("tar-symlink-escaping", lambda p: _tar(p, [OK, ("demo-1.0/leak", "l", "../../etc")]),
+     "which leaves the tree"),
+    ("tar-symlink-chain-escaping", lambda p: _tar(p, [
+        OK, ("demo-1.0/a/b", "d", ""), ("demo-1.0/a/b/d", "l", "../.."),
+        ("demo-1.0/lnk", "l", "a/b/d/../../..")]),
+     "member 'demo-1.0/lnk'"),
+    ("tar-write-through-symlink", lambda p: _tar(p, [
+        OK, ("demo-1.0/sub", "d", ""), ("demo-1.0/l", "l", "sub"),
+        ("demo-1.0/l/x.py", "f", "x")]), "written through the link demo-1.0/l"),
+    ("tar-hardlink-absolute", lambda p: _tar(p, [OK, ("demo-1.0/h", "h", "/etc/passwd")]),
+     "a hard link to '/etc/passwd'"),
+    ("tar-hardlink-dotdot", lambda p: _tar(p, [OK, ("demo-1.0/h", "h", "../x")]),
+     "a hard link to '../x'"),
+    ("tar-hardlink-forward", lambda p: _tar(p, [OK, ("demo-1.0/h", "h", "demo-1.0/later"),
+                                                ("demo-1.0/later", "f", "x")]),
+     "not a file extracted before it"),
+    ("tar-char-device", lambda p: _tar(p, [OK, ("demo-1.0/null", "c", "")]),
+     "a character device"),
+    ("tar-block-device", lambda p: _tar(p, [OK, ("demo-1.0/sda", "b", "")]), "a block device"),
+    ("tar-fifo", lambda p: _tar(p, [OK, ("demo-1.0/fifo", "p", "")]), "a FIFO"),
+    ("tar-duplicate-member", lambda p: _tar(p, [OK, OK]), "holds this name twice"),
+    ("tar-backslash", lambda p: _tar(p, [OK, ("demo-1.0\\..\\..\\x", "f", "x")]),
+     "backslash"),
+    ("tar-empty", lambda p: _tar(p, []), "the archive is empty"),
+    ("tar-xz-absolute", lambda p: _tar(p.with_suffix(".xz"), [OK, ("/x", "f", "x")], "w:xz"),
+     "member '/x'"),
+    ("tar-bz2-two-tops", lambda p: _tar(p.with_suffix(".bz2"), [OK, ("b/x", "f", "x")], "w:bz2"),
+     "member 'b/x'"),
+    ("zip-absolute-member", lambda p: _zip(p, [OK, ("/etc/wf-evil", "f", "x")]),
+     "member '/etc/wf-evil'"),
+    ("zip-dotdot-member", lambda p: _zip(p, [OK, ("demo-1.0/../../x", "f", "x")]),
+     "'..' component"),
+    ("zip-two-top-level-dirs", lambda p: _zip(p, [OK, ("b-1.0/x", "f", "x")]),
+     "a second top-level directory"),
+    ("zip-symlink-absolute", lambda p: _zip(p, [OK, ("demo-1.0/leak", "l", "/etc/passwd")]),
+     "a link to '/etc/passwd'"),
+    ("zip-symlink-escaping", lambda p: _zip(p, [OK, ("demo-1.0/leak", "l", "../../..")]),
+     "which leaves the tree"),
+    ("zip-fifo", lambda p: _zip(p, [OK, ("demo-1.0/fifo", "p", "")]), "a device, FIFO"),
+    ("zip-duplicate", lambda p: _zip(p, [OK, OK]), "holds this name twice"),
+    ("zip-backslash", lambda p: _zip(p, [OK, ("demo-1.0\\x", "f", "x")]), "backslash"),
+]
+
+
+def _truncate(p: Path, keep: float) -> Path:
+    data = p.read_bytes()
+    p.write_bytes(data[: int(len(data) * keep)])
+    return p
+
+
+def _big_tar(p: Path, mode: str = "w:gz") -> Path:
+    import os
+
+    return _tar(p, [OK, *((f"demo-1.0/f{i}.bin", "f", os.urandom(20000)) for i in range(20))],
+                mode)
+
+
+def _corrupt(p: Path) -> Path:
+    data = bytearray(p.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
+    return p
+
+
+BROKEN_CASES = [
+    ("truncated-tar-gz", lambda p: _truncate(_big_tar(p), 0.5), "cannot extract demo-1.0.tar.gz"
+     " at member 'demo-1.0/f"),
+    ("truncated-plain-tar", lambda p: _truncate(_big_tar(p, "w"), 0.5), "at member 'demo-1.0/f"),
+    ("truncated-tar-xz", lambda p: _truncate(_big_tar(p, "w:xz"), 0.5), "at member 'demo-1.0/f"),
+    ("truncated-zip", lambda p: _truncate(_zip(p, [OK, ("demo-1.0/b", "f", "y" * 99999)]), 0.5),
+     "cannot extract demo-1.0.tar.gz"),
+    ("corrupt-gzip-stream", lambda p: _corrupt(_big_tar(p)), "cannot extract demo-1.0.tar.gz"),
+    ("not-an-archive", lambda p: (p.write_bytes(b"<html>404</html>"), p)[1],
+     "cannot extract demo-1.0.tar.gz"),
+    ("zero-bytes", lambda p: (p.write_bytes(b""), p)[1], "cannot extract demo-1.0.tar.gz"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name")
+@pytest.mark.parametrize("make, expected", [c[1:] for c in ARCHIVE_CASES + BROKEN_CASES],
+                         ids=[c[0] for c in ARCHIVE_CASES + BROKEN_CASES])
+def test_hostile_archive(tmp_path: Path, make: object, expected: str) -> None:
+    from wheelforge.errors import SourceError
+    from wheelforge.source import extract
+
+    archive = make(tmp_path / "demo-1.0.tar.gz")  # type: ignore[operator]
+    out = tmp_path / "out"
+    with pytest.raises(SourceError) as exc:
+        extract(archive, out)
+    assert expected in exc.value.what + " " + exc.value.why, exc.value.render()
+    assert list(out.iterdir()) == []  # nothing left behind
+    assert not (tmp_path / "wf-evil").exists() and not Path("/etc/wf-evil").exists()
+
+
+@pytest.mark.parametrize("limits, members, expected", [
+    ({"max_members": 10}, [OK, *((f"demo-1.0/f{i}", "f", "x") for i in range(10))],
+     "more than 10 members (extract.max-members)"),
+    ({"max_member_bytes": 1 << 20}, [OK, ("demo-1.0/big", "f", b"\0" * (3 << 20))],
+     "member 'demo-1.0/big'"),
+    ({"max_bytes": 5 << 20}, [OK, *((f"demo-1.0/f{i}", "f", b"\0" * (2 << 20)) for i in range(4))],
+     "member 'demo-1.0/f2'"),
+])
+@pytest.mark.parametrize("fmt", ["tar", "zip"])
+def test_archive_bounds(tmp_path: Path, fmt: str, limits: dict[str, int],
+                        members: list[tuple[str, str, bytes | str]], expected: str) -> None:
+    from wheelforge.errors import SourceError
+    from wheelforge.recipe import ExtractLimits
+    from wheelforge.source import extract
+
+    archive = (_tar if fmt == "tar" else _zip)(tmp_path / "demo-1.0.src", members)
+    with pytest.raises(SourceError) as exc:
+        extract(archive, tmp_path / "out", ExtractLimits(**limits))
+    assert expected in exc.value.what + " " + exc.value.why
+    assert "raise extract." in exc.value.fix
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_archive_bound_counts_bytes_written_not_declared(tmp_path: Path) -> None:
+    """A zip whose directory declares 1 KiB for a 3 MiB member: the bytes written count."""
+    import struct
+
+    from wheelforge.errors import SourceError
+    from wheelforge.recipe import ExtractLimits
+    from wheelforge.source import extract
+
+    archive = _zip(tmp_path / "demo-1.0.zip", [OK, ("demo-1.0/big", "f", b"\0" * (3 << 20))])
+    data = bytearray(archive.read_bytes())
+    for sig, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):  # local and central header
+        at = data.rfind(sig)
+        data[at + offset:at + offset + 4] = struct.pack("<I", 1024)
+    archive.write_bytes(bytes(data))
+    with pytest.raises(SourceError):
+        extract(archive, tmp_path / "out", ExtractLimits(max_member_bytes=1 << 20))
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_default_member_bound_refuses_before_extracting(tmp_path: Path) -> None:
+    """100,001 members (the issue's 100,000 were extracted and built) with the defaults."""
+    import zipfile
+
+    from wheelforge.errors import SourceError
+    from wheelforge.source import extract
+
+    archive = tmp_path / "demo-1.0.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
+        for i in range(100_001):
+            zf.writestr(f"demo-1.0/f{i}", b"")
+    with pytest.raises(SourceError) as exc:
+        extract(archive, tmp_path / "out")
+    assert exc.value.what == "demo-1.0.zip: refused member 'demo-1.0/f100000'"
+    assert "more than 100,000 members" in exc.value.why
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_benign_archives_extract(tmp_path: Path) -> None:
+    """In-tree links, hard links (copied), './' prefixes, setuid bits dropped, xz and zip."""
+    import os
+    import stat
+
+    from wheelforge.source import extract
+
+    members = [("./demo-1.0/", "d", ""), ("./demo-1.0/setup.py", "f", "x = 1\n"),
+               ("demo-1.0/pkg/mod.py", "f", "y = 2\n"), ("demo-1.0/pkg/alias.py", "l", "mod.py"),
+               ("demo-1.0/up.py", "l", "pkg/../setup.py"), ("demo-1.0/hard.py", "h",
+                                                            "demo-1.0/setup.py"),
+               ("demo-1.0/tool.sh", "s", "echo\n")]
+    for mode, suffix in (("w:gz", "tar.gz"), ("w:xz", "tar.xz"), ("w", "tar")):
+        root = extract(_tar(tmp_path / f"demo-1.0.{suffix}", members, mode), tmp_path / suffix)
+        assert root == tmp_path / suffix / "demo-1.0"
+        assert (root / "pkg" / "alias.py").read_text() == "y = 2\n"
+        assert os.readlink(root / "pkg" / "alias.py") == "mod.py"
+        assert (root / "hard.py").read_text() == "x = 1\n"
+        assert not (root / "hard.py").is_symlink()
+        assert stat.S_IMODE((root / "tool.sh").stat().st_mode) == 0o755
+    root = extract(_zip(tmp_path / "demo-1.0.zip", [OK, ("demo-1.0/l", "l", "setup.py")]),
+                   tmp_path / "zip")
+    assert os.readlink(root / "l") == "setup.py"
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("extract: {max-bytes: 4GiB, max-members: 200000, max-member-bytes: 1073741824}",
+     (4 << 30, 200_000, 1 << 30)),
+    ("extract: {max-bytes: '512 MiB'}", (512 << 20, 100_000, 512 << 20)),
+    ("extract: {}", (2 << 30, 100_000, 512 << 20)),
+])
+def test_recipe_raises_the_bounds(tmp_path: Path, body: str, expected: tuple[int, ...]) -> None:
+    rdir = write_recipe(tmp_path, "demo", PURE + body + "\n")
+    lim = RecipeBook(rdir, tmp_path / "patches").load("demo").extract
+    assert (lim.max_bytes, lim.max_members, lim.max_member_bytes) == expected
+
+
+@pytest.mark.parametrize("body, named", [
+    ("extract: {max-bytes: -1}", "extract.max-bytes: must be a positive integer"),
+    ("extract: {max-bytes: 2 GB}", "extract.max-bytes: must be a positive integer"),
+    ("extract: {max-members: 10MiB}", "extract.max-members: must be a positive integer, got"),
+    ("extract: {max-member-bytes: true}", "extract.max-member-bytes: must be a positive"),
+    ("extract: {max-byte: 1}", "extract.max-byte: unknown key; did you mean 'max-bytes'?"),
+    ("extract: 5", "extract: must be a mapping"),
+])
+def test_bad_bounds_are_recipe_errors(tmp_path: Path, body: str, named: str) -> None:
+    rdir = write_recipe(tmp_path, "demo", PURE + body + "\n")
+    with pytest.raises(RecipeError) as exc:
+        RecipeBook(rdir, tmp_path / "patches").load("demo")
+    assert named in exc.value.why
+
+
+BUILD_CASES = [
+    # (id, sdist members or None for a truncated one, patch text or None, exit code, stderr)
+    ("sdist-absolute-member", [OK, ("/etc/wf-evil", "f", "x")], None, 4,
+     "source error: demo-1.0.tar.gz: refused member '/etc/wf-evil'"),
+    ("sdist-two-top-level-dirs", [OK, ("other/setup.py", "f", "x")], None, 4,
+     "source error: demo-1.0.tar.gz: refused member 'other/setup.py'"),
+    ("sdist-truncated", None, None, 4, "source error: cannot extract demo-1.0.tar.gz at member"),
+    ("patch-symlink-out", [OK], _new_link("leak", "/etc/passwd"), 5,
+     "patch error: patch 0001-leak.patch is refused (line 2: mode 120000, a symlink, for "
+     "'leak')"),
+    ("patch-absolute-path", [OK], "--- /tmp/x\n+++ /tmp/x\n@@ -1 +1 @@\n-a\n+b\n", 5,
+     "patch error: patch 0001-leak.patch is refused (line 1: an absolute path '/tmp/x')"),
+]
+
+
+@pytest.mark.parametrize("members, patch, code, expected", [c[1:] for c in BUILD_CASES],
+                         ids=[c[0] for c in BUILD_CASES])
+def test_hostile_build_inputs_end_as_errors(tmp_path: Path, members: list[tuple[str, str, str]]
+                                            | None, patch: str | None, code: int,
+                                            expected: str) -> None:
+    """Through `wheelforge build`: before this issue these ended in a pypa/build traceback
+    (exit 70), 'interrupted (SIGINT)' (exit 130), or a wheel holding /etc/passwd."""
+    import hashlib
+
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    archive = (_truncate(_big_tar(sdists / "demo-1.0.tar.gz"), 0.5) if members is None
+               else _tar(sdists / "demo-1.0.tar.gz", members))
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    body = PURE.replace("0" * 64, sha) + ("patches: [0001-leak.patch]\n" if patch else "")
+    write_recipe(tmp_path, "demo", body, {"0001-leak.patch": patch} if patch else None)
+    res = wf("build", "demo", "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
+             "--cache-dir", str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"),
+             "--index", str(tmp_path / "index"), cwd=tmp_path)
+    assert_clean_failure(res, code, expected)
+    assert "interrupted" not in res.stderr
+    assert not (tmp_path / "index" / "files").exists() or \
+        not list((tmp_path / "index" / "files").iterdir())

@@ -492,6 +492,8 @@ def main() -> None:
         except click.exceptions.Abort as exc:  # click wraps KeyboardInterrupt in Abort
             if isinstance(exc.__cause__, KeyboardInterrupt):
                 raise exc.__cause__ from None
+            if isinstance(exc.__cause__, EOFError):  # and EOFError: a bug here, not Ctrl-C
+                raise exc.__cause__ from None
             raise KeyboardInterrupt from None
     except click.ClickException as exc:
         exc.show()

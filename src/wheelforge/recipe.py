@@ -115,6 +115,16 @@ Source = SdistSource | GitSource
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExtractLimits:
+    """Bounds on extracting a source archive (``extract:`` of a recipe); the defaults fit
+    flash-attn's sdist with CUTLASS (~100 MB, ~10k files unpacked) with a wide margin."""
+
+    max_bytes: int = 2 << 30  # bytes written in all
+    max_members: int = 100_000  # files, directories and links
+    max_member_bytes: int = 512 << 20  # bytes of any one file
+
+
+@dataclass(frozen=True, kw_only=True)
 class BuildSpec:
     kind: BuildKind
     requires: tuple[str, ...] = ()
@@ -153,6 +163,7 @@ class Recipe:
     build: BuildSpec
     verify: VerifySpec
     test: TestSpec = field(default_factory=TestSpec)
+    extract: ExtractLimits = field(default_factory=ExtractLimits)
     path: Path = field(compare=False)
     homepage: str | None = None
 
@@ -161,7 +172,10 @@ class Recipe:
 # schema: allowed keys per mapping, for unknown-key checks and did-you-mean
 
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
-             "verify", "test")
+             "verify", "test", "extract")
+_EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
+_SIZE = re.compile(r"^(?P<n>[0-9]+)\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
+_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
@@ -357,6 +371,39 @@ def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
     return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where))
 
 
+def _limit(raw: Any, count: bool) -> int | None:
+    """A positive count, or a size: an integer (bytes) or ``N KiB|MiB|GiB|TiB``."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw if raw > 0 else None
+    m = _SIZE.match(raw.strip()) if isinstance(raw, str) and not count else None
+    if m is None:
+        return None
+    value = int(m.group("n")) * _UNITS[m.group("unit")]
+    return value if value > 0 else None
+
+
+def _parse_extract(p: _Problems, data: Any) -> ExtractLimits:
+    where = "extract"
+    if data is None:
+        return ExtractLimits()
+    if not isinstance(data, dict):
+        p.add(where, "must be a mapping")
+        return ExtractLimits()
+    p.unknown_keys(where, data, _EXTRACT_KEYS)
+    values: dict[str, int] = {}
+    for key in _EXTRACT_KEYS:
+        if data.get(key) is None:
+            continue
+        count = key == "max-members"
+        value = _limit(data[key], count)
+        if value is None:
+            p.add(_join(where, key), "must be a positive integer" + (
+                "" if count else " (bytes) or a size such as '4GiB'") + f", got {data[key]!r}")
+        else:
+            values[key.replace("-", "_")] = value
+    return ExtractLimits(**values)
+
+
 def _parse_test(p: _Problems, data: Any, tests_dir: Path) -> TestSpec:
     where = "test"
     if data is None:
@@ -450,6 +497,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     verify = _parse_verify(p, data.get("verify"))
     gputests = (tests_dir or patches_dir.parent / "gputests") / (name or path.stem)
     test = _parse_test(p, data.get("test"), gputests)
+    limits = _parse_extract(p, data.get("extract"))
 
     if p.items:
         raise RecipeError(
@@ -461,7 +509,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     return Recipe(
         name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
         sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, test=test,
-        path=path,
+        extract=limits, path=path,
     )
 
 
