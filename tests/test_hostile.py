@@ -694,3 +694,179 @@ def test_hostile_build_inputs_end_as_errors(tmp_path: Path, members: list[tuple[
     assert "interrupted" not in res.stderr
     assert not (tmp_path / "index" / "files").exists() or \
         not list((tmp_path / "index" / "files").iterdir())
+
+
+# ------------------------------------------------------------------------------------------
+# built wheels: malformed or unsafe members are verify errors (exit 8) naming the member
+
+def _wheel(tmp: Path, extra: list[tuple[str, bytes, int]], *, fname: str =
+           "demo-1.0-py3-none-any.whl", dist: str = "demo-1.0.dist-info",
+           skip: tuple[str, ...] = (), record: bytes | None = None,
+           metadata: bytes = b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n\n") -> Path:
+    """A wheel with ``extra`` members (name, data, unix mode incl. file type; 0: plain) and
+    a RECORD that lists them all correctly, so only what the case breaks is broken."""
+    import stat
+    import zipfile
+
+    from wheelforge.wheel import record_hash
+
+    files = [("demo/__init__.py", b"", 0), *extra,
+             (f"{dist}/METADATA", metadata, 0),
+             (f"{dist}/WHEEL", b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+              0)]
+    files = [f for f in files if f[0].rsplit("/", 1)[-1] not in skip]
+    rows = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d, _ in files)
+    rows += f"{dist}/RECORD,,\n"
+    path = tmp / fname
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data, mode in [*files, (f"{dist}/RECORD", record if record is not None
+                                          else rows.encode(), 0)]:
+            if "RECORD" in skip and name.endswith("/RECORD"):
+                continue
+            zi = zipfile.ZipInfo(name)
+            zi.external_attr = (mode or stat.S_IFREG | 0o644) << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(zi, data)
+    return path
+
+
+def _raw(tmp: Path, name: str, data: bytes) -> Path:
+    (tmp / name).write_bytes(data)
+    return tmp / name
+
+
+def _patched(path: Path, old: bytes, new: bytes) -> Path:
+    data = path.read_bytes()
+    assert old in data
+    path.write_bytes(data.replace(old, new))
+    return path
+
+
+def _dup(tmp: Path) -> Path:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _wheel(tmp, [("demo/x.py", b"1", 0), ("demo/x.py", b"2", 0)])
+
+
+LNK, FIFO = 0o120777, 0o010644
+WHEEL_CASES = [
+    # (id, builder(tmp) -> wheel, text the error names, also refused by relabel and inspect)
+    ("dotdot-member", lambda t: _wheel(t, [("../x.pth", b"import os", 0)]),
+     "'../x.pth': a '..' component", True),
+    ("dotdot-inside", lambda t: _wheel(t, [("demo/../../x.py", b"", 0)]),
+     "'demo/../../x.py': a '..' component", True),
+    ("absolute-member", lambda t: _wheel(t, [("/abs/x.py", b"", 0)]),
+     "'/abs/x.py': an absolute path", True),
+    ("drive-letter", lambda t: _wheel(t, [("C:/x.py", b"", 0)]), "'C:/x.py': an absolute path",
+     True),
+    ("backslash", lambda t: _wheel(t, [("demo\\..\\..\\x.py", b"", 0)]), "a backslash", True),
+    ("empty-component", lambda t: _wheel(t, [("demo//x.py", b"", 0)]),
+     "an empty or '.' path component", True),
+    ("control-character", lambda t: _wheel(t, [("demo/x\n.py", b"", 0)]),
+     "a control character", True),
+    ("duplicate-name", _dup, "'demo/x.py': the wheel holds this name twice", True),
+    ("symlink-member", lambda t: _wheel(t, [("demo/leak", b"/etc/passwd", LNK)]),
+     "'demo/leak': a symlink", True),
+    ("fifo-member", lambda t: _wheel(t, [("demo/fifo", b"", FIFO)]), "'demo/fifo': a special file",
+     True),
+    ("two-dist-infos", lambda t: _wheel(t, [("other-1.0.dist-info/METADATA", b"", 0)]),
+     "2 .dist-info directories (demo-1.0.dist-info, other-1.0.dist-info)", True),
+    ("no-dist-info", lambda t: _wheel(t, [], dist="demo-1.0.info", skip=()),
+     "0 .dist-info directories (none)", True),
+    ("dist-info-of-another-project", lambda t: _wheel(t, [], dist="evil-1.0.dist-info"),
+     "'evil-1.0.dist-info': does not match the file name's demo 1.0", True),
+    ("no-metadata", lambda t: _wheel(t, [], skip=("METADATA",)),
+     "demo-1.0.dist-info/METADATA is missing", True),
+    ("no-record", lambda t: _wheel(t, [], skip=("RECORD",)),
+     "demo-1.0.dist-info/RECORD is missing", True),
+    ("not-a-zip", lambda t: _raw(t, "demo-1.0-py3-none-any.whl", b"<html>404</html>"),
+     "cannot read demo-1.0-py3-none-any.whl", True),
+    ("truncated-zip", lambda t: _raw(t, "demo-1.0-py3-none-any.whl",
+                                     _wheel(t, []).read_bytes()[:300]),
+     "cannot read demo-1.0-py3-none-any.whl", True),
+    ("bad-file-name", lambda t: _wheel(t, [], fname="demo.whl"),
+     "demo.whl is not a valid wheel file name", True),
+    ("bad-file-name-version", lambda t: _wheel(t, [], fname="demo-1.0-py3-none.whl"),
+     "is not a valid wheel file name", True),
+    ("record-not-utf8", lambda t: _wheel(t, [], record=b"demo/__init__.py,\xff\xfe,0\n"),
+     "RECORD is not a UTF-8 CSV file", False),
+    ("record-size-not-a-number", lambda t: _wheel(t, [], record=(
+        b"demo/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,abc\n")),
+     "size in RECORD (abc) is not 0", False),
+    ("metadata-not-utf8", lambda t: _wheel(t, [], metadata=b"Name: d\xe9mo\nVersion: 1.0\n"),
+     "demo-1.0.dist-info/METADATA is not UTF-8", True),
+]
+
+
+def _unknown_compression(t: Path) -> Path:
+    """A member whose compression method is 99 (AES, unsupported) in both headers."""
+    import struct
+
+    path = _wheel(t, [("demo/z.py", b"x = 1\n" * 50, 0)])
+    data = bytearray(path.read_bytes())
+    name = b"demo/z.py"
+    for sig, method_at, name_at in ((b"PK\x03\x04", 8, 30), (b"PK\x01\x02", 10, 46)):
+        at = 0
+        while (at := data.find(sig, at)) != -1:
+            if data[at + name_at:at + name_at + len(name)] == name:
+                data[at + method_at:at + method_at + 2] = struct.pack("<H", 99)
+            at += 4
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _bad_crc(t: Path) -> Path:
+    """Flip a byte of a stored member's data: the CRC check fails when it is read."""
+    import zipfile
+
+    path = t / "demo-1.0-py3-none-any.whl"
+    good = _wheel(t, [("demo/data.txt", b"A" * 4000, 0)])
+    with zipfile.ZipFile(good) as zin:
+        items = [(zi, zin.read(zi)) for zi in zin.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
+        for zi, data in items:
+            zi.compress_type = zipfile.ZIP_STORED
+            zout.writestr(zi, data)
+    return _patched(path, b"A" * 4000, b"A" * 1999 + b"B" + b"A" * 2000)
+
+
+WHEEL_CASES += [
+    ("unknown-compression", _unknown_compression, "cannot read demo-1.0-py3-none-any.whl", False),
+    ("bad-crc", _bad_crc, "cannot read demo-1.0-py3-none-any.whl", False),
+]
+
+
+def _pure_recipe(tmp: Path) -> object:
+    rdir = write_recipe(tmp, "demo", PURE)
+    return RecipeBook(rdir, tmp / "patches").load("demo")
+
+
+@pytest.mark.parametrize("make, named, everywhere", [c[1:] for c in WHEEL_CASES],
+                         ids=[c[0] for c in WHEEL_CASES])
+def test_hostile_wheel_fails_verification(tmp_path: Path, make: object, named: str,
+                                          everywhere: bool) -> None:
+    from wheelforge.errors import VerifyError
+    from wheelforge.verify import verify_wheel
+    from wheelforge.wheel import relabel
+
+    (tmp_path / "w").mkdir()
+    wheel = make(tmp_path / "w")  # type: ignore[operator]
+    recipe = _pure_recipe(tmp_path)
+    with pytest.raises(VerifyError) as exc:
+        verify_wheel(wheel, recipe, archs=(), env=None)  # type: ignore[arg-type]
+    assert named in exc.value.what + exc.value.why, exc.value.render()
+    assert exc.value.exit_code == 8
+    if everywhere:  # what relabel reads (before verify, in the pipeline) is checked there too
+        with pytest.raises(VerifyError) as exc2:
+            relabel(wheel, tmp_path / "out", local="x", torch_pin=None)
+        assert named in exc2.value.what + exc2.value.why
+        assert not list(tmp_path.glob("out/*.whl"))
+
+
+@pytest.mark.parametrize("make, named", [c[1:3] for c in WHEEL_CASES if c[3]],
+                         ids=[c[0] for c in WHEEL_CASES if c[3]])
+def test_hostile_wheel_inspect_command(tmp_path: Path, make: object, named: str) -> None:
+    wheel = make(tmp_path)  # type: ignore[operator]
+    assert_clean_failure(wf("inspect", str(wheel)), 8, named)

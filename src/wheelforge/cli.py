@@ -174,15 +174,15 @@ def check(recipes: Path | None) -> None:
 @click.argument("wheel", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def inspect(wheel: Path) -> None:
     """Print, per shared object in WHEEL, its SASS and PTX architectures."""
-    import zipfile
-
     from .errors import VerifyError
     from .fatbin import FatbinError
     from .verify import shared_object_archs
+    from .wheel import inspect_wheel
 
     try:
+        inspect_wheel(wheel)  # a malformed or unsafe wheel: VerifyError naming the member
         found = shared_object_archs(wheel)
-    except (zipfile.BadZipFile, FatbinError, OSError) as exc:
+    except (FatbinError, OSError) as exc:
         raise VerifyError(f"cannot read {wheel}", why=str(exc),
                           fix="give the path of a wheel (.whl) file") from exc
     if not found:
