@@ -69,6 +69,10 @@ YAML_CASES = [
     ("python-tag", (PURE + "summary: !!python/object/apply:os.system [id]\n").encode(),
      "could not determine a constructor"),
     ("unhashable-key", (PURE + "? [a, b]\n: 1\n").encode(), "unhashable"),
+    ("yes-and-true-keys", (PURE + "yes: 1\ntrue: 2\n").encode(),
+     "line 7: duplicate key True (first at line 6)"),
+    ("two-mebibytes", (PURE + "summary: '" + "x" * (2 << 20) + "'\n").encode(),
+     "larger than the 1,048,576 bytes"),
 ]
 
 
@@ -462,6 +466,9 @@ ARCHIVE_CASES = [
      "a hard link to '/etc/passwd'"),
     ("tar-hardlink-dotdot", lambda p: _tar(p, [OK, ("demo-1.0/h", "h", "../x")]),
      "a hard link to '../x'"),
+    ("tar-hardlink-to-symlink", lambda p: _tar(p, [OK, ("demo-1.0/l", "l", "setup.py"),
+                                                   ("demo-1.0/h", "h", "demo-1.0/l")]),
+     "a hard link to 'demo-1.0/l'"),
     ("tar-hardlink-forward", lambda p: _tar(p, [OK, ("demo-1.0/h", "h", "demo-1.0/later"),
                                                 ("demo-1.0/later", "f", "x")]),
      "not a file extracted before it"),

@@ -9,7 +9,7 @@ On top of ``yaml.safe_load`` (no python tags):
   gain nothing from them, and an alias bomb (a few hundred bytes that expand to
   billions of nodes) must fail at once, not after minutes and a MemoryError;
 * nesting is bounded (:data:`MAX_DEPTH`), so a deeply nested document is an error,
-  not a RecursionError.
+  not a RecursionError; so is the file's size (:data:`MAX_BYTES`).
 
 Every problem is a :class:`YamlProblem` with the 1-based line (and column); callers turn
 it into their own error class (RecipeError, ConfigError).
@@ -29,6 +29,8 @@ from .errors import WheelforgeError
 
 #: The deepest nesting of mappings and sequences accepted (recipes need 4).
 MAX_DEPTH = 32
+#: The largest file accepted: recipes and wheelforge.yaml are a few KiB.
+MAX_BYTES = 1 << 20
 
 
 class YamlProblem(Exception):
@@ -85,6 +87,9 @@ class _StrictLoader(yaml.SafeLoader):
 
 def decode(data: bytes) -> str:
     """UTF-8 text of ``data``; YamlProblem naming the byte offset otherwise."""
+    if len(data) > MAX_BYTES:
+        raise YamlProblem(f"{len(data):,} bytes: larger than the {MAX_BYTES:,} bytes a recipe "
+                          "or project file may have")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

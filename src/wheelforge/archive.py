@@ -69,6 +69,7 @@ class _Writer:
         self.top: str | None = None
         self.current = ""
         self.files: set[str] = set()  # regular files and links written, by relative path
+        self.links: set[str] = set()  # the symlinks among them
         self.dirs: set[str] = set()  # directories known to be real (not links)
 
     # -- names ------------------------------------------------------------------------
@@ -169,13 +170,15 @@ class _Writer:
             raise _Refused(self.current, f"a link to {target!r}, which leaves the tree")
         full = os.path.join(self.directory(parent), base)
         self.files.add(rel)
+        self.links.add(rel)
         os.symlink(target, full)
 
     def hardlink(self, rel: str, target: str) -> None:
         """A hard link is written as a copy of the file it names (extracted before it)."""
         parts = [p for p in target.split("/") if p not in ("", ".")]
         link = "/".join(parts)
-        if target.startswith("/") or ".." in parts or link not in self.files:
+        if target.startswith("/") or ".." in parts or link not in self.files or \
+                link in self.links:
             raise _Refused(self.current, f"a hard link to {target!r}, which is not a file "
                                          "extracted before it")
         src = os.path.join(self.root, link)
