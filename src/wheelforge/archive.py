@@ -5,7 +5,8 @@ wheelforge writes every member itself instead of trusting ``extractall``:
 * bounds (:class:`~wheelforge.recipe.ExtractLimits`, raised per recipe with ``extract:``)
   on the bytes written in all, the member count and the bytes of one member, enforced
   while writing: the bytes actually written are counted, the sizes an archive declares
-  are not trusted;
+  are not trusted (they only make an archive that declares too much fail at once, from
+  a first pass over the headers, before anything is written);
 * every member lies inside the archive's single top-level directory (an sdist's
   ``NAME-VERSION/``); absolute names, ``..``, backslashes and members given twice are
   refused, and nothing is written through a symlink (each directory on the way is
@@ -112,6 +113,30 @@ class _Writer:
             raise _Refused(name, "the archive holds this name twice")
         return rel
 
+    def declared(self, name: str, size: int, total: int) -> None:
+        """Refuse at once what the archive itself declares too large (before anything is
+        written); the bytes actually written are counted again while extracting."""
+        if size > self.limits.max_member_bytes:
+            self.current = name
+            self.grow(size, 0)
+        if total > self.limits.max_bytes:
+            self.current = name
+            self.grow(0, total)
+
+    def grow(self, member: int, total: int) -> None:
+        limit = self.limits
+        if member > limit.max_member_bytes:
+            raise _Refused(self.current, f"the member is larger than "
+                                         f"{_size(limit.max_member_bytes)} "
+                                         "(extract.max-member-bytes)",
+                           "if the source really holds a file this large, raise "
+                           "extract.max-member-bytes in the recipe")
+        if total > limit.max_bytes:
+            raise _Refused(self.current, f"the archive unpacks to more than "
+                                         f"{_size(limit.max_bytes)} (extract.max-bytes)",
+                           "if the source really is this large, raise extract.max-bytes in "
+                           "the recipe")
+
     # -- writing ----------------------------------------------------------------------
     def directory(self, rel: str) -> str:
         """Make ``rel`` and its parents as real directories; the absolute path."""
@@ -139,23 +164,12 @@ class _Writer:
         self.files.add(rel)
         fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
-        limit = self.limits
         size = 0
         with os.fdopen(fd, "wb") as out:
             while chunk := source.read(_CHUNK):
                 size += len(chunk)
                 self.written += len(chunk)
-                if size > limit.max_member_bytes:
-                    raise _Refused(self.current, f"the member is larger than "
-                                                 f"{_size(limit.max_member_bytes)} "
-                                                 "(extract.max-member-bytes)",
-                                   "if the source really holds a file this large, raise "
-                                   "extract.max-member-bytes in the recipe")
-                if self.written > limit.max_bytes:
-                    raise _Refused(self.current, f"the archive unpacks to more than "
-                                                 f"{_size(limit.max_bytes)} (extract.max-bytes)",
-                                   "if the source really is this large, raise "
-                                   "extract.max-bytes in the recipe")
+                self.grow(size, self.written)
                 out.write(chunk)
             os.fchmod(out.fileno(), (mode & 0o755) | 0o600)
 
@@ -187,7 +201,21 @@ class _Writer:
             self.file(rel, inp, os.fstat(inp.fileno()).st_mode)
 
 
+def _tar_declared(archive: Path, w: _Writer) -> None:
+    """A first pass over the headers only (cheap: nothing is written), so that an archive
+    declaring too many members or bytes fails before anything is written."""
+    total = 0
+    with tarfile.open(archive, mode="r:*") as tf:
+        for count, m in enumerate(tf, start=1):
+            w.current = m.name
+            if count > w.limits.max_members:
+                w.too_many(m.name)
+            total += m.size
+            w.declared(m.name, m.size, total)
+
+
 def _tar(archive: Path, w: _Writer) -> None:
+    _tar_declared(archive, w)
     with tarfile.open(archive, mode="r:*") as tf:
         for m in tf:
             parts = w.parts(m.name)
@@ -222,6 +250,10 @@ def _zip(archive: Path, w: _Writer) -> None:
         infos = zf.infolist()
         if len(infos) > w.limits.max_members:  # the central directory says so: stop now
             w.too_many(infos[w.limits.max_members].filename)
+        total = 0
+        for info in infos:
+            total += info.file_size
+            w.declared(info.filename, info.file_size, total)
         for info in infos:
             parts = w.parts(info.filename)
             if parts is None:
