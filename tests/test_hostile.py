@@ -276,6 +276,10 @@ PATCH_CASES = [
      "rename from setup.py\nrename to ../evil.py\n", "a path with a '..' component '../evil.py'"),
     ("copy-to-absolute", "diff --git a/setup.py b/setup.py\nsimilarity index 100%\n"
      "copy from setup.py\ncopy to /tmp/evil.py\n", "an absolute path '/tmp/evil.py'"),
+    ("hidden-by-form-feed", "--- a/setup.py\n+++ b/setup.py\n@@ -1,2 +1,2 @@\n line 1\x0c"
+     "\n-line 2\n+LINE 2\n" + _new_link("leak", "/etc/passwd"), "mode 120000, a symlink"),
+    ("crlf-line-ends", _new_link("leak", "/etc/passwd").replace("\n", "\r\n"),
+     "mode 120000, a symlink, for 'leak'"),
     ("after-a-good-hunk", "--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-line 1\n+LINE 1\n"
      + _new_link("leak", "/etc/shadow"), "line 7: mode 120000"),
 ]

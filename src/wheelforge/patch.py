@@ -127,7 +127,10 @@ def refusals(text: str) -> list[tuple[int, str]]:
     old = new = 0  # lines left in the current hunk
     binary = False
     current = "?"  # the file of the current diff --git section
-    for no, line in enumerate(text.splitlines(), start=1):
+    # lines as git reads them: split on \n only (str.splitlines also splits on \f, \x1c,
+    # \x85, \u2028 ..., which a patch could use to make this reading differ from git's)
+    for no, raw in enumerate(text.split("\n"), start=1):
+        line = raw.removesuffix("\r")
         if old > 0 or new > 0:
             tag = line[:1]
             if tag in (" ", ""):
