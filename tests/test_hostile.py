@@ -276,6 +276,13 @@ PATCH_CASES = [
      "rename from setup.py\nrename to ../evil.py\n", "a path with a '..' component '../evil.py'"),
     ("copy-to-absolute", "diff --git a/setup.py b/setup.py\nsimilarity index 100%\n"
      "copy from setup.py\ncopy to /tmp/evil.py\n", "an absolute path '/tmp/evil.py'"),
+    ("mode-after-two-blanks", "diff --git a/x b/x\nnew file mode \t 120000\n--- /dev/null\n"
+     "+++ b/x\n@@ -0,0 +1 @@\n+/etc/passwd\n", "mode 120000, a symlink, for 'x'"),
+    ("mode-with-leading-zero", "diff --git a/x b/x\nnew file mode 0120000\n",
+     "mode 0120000, a special file mode"),
+    ("index-line-odd-ids", "diff --git a/link b/link\nindex XYZ..ABC 120000\n", "mode 120000"),
+    ("absolute-after-blanks", _new_file("--- /dev/null\n+++ \t/tmp/x\n"),
+     "an absolute path '/tmp/x'"),
     ("hidden-by-form-feed", "--- a/setup.py\n+++ b/setup.py\n@@ -1,2 +1,2 @@\n line 1\x0c"
      "\n-line 2\n+LINE 2\n" + _new_link("leak", "/etc/passwd"), "mode 120000, a symlink"),
     ("crlf-line-ends", _new_link("leak", "/etc/passwd").replace("\n", "\r\n"),
@@ -881,3 +888,24 @@ def test_hostile_wheel_fails_verification(tmp_path: Path, make: object, named: s
 def test_hostile_wheel_inspect_command(tmp_path: Path, make: object, named: str) -> None:
     wheel = make(tmp_path)  # type: ignore[operator]
     assert_clean_failure(wf("inspect", str(wheel)), 8, named)
+
+
+def test_recipe_pythonpath_never_reaches_the_build(tmp_path: Path) -> None:
+    """The issue's case: a sitecustomize.py in a recipe's PYTHONPATH ran inside the build."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    marker = tmp_path / "ran"
+    (hook / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    import hashlib
+
+    sha = hashlib.sha256(_tar(sdists / "demo-1.0.tar.gz", [OK]).read_bytes()).hexdigest()
+    body = PURE.replace("0" * 64, sha).replace(
+        "build: {kind: pure}", f"build:\n  kind: pure\n  env: {{PYTHONPATH: '{hook}'}}")
+    write_recipe(tmp_path, "demo", body)
+    res = wf("build", "demo", "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
+             "--cache-dir", str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"),
+             "--index", str(tmp_path / "index"), cwd=tmp_path)
+    assert_clean_failure(res, 3, "build.env.PYTHONPATH: may not be set by a recipe")
+    assert not marker.exists()

@@ -49,10 +49,12 @@ def hunks(patch_text: str) -> list[Hunk]:
 
 
 _MODES_OK = ("100644", "100755")
+# as leniently as git reads them: git skips blanks before a mode (strtoul) and does not
+# check the object ids of an index line, so neither may this
 _MODE_LINE = re.compile(r"^(?P<kind>old mode|new mode|new file mode|deleted file mode) "
-                        r"(?P<mode>\S+)\s*$")
-_INDEX_LINE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+(?: (?P<mode>\S+))?\s*$")
-_PATH_LINE = re.compile(r"^(?P<kind>rename from|rename to|copy from|copy to) (?P<path>.*)$")
+                        r"\s*(?P<mode>\S*)")
+_INDEX_LINE = re.compile(r"^index \S*\.\.\S*(?:\s+(?P<mode>\S+))?")
+_PATH_LINE = re.compile(r"^(?P<kind>rename from|rename to|copy from|copy to) \s*(?P<path>.*)$")
 _HUNK_COUNTS = re.compile(r"^@@ -\d+(?:,(?P<old>\d+))? \+\d+(?:,(?P<new>\d+))? @@")
 _BINARY_DATA = re.compile(r"^(?:(?:literal|delta) \d+|[A-Za-z][^ ]*)$")
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
@@ -97,7 +99,7 @@ def _path_problem(path: str, *, prefixed: bool) -> str | None:
 def _header_paths(line: str) -> list[tuple[str, bool]]:
     """The paths a header line names, each with whether it carries an a/ b/ prefix."""
     if line.startswith(("--- ", "+++ ")):
-        rest = line[4:]
+        rest = line[4:].lstrip(" \t")
         path = _unquote(rest)[0] if rest.startswith('"') else rest.split("\t", 1)[0].rstrip()
         return [(path, True)]
     if line.startswith("diff --git "):
