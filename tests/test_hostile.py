@@ -909,3 +909,18 @@ def test_recipe_pythonpath_never_reaches_the_build(tmp_path: Path) -> None:
              "--index", str(tmp_path / "index"), cwd=tmp_path)
     assert_clean_failure(res, 3, "build.env.PYTHONPATH: may not be set by a recipe")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("member", ["../x.pth", "/abs/x.py", "demo\\x.py"])
+def test_the_index_refuses_unsafe_wheels_too(tmp_path: Path, member: str) -> None:
+    """Defence in depth: a wheel handed to publish (or dropped into files/) directly."""
+    from wheelforge import index
+    from wheelforge.errors import PublishError
+
+    (tmp_path / "w").mkdir()
+    wheel = _wheel(tmp_path / "w", [(member, b"", 0)])
+    with pytest.raises(PublishError) as exc:
+        index.publish(tmp_path / "index", wheel, channel=None, cuda=None, torch=None, archs=(),
+                      build_key=None)
+    assert repr(member) in exc.value.why
+    assert not list(tmp_path.glob("index/files/*.whl"))
