@@ -71,6 +71,12 @@ YAML_CASES = [
     ("unhashable-key", (PURE + "? [a, b]\n: 1\n").encode(), "unhashable"),
     ("yes-and-true-keys", (PURE + "yes: 1\ntrue: 2\n").encode(),
      "line 7: duplicate key True (first at line 6)"),
+    ("impossible-date", (PURE + "summary: 2024-02-31\n").encode(),
+     "line 6, column 10: cannot read '2024-02-31' as timestamp: day is out of range"),
+    ("huge-integer", (PURE + "summary: " + "9" * 5000 + "\n").encode(),
+     "as int: Exceeds the limit (4300 digits)"),
+    ("bad-explicit-float", (PURE + "summary: !!float abc\n").encode(),
+     "cannot read 'abc' as float"),
     ("two-mebibytes", (PURE + "summary: '" + "x" * (2 << 20) + "'\n").encode(),
      "larger than the 1,048,576 bytes"),
 ]

@@ -67,6 +67,19 @@ class _StrictLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        """PyYAML's, with a value it cannot make (``2024-02-31``, an integer of 5,000
+        digits, ``!!float abc``) a YamlProblem at the node instead of a ValueError."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (YamlProblem, yaml.YAMLError):
+            raise
+        except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+            text = str(node.value)
+            text = text if len(text) <= 40 else text[:40] + "..."
+            raise YamlProblem(f"{_where(node.start_mark)}: cannot read {text!r} as "
+                              f"{node.tag.rsplit(':', 1)[-1]}: {exc}") from None
+
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, Node] = {}
         for key_node, _value in node.value:
