@@ -77,6 +77,8 @@ YAML_CASES = [
      "as int: Exceeds the limit (4300 digits)"),
     ("bad-explicit-float", (PURE + "summary: !!float abc\n").encode(),
      "cannot read 'abc' as float"),
+    ("control-character", (PURE + "summary: a\x01b\n").encode(),
+     "unacceptable character #x0001"),
     ("two-mebibytes", (PURE + "summary: '" + "x" * (2 << 20) + "'\n").encode(),
      "larger than the 1,048,576 bytes"),
 ]
@@ -930,3 +932,90 @@ def test_the_index_refuses_unsafe_wheels_too(tmp_path: Path, member: str) -> Non
                       build_key=None)
     assert repr(member) in exc.value.why
     assert not list(tmp_path.glob("index/files/*.whl"))
+
+
+# ------------------------------------------------------------------------------------------
+# mutation runs: byte-level damage to a valid input ends in the class's own error, always
+
+def _mutate(rnd: object, data: bytes) -> bytes:
+    import random
+
+    assert isinstance(rnd, random.Random)
+    b = bytearray(data)
+    for _ in range(rnd.randint(1, 8)):
+        op, i = rnd.random(), rnd.randrange(len(b) + 1)
+        if op < 0.4 and b:
+            b[min(i, len(b) - 1)] = rnd.randrange(256)
+        elif op < 0.6:
+            b[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 8)))
+        elif op < 0.8:
+            del b[i:i + rnd.randint(1, 16)]
+        else:
+            del b[i:]
+    return bytes(b)
+
+
+MUTATIONS = 100  # per input, fixed seeds; many more were run by hand for issue 16
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("kind", ["recipe", "tar.gz", "tar", "zip", "wheel", "patch"])
+def test_mutated_inputs_fail_cleanly(tmp_path: Path, kind: str) -> None:
+    import contextlib
+    import random
+    import shutil
+
+    from conftest import make_wheel
+    from wheelforge.errors import PatchError, SourceError, VerifyError
+    from wheelforge.patch import check_patch
+    from wheelforge.source import extract
+    from wheelforge.verify import verify_wheel
+    from wheelforge.wheel import relabel
+
+    rnd = random.Random(f"issue16-{kind}")
+    members = [OK, ("demo-1.0/p/m.py", "f", "y = 2\n" * 60), ("demo-1.0/l", "l", "setup.py")]
+    recipe = _pure_recipe(tmp_path / "book")
+    if kind == "recipe":
+        seed = (REPO / "recipes" / "causal-conv1d.yaml").read_bytes()
+    elif kind == "wheel":
+        seed = make_wheel(tmp_path / "seed", {"demo/__init__.py": "x = 1\n" * 40}).read_bytes()
+    elif kind == "patch":
+        seed = (REPO / "patches" / "causal-conv1d" / "0001-find-nvcc.patch").read_bytes()
+    else:
+        maker = _zip if kind == "zip" else _tar
+        args = () if kind == "zip" else ("w:gz" if kind == "tar.gz" else "w",)
+        seed = maker(tmp_path / "seed.bin", members if kind != "zip" else members[:2],
+                     *args).read_bytes()  # type: ignore[operator]
+    rdir = tmp_path / "recipes"
+    rdir.mkdir()
+    for _ in range(MUTATIONS):
+        data = _mutate(rnd, seed)
+        if kind == "recipe":
+            (rdir / "causal-conv1d.yaml").write_bytes(data)
+            # a mutation that leaves the recipe valid (a changed comment) is fine
+            with contextlib.suppress(RecipeError):
+                RecipeBook(rdir, REPO / "patches").load("causal-conv1d")
+        elif kind == "wheel":
+            wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+            wheel.write_bytes(data)
+            with contextlib.suppress(VerifyError):
+                verify_wheel(wheel, recipe, archs=(), env=None)  # type: ignore[arg-type]
+            with contextlib.suppress(VerifyError):
+                relabel(wheel, tmp_path / "rl", local="x", torch_pin=None)
+        elif kind == "patch":
+            (tmp_path / "0001.patch").write_bytes(data)
+            with contextlib.suppress(PatchError):
+                check_patch(tmp_path / "0001.patch")
+        else:
+            archive = tmp_path / f"demo-1.0.{kind}"
+            archive.write_bytes(data)
+            out = tmp_path / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            try:
+                extract(archive, out)
+            except SourceError:
+                assert list(out.iterdir()) == []
+            else:
+                base = str(out.resolve())
+                for p in out.rglob("*"):
+                    assert str(p.resolve()).startswith(base), p

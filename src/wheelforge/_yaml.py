@@ -22,7 +22,6 @@ from typing import Any
 
 import yaml
 from yaml.composer import Composer
-from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node
 
 from .errors import WheelforgeError
@@ -112,19 +111,19 @@ def decode(data: bytes) -> str:
 
 def loads(text: str) -> Any:
     """Parse one YAML document with the rules above."""
-    loader = _StrictLoader(text)
+    loader: _StrictLoader | None = None
     try:
+        loader = _StrictLoader(text)  # the reader checks the characters here already
         return loader.get_single_data()
     except YamlProblem:
         raise
-    except ConstructorError as exc:
-        raise YamlProblem(str(exc)) from None
-    except yaml.YAMLError as exc:
+    except yaml.YAMLError as exc:  # ConstructorError and ReaderError included
         raise YamlProblem(str(exc)) from None
     except RecursionError:  # not reached with MAX_DEPTH; a last guard
         raise YamlProblem(f"nested too deeply (more than {MAX_DEPTH} levels)") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_file(path: Path) -> Any:
