@@ -116,12 +116,8 @@ class _Writer:
     def declared(self, name: str, size: int, total: int) -> None:
         """Refuse at once what the archive itself declares too large (before anything is
         written); the bytes actually written are counted again while extracting."""
-        if size > self.limits.max_member_bytes:
-            self.current = name
-            self.grow(size, 0)
-        if total > self.limits.max_bytes:
-            self.current = name
-            self.grow(0, total)
+        self.current = name
+        self.grow(size, total)
 
     def grow(self, member: int, total: int) -> None:
         limit = self.limits
