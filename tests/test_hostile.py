@@ -674,6 +674,7 @@ def test_recipe_raises_the_bounds(tmp_path: Path, body: str, expected: tuple[int
     ("extract: {max-member-bytes: true}", "extract.max-member-bytes: must be a positive"),
     ("extract: {max-byte: 1}", "extract.max-byte: unknown key; did you mean 'max-bytes'?"),
     ("extract: 5", "extract: must be a mapping"),
+    ("extract: {max-bytes: '" + "9" * 5000 + "GiB'}", "extract.max-bytes: must be a positive"),
 ])
 def test_bad_bounds_are_recipe_errors(tmp_path: Path, body: str, named: str) -> None:
     rdir = write_recipe(tmp_path, "demo", PURE + body + "\n")

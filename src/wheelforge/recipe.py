@@ -174,7 +174,7 @@ class Recipe:
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
              "verify", "test", "extract")
 _EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
-_SIZE = re.compile(r"^(?P<n>[0-9]+)\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
+_SIZE = re.compile(r"^(?P<n>[0-9]{1,15})\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag")
