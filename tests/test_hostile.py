@@ -133,6 +133,16 @@ def test_yaml_errors_through_the_cli(tmp_path: Path) -> None:
     assert_clean_failure(wf("doctor", cwd=tmp_path), 2, "wheelforge.yaml: byte offset 15")
 
 
+def test_project_file_with_a_non_string_key(tmp_path: Path) -> None:
+    """Found by a structured mutation run: `5: x` under defaults was a TypeError."""
+    from wheelforge.config import load_project_file
+
+    path = tmp_path / "wheelforge.yaml"
+    path.write_text("defaults: {arch: '12.0', 5: null}\n")
+    with pytest.raises(ConfigError, match="unknown key\\(s\\) under defaults: 5"):
+        load_project_file(path)
+
+
 def test_the_shipped_yaml_still_loads() -> None:
     from wheelforge.config import load_project_file
     from wheelforge.matrix import load_matrix

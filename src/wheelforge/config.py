@@ -88,7 +88,8 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
     defaults = data.get("defaults", {}) or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"{path}: defaults must be a mapping")
-    unknown = sorted(set(defaults) - set(_DEFAULT_KEYS))
+    unknown = sorted(repr(k) if not isinstance(k, str) else k for k in defaults
+                     if k not in _DEFAULT_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) under defaults: {', '.join(unknown)}",
                           fix=f"allowed: {', '.join(_DEFAULT_KEYS)}")
