@@ -1030,3 +1030,157 @@ def test_mutated_inputs_fail_cleanly(tmp_path: Path, kind: str) -> None:
                 base = str(out.resolve())
                 for p in out.rglob("*"):
                     assert str(p.resolve()).startswith(base), p
+
+
+def test_structured_archives_stay_inside(tmp_path: Path) -> None:
+    """Random tars of hostile names, types, modes and link targets (fixed seed): each is
+    refused with nothing left, or extracts to regular files, directories and links that
+    all resolve inside, with no setuid or group/world-writable mode."""
+    import os
+    import random
+    import shutil
+    import stat
+
+    from wheelforge.errors import SourceError
+    from wheelforge.source import extract
+
+    rnd = random.Random("issue16-structured-tar")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    comps = ["a", "b", "l", "c", ".", "..", "", "x\\\\y"]
+    targets = ["..", "a", "l", "b", ".", "demo-1.0", str(outside)]
+    counts = {"refused": 0, "extracted": 0}
+    for _ in range(400):
+        members = []
+        for _ in range(rnd.randint(1, 8)):
+            kind = rnd.choice("ffffddllhcps")
+            name = "demo-1.0/" + "/".join(rnd.choice(comps) for _ in range(rnd.randint(1, 4)))
+            data = (rnd.choice(["/", "", "../"]) + "/".join(
+                rnd.choice(targets) for _ in range(rnd.randint(1, 4)))) if kind in "lh" else "x"
+            members.append((name if rnd.random() < .9 else name[9:], kind, data))
+        archive = _tar(tmp_path / "t.tar", members, "w")
+        out = tmp_path / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        try:
+            extract(archive, out)
+        except SourceError:
+            counts["refused"] += 1
+            assert list(out.iterdir()) == []
+            continue
+        counts["extracted"] += 1
+        base = os.path.realpath(out)
+        for parent, dirs, files in os.walk(out):
+            for n in dirs + files:
+                p = os.path.join(parent, n)
+                st = os.lstat(p)
+                assert stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or \
+                    stat.S_ISLNK(st.st_mode), p
+                assert stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o7022, (p, oct(st.st_mode))
+                assert os.path.realpath(p).startswith(base + os.sep), p
+    assert sorted(os.listdir(outside)) == ["secret"]
+    assert counts["refused"] and counts["extracted"], counts
+
+
+def test_structured_patches_with_real_git(tmp_path: Path) -> None:
+    """Random patches of symlink, mode, rename and path headers (fixed seed), applied for
+    real: each is refused, or leaves no new symlink and nothing written outside."""
+    import os
+    import random
+    import shutil
+
+    from wheelforge.errors import PatchError
+    from wheelforge.patch import apply_series
+
+    rnd = random.Random("issue16-structured-patch")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "s").write_text("line 1\n")
+
+    def section() -> str:
+        p = rnd.choice(["a/", "", "/", "a//", '"a/\\056\\056/']) + rnd.choice(
+            ["x", "setup.py", "../outside/s", str(outside / "s")[1:], "link", "d/y"])
+        q = p + '"' if p.startswith('"') else p
+        b = q.replace("a/", "b/", 1)
+        mode = rnd.choice(["100644", "100755", "120000", "160000", "100777", " 120000"])
+        head = f"diff --git {q} {b}\n" if rnd.random() < .7 else ""
+        roll = rnd.random()
+        if roll < .3:
+            return head + (f"new file mode {mode}\n--- /dev/null\n+++ {b}\n@@ -0,0 +1 @@\n+"
+                           f"{rnd.choice(['/etc/passwd', '../outside/s', 'hi'])}\n")
+        if roll < .5:
+            return head + f"old mode 100644\nnew mode {mode}\n"
+        if roll < .7:
+            return head + f"--- {q}\n+++ {b}\n@@ -1 +1 @@\n-line 1\n+LINE 1\n"
+        return head + (f"similarity index 100%\nrename from {rnd.choice(['setup.py', 'x'])}\n"
+                       f"rename to {rnd.choice(['y', '../z', '/tmp/wf-z', 'd/q'])}\n")
+
+    counts = {"refused": 0, "applied": 0}
+    for _ in range(60):
+        work = tmp_path / "w"
+        shutil.rmtree(work, ignore_errors=True)
+        tree = work / "proj"
+        (tree / "d").mkdir(parents=True)
+        for f in ("setup.py", "x"):
+            (tree / f).write_text("line 1\n")
+        (tree / "link").symlink_to("setup.py")
+        patch = tmp_path / "p.patch"
+        patch.write_text("".join(section() for _ in range(rnd.randint(1, 3))))
+        try:
+            apply_series(tree, [patch], project="demo")
+            counts["applied"] += 1
+        except PatchError:
+            counts["refused"] += 1
+        links = {os.path.relpath(os.path.join(dp, n), tree) for dp, dn, fn in os.walk(tree)
+                 for n in dn + fn if os.path.islink(os.path.join(dp, n))}
+        assert links <= {"link"}, (links, patch.read_text())
+        assert (outside / "s").read_text() == "line 1\n" and os.listdir(outside) == ["s"]
+        assert not Path("/tmp/wf-z").exists() and os.listdir(work) == ["proj"]
+    assert counts["refused"] and counts["applied"], counts
+
+
+def test_structured_recipes_and_project_files(tmp_path: Path) -> None:
+    """Valid documents with random values swapped for junk (fixed seed): only recipe and
+    config errors, never another exception."""
+    import contextlib
+    import random
+
+    import yaml
+
+    from wheelforge.config import load_project_file, resolve
+    from wheelforge.matrix import load_matrix
+
+    rnd = random.Random("issue16-structured-yaml")
+    junk: list[object] = [None, 0, -1, 1.5, True, "", "x", "../x", "/abs", [], [None], {},
+                          {"a": 1}, [[[]]], "9" * 30, 10**30, "2GiB", {"sdist": None}]
+
+    def corrupt(v: object, depth: int = 0) -> object:
+        if rnd.random() < 0.25 or depth > 4:
+            return rnd.choice(junk)
+        if isinstance(v, dict):
+            out = dict(v)
+            if out:
+                k = rnd.choice(list(out))
+                out[k] = corrupt(out[k], depth + 1)
+            if rnd.random() < 0.1:
+                out[rnd.choice(["extra", "extract", "env", 5])] = rnd.choice(junk)
+            return out
+        if isinstance(v, list) and v:
+            i = rnd.randrange(len(v))
+            return [*v[:i], corrupt(v[i], depth + 1), *v[i + 1:]]
+        return rnd.choice(junk)
+
+    recipe = yaml.safe_load((REPO / "recipes" / "causal-conv1d.yaml").read_text())
+    project = yaml.safe_load((REPO / "wheelforge.yaml").read_text())
+    rdir = tmp_path / "recipes"
+    rdir.mkdir()
+    for _ in range(300):
+        (rdir / "causal-conv1d.yaml").write_text(yaml.safe_dump(corrupt(recipe)))
+        with contextlib.suppress(RecipeError):
+            RecipeBook(rdir, REPO / "patches").load("causal-conv1d")
+        path = tmp_path / "wheelforge.yaml"
+        path.write_text(yaml.safe_dump(corrupt(project)))
+        with contextlib.suppress(ConfigError):
+            load_project_file(path)
+            load_matrix(path, ["causal-conv1d", "fla-core"])
+            resolve(project_file=path)
