@@ -1184,3 +1184,30 @@ def test_structured_recipes_and_project_files(tmp_path: Path) -> None:
             load_project_file(path)
             load_matrix(path, ["causal-conv1d", "fla-core"])
             resolve(project_file=path)
+
+
+def test_an_eof_error_is_not_reported_as_ctrl_c(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Why a truncated sdist said 'interrupted (SIGINT)': click turns an EOFError into
+    Abort, as it does KeyboardInterrupt.  Any EOFError that still escapes is now a bug
+    report (exit 70, traceback), never exit 130."""
+    import signal
+
+    from wheelforge import cli
+
+    @cli.cli.command("wf-test-eof")
+    def boom() -> None:
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGALRM)}
+    monkeypatch.setattr(sys, "argv", ["wheelforge", "wf-test-eof"])
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli.main()
+    finally:
+        cli.cli.commands.pop("wf-test-eof")
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    err = capsys.readouterr().err
+    assert exc.value.code == 70
+    assert "interrupted" not in err and "EOFError: Compressed file ended" in err
