@@ -677,6 +677,13 @@ def test_recipe_raises_the_bounds(tmp_path: Path, body: str, expected: tuple[int
     assert (lim.max_bytes, lim.max_members, lim.max_member_bytes) == expected
 
 
+def test_show_prints_the_bounds(tmp_path: Path) -> None:
+    write_recipe(tmp_path, "demo", PURE + "extract: {max-bytes: 4GiB, max-members: 200000}\n")
+    res = wf("show", "demo", "--recipes", str(tmp_path / "recipes"))
+    assert "extract:   at most 4,294,967,296 bytes, 200,000 members, 536,870,912 bytes a " \
+        "member" in res.stdout
+
+
 @pytest.mark.parametrize("body, named", [
     ("extract: {max-bytes: -1}", "extract.max-bytes: must be a positive integer"),
     ("extract: {max-bytes: 2 GB}", "extract.max-bytes: must be a positive integer"),

@@ -160,6 +160,9 @@ def show(name: str, recipes: Path | None) -> None:
     if r.build.drop_requires:
         click.echo(f"drops:     {', '.join(r.build.drop_requires)}")
     click.echo(f"imports:   {', '.join(r.verify.imports) or '-'}")
+    lim = r.extract
+    click.echo(f"extract:   at most {lim.max_bytes:,} bytes, {lim.max_members:,} members, "
+               f"{lim.max_member_bytes:,} bytes a member")
 
 
 @cli.command()
