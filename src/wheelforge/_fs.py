@@ -150,3 +150,28 @@ def sweep_temp_files(directory: Path, *, skip: Container[str] = ()) -> int:
                     os.unlink(os.path.join(parent, name))
                     removed += 1
     return removed
+
+
+def symlinks(root: Path) -> dict[str, str]:
+    """Every symlink under ``root`` (not followed): its path relative to ``root`` and its
+    target as stored."""
+    out: dict[str, str] = {}
+    for parent, subdirectories, names in os.walk(root):
+        for name in (*subdirectories, *names):
+            path = os.path.join(parent, name)
+            if os.path.islink(path):
+                out[os.path.relpath(path, root)] = os.readlink(path)
+    return out
+
+
+def escaping_links(root: Path) -> list[tuple[str, str]]:
+    """The symlinks under ``root`` that resolve outside it, as (relative path, where it
+    resolves).  Only a symlink can lead out of a tree whose other entries were created in
+    it, so only symlinks are resolved."""
+    base = os.path.realpath(root)
+    out = []
+    for rel in sorted(symlinks(root)):
+        real = os.path.realpath(os.path.join(base, rel))
+        if real != base and not real.startswith(base + os.sep):
+            out.append((rel, real))
+    return out

@@ -201,6 +201,9 @@ def show(name: str, recipes: Path | None) -> None:
     if r.build.drop_requires:
         click.echo(f"drops:     {', '.join(r.build.drop_requires)}")
     click.echo(f"imports:   {', '.join(r.verify.imports) or '-'}")
+    lim = r.extract
+    click.echo(f"extract:   at most {lim.max_bytes:,} bytes, {lim.max_members:,} members, "
+               f"{lim.max_member_bytes:,} bytes a member")
 
 
 @cli.command()
@@ -223,7 +226,6 @@ def inspect(wheel: Path) -> None:
       wheelforge inspect dist/tinyext-0.1.0-cp311-cp311-linux_x86_64.whl   # any wheel
     """
     import email.parser
-    import zipfile
 
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename
@@ -234,11 +236,10 @@ def inspect(wheel: Path) -> None:
     from .wheel import inspect_wheel, read_metadata
 
     try:
-        info = inspect_wheel(wheel)
+        info = inspect_wheel(wheel)  # a malformed or unsafe wheel: VerifyError naming the member
         meta = email.parser.BytesParser().parsebytes(read_metadata(wheel), headersonly=True)
         found = shared_object_archs(wheel)
-    except (zipfile.BadZipFile, InvalidWheelFilename, FatbinError, OSError, KeyError,
-            ValueError) as exc:
+    except (InvalidWheelFilename, FatbinError, OSError, KeyError, ValueError) as exc:
         raise VerifyError(f"cannot read {wheel}", why=str(exc),
                           fix="give the path of a wheel (.whl) file") from exc
     pins = []
@@ -633,6 +634,8 @@ def main() -> None:
             cli.main(standalone_mode=False)
         except click.exceptions.Abort as exc:  # click wraps KeyboardInterrupt in Abort
             if isinstance(exc.__cause__, KeyboardInterrupt):
+                raise exc.__cause__ from None
+            if isinstance(exc.__cause__, EOFError):  # and EOFError: a bug here, not Ctrl-C
                 raise exc.__cause__ from None
             raise KeyboardInterrupt from None
     except click.ClickException as exc:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
+from ._yaml import read_yaml
 from .arch import Arch, parse_arch_list, torch_arch_list
 from .errors import ConfigError
 
@@ -83,16 +83,15 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
         if not candidate.is_file():
             return {}
         path = candidate
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path}", why=str(exc), fix="fix the file") from exc
+    data = read_yaml(path, ConfigError, str(path), read_fix="pass the project file with "
+                     "--config") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping")
     defaults = data.get("defaults", {}) or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"{path}: defaults must be a mapping")
-    unknown = sorted(set(defaults) - set(_DEFAULT_KEYS))
+    unknown = sorted(repr(k) if not isinstance(k, str) else k for k in defaults
+                     if k not in _DEFAULT_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) under defaults: {', '.join(unknown)}",
                           fix=f"allowed: {', '.join(_DEFAULT_KEYS)}")

@@ -250,7 +250,7 @@ def run_test(
         tests.mkdir()
         if recipe.test.source_files:
             fetched = fetch(recipe, cache_dir, sources_dirs, say)
-            tree = extract(fetched.archive, work / "src")
+            tree = extract(fetched.archive, work / "src", recipe.extract)
             apply_series(tree, recipe.patches, project=recipe.name)
             for rel in recipe.test.source_files:
                 shutil.copy2(tree / rel, tests / Path(rel).name)

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from ._yaml import read_yaml
 from .arch import parse_arch_list, torch_arch_list
 from .errors import ConfigError, WheelforgeError
-from .recipe import read_yaml
 
 __all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix", "parse_matrix",
            "retention_keep"]
@@ -278,10 +277,7 @@ def retention_keep(path: Path | None) -> int:
     path = path or Path("wheelforge.yaml")
     if not path.is_file():
         return DEFAULT_KEEP
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path}", why=str(exc)) from exc
+    data = read_yaml(path, ConfigError, str(path))
     if not isinstance(data, dict) or data.get("matrix") is None:
         return DEFAULT_KEEP
     return parse_matrix(data, path).keep

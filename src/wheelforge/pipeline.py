@@ -199,7 +199,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
             reporter.info(f"{fetched.source.identity} ({fetched.origin})")
         with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
-            tree = extract(fetched.archive, work / "src")
+            tree = extract(fetched.archive, work / "src", recipe.extract)
             apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")

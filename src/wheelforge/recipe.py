@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .errors import RecipeError, WheelforgeError
+from ._yaml import read_yaml
+from .errors import RecipeError
 
 FORMAT_VERSION = 1
 
@@ -30,12 +30,59 @@ BUILD_KINDS: tuple[str, ...] = get_args(BuildKind)
 LOCAL_VERSION_FIELDS = ("cuda", "torch", "sm")
 DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": ""}
 
+#: A project name as PEP 508 spells it (packaging's own rule, the one PyPI enforces).
+_PROJECT_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.(patch|diff)$")
 _SDIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.(tar\.gz|zip|tgz|tar\.bz2|tar\.xz)$")
+
+
+#: Variables a recipe's ``build.env`` may not set, with the reason: each changes which code
+#: runs in the build (an interpreter's startup, the loader's libraries, the programs found,
+#: the compiler or its launcher) or is one wheelforge sets and verifies.  ``X*`` is a
+#: prefix, ``*X`` a suffix; matched ignoring case.  Documented in docs/recipe-format.md.
+REFUSED_ENV: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("PYTHON*", "VIRTUAL_ENV", "CONDA_PREFIX"),
+     "it changes the Python interpreter's startup or module search path (PYTHONPATH, "
+     "PYTHONSTARTUP, PYTHONHOME, PYTHONUSERBASE, PYTHONWARNINGS import code)"),
+    (("PIP_*", "UV_*"), "it changes which packages are installed, and from where"),
+    (("LD_*", "DYLD_*", "*_PRELOAD", "GCONV_PATH", "OPENSSL_CONF", "OPENSSL_ENGINES",
+      "OPENSSL_MODULES"),
+     "it makes the dynamic loader (or a library) load other shared objects"),
+    (("PATH", "COMPILER_PATH", "GCC_EXEC_PREFIX", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS",
+      "PERL5LIB", "PERL5OPT", "PERLLIB", "RUBYOPT", "RUBYLIB", "NODE_OPTIONS", "NODE_PATH",
+      "GIT_*", "HOME", "XDG_CONFIG_HOME"),
+     "it changes which programs run, or the startup files and configuration they read"),
+    (("CC", "CXX", "CPP", "LD", "LDSHARED", "LDCXXSHARED", "AR", "CUDACXX", "CUDAHOSTCXX",
+      "NVCC", "PYTORCH_NVCC", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
+      "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDAFLAGS", "CMAKE_*", "CCACHE_*",
+      "SCCACHE_*", "CUDA_HOME", "CUDA_PATH"),
+     "it chooses the compiler, the linker, a compiler launcher or cache, or options that "
+     "load compiler plugins (-fplugin, -B, -ccbin)"),
+    (("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "NVCC_THREADS", "TORCH_NO_COMPILER_WRAPPER",
+      "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "WHEELFORGE_*"),
+     "wheelforge sets it (from --arch, --jobs and the compile cache) and verifies the wheel "
+     "against it"),
+)
+
+
+def refused_env(name: str) -> str | None:
+    """Why a recipe may not set the environment variable ``name``, or None if it may."""
+    upper = name.upper()
+    for patterns, why in REFUSED_ENV:
+        for pattern in patterns:
+            if pattern.endswith("*"):
+                hit = upper.startswith(pattern[:-1])
+            elif pattern.startswith("*"):
+                hit = upper.endswith(pattern[1:])
+            else:
+                hit = upper == pattern
+            if hit:
+                return f"(matches {pattern}) {why}" if "*" in pattern else why
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +112,16 @@ class GitSource:
 
 
 Source = SdistSource | GitSource
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtractLimits:
+    """Bounds on extracting a source archive (``extract:`` of a recipe); the defaults fit
+    flash-attn's sdist with CUTLASS (~100 MB, ~10k files unpacked) with a wide margin."""
+
+    max_bytes: int = 2 << 30  # bytes written in all
+    max_members: int = 100_000  # files, directories and links
+    max_member_bytes: int = 512 << 20  # bytes of any one file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +163,7 @@ class Recipe:
     build: BuildSpec
     verify: VerifySpec
     test: TestSpec = field(default_factory=TestSpec)
+    extract: ExtractLimits = field(default_factory=ExtractLimits)
     path: Path = field(compare=False)
     homepage: str | None = None
 
@@ -114,7 +172,10 @@ class Recipe:
 # schema: allowed keys per mapping, for unknown-key checks and did-you-mean
 
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
-             "verify", "test")
+             "verify", "test", "extract")
+_EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
+_SIZE = re.compile(r"^(?P<n>[0-9]{1,15})\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
+_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
@@ -254,6 +315,10 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
             if not isinstance(k, str) or not _ENV_NAME.match(k):
                 p.add(_join(_join(where, "env"), str(k)),
                       "is not a valid environment variable name")
+            elif (why := refused_env(k)) is not None:
+                p.add(_join(_join(where, "env"), k),
+                      f"may not be set by a recipe: {why}; change the build with a patch "
+                      "instead (docs/recipe-format.md, 'Build environment')")
             elif not isinstance(v, str):
                 p.add(_join(_join(where, "env"), k),
                       f"must be a string (quote it in YAML), got {v!r}")
@@ -306,6 +371,39 @@ def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
     return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where))
 
 
+def _limit(raw: Any, count: bool) -> int | None:
+    """A positive count, or a size: an integer (bytes) or ``N KiB|MiB|GiB|TiB``."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw if raw > 0 else None
+    m = _SIZE.match(raw.strip()) if isinstance(raw, str) and not count else None
+    if m is None:
+        return None
+    value = int(m.group("n")) * _UNITS[m.group("unit")]
+    return value if value > 0 else None
+
+
+def _parse_extract(p: _Problems, data: Any) -> ExtractLimits:
+    where = "extract"
+    if data is None:
+        return ExtractLimits()
+    if not isinstance(data, dict):
+        p.add(where, "must be a mapping")
+        return ExtractLimits()
+    p.unknown_keys(where, data, _EXTRACT_KEYS)
+    values: dict[str, int] = {}
+    for key in _EXTRACT_KEYS:
+        if data.get(key) is None:
+            continue
+        count = key == "max-members"
+        value = _limit(data[key], count)
+        if value is None:
+            p.add(_join(where, key), "must be a positive integer" + (
+                "" if count else " (bytes) or a size such as '4GiB'") + f", got {data[key]!r}")
+        else:
+            values[key.replace("-", "_")] = value
+    return ExtractLimits(**values)
+
+
 def _parse_test(p: _Problems, data: Any, tests_dir: Path) -> TestSpec:
     where = "test"
     if data is None:
@@ -343,6 +441,9 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     if fmt != FORMAT_VERSION:
         p.add("format", f"must be {FORMAT_VERSION} (the recipe format version), got {fmt!r}")
     name = _string(p, data, "name", "")
+    if name and not _PROJECT_NAME.fullmatch(name):
+        p.add("name", f"{name!r} is not a project name")
+        name = None
     if name and canonicalize_name(name) != name:
         p.add("name", f"must be the normalized project name {canonicalize_name(name)!r}")
     if name and path.stem != name:
@@ -396,6 +497,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     verify = _parse_verify(p, data.get("verify"))
     gputests = (tests_dir or patches_dir.parent / "gputests") / (name or path.stem)
     test = _parse_test(p, data.get("test"), gputests)
+    limits = _parse_extract(p, data.get("extract"))
 
     if p.items:
         raise RecipeError(
@@ -407,23 +509,8 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     return Recipe(
         name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
         sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, test=test,
-        path=path,
+        extract=limits, path=path,
     )
-
-
-def read_yaml(path: Path, error: type[WheelforgeError], subject: str,
-              read_fix: str = "") -> Any:
-    """Safe-load a YAML file; ``error`` (e.g. RecipeError) says "cannot read SUBJECT" or
-    "SUBJECT is not valid YAML"."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise error(f"cannot read {subject}", why=str(exc), fix=read_fix) from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise error(f"{subject} is not valid YAML", why=str(exc),
-                    fix="fix the YAML syntax at the position shown") from exc
 
 
 def load_recipe(path: Path, patches_dir: Path) -> Recipe:
@@ -442,6 +529,15 @@ class RecipeBook:
         return sorted(p.stem for p in self.recipes_dir.glob("*.yaml"))
 
     def path_for(self, name: str) -> Path:
+        """``RECIPES/NAME.yaml`` for a project name; a name is never a path: anything but a
+        project name (``/some/dir/x``, ``../x``, ``x.yaml``) is a RecipeError."""
+        if not _PROJECT_NAME.fullmatch(name):
+            raise RecipeError(
+                f"{name!r} is not a project name",
+                why="a recipe is named by its project name (letters, digits and '-', '_', "
+                    "'.' between them, as on PyPI), never by a path or a file name",
+                fix=f"give the name alone, e.g. 'causal-conv1d'; to use another recipes "
+                    f"directory pass --recipes DIR (now {self.recipes_dir})")
         return self.recipes_dir / f"{canonicalize_name(name)}.yaml"
 
     def load(self, name: str) -> Recipe:

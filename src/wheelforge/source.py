@@ -3,29 +3,30 @@
 Sources are mirrors of one release, tried in order: the cache first, then any
 ``--sources`` directories, then the network.  Every candidate is verified (an
 sdist by sha256, a git checkout by commit and tag); a mismatch is an error,
-never a reason to try the next mirror.  Extraction refuses any member that
-would land outside the destination.
+never a reason to try the next mirror.  Extraction (safe and bounded) is
+:func:`wheelforge.archive.extract`, re-exported here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tarfile
 import tempfile
 import urllib.error
 import urllib.request
-import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import _proc
 from ._fs import TMP_PREFIX, atomic_copy, atomic_file, sha256_file
+from .archive import extract
 from .errors import SourceError
 from .recipe import GitSource, Recipe, SdistSource, Source
 
 Progress = Callable[[str], None]
+
+__all__ = ["FetchedSource", "cache_path", "extract", "fetch"]
 
 
 @dataclass(frozen=True)
@@ -169,39 +170,3 @@ def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path) -> Path:
               "-o", str(out), resolved], repo)
         os.replace(out, dest)
     return dest
-
-
-def extract(archive: Path, dest: Path) -> Path:
-    """Extract ``archive`` into the empty directory ``dest``; return the project root.
-
-    The root is the single top-level directory of the archive (as in an sdist),
-    or ``dest`` itself when members sit at the top level.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    try:
-        if zipfile.is_zipfile(archive):
-            _extract_zip(archive, dest)
-        else:
-            with tarfile.open(archive) as tf:
-                tf.extractall(dest, filter="data")
-    except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
-        raise SourceError(f"cannot extract {archive.name}", why=str(exc),
-                          fix=f"remove {archive} from the cache and fetch it again") from exc
-    entries = [p for p in dest.iterdir()]
-    if len(entries) == 1 and entries[0].is_dir():
-        return entries[0]
-    return dest
-
-
-def _extract_zip(archive: Path, dest: Path) -> None:
-    root = dest.resolve()
-    with zipfile.ZipFile(archive) as zf:
-        for info in zf.infolist():
-            target = (root / info.filename).resolve()
-            if os.path.isabs(info.filename) or not target.is_relative_to(root):
-                raise SourceError(f"{archive.name} holds an unsafe path {info.filename!r}",
-                                  why="a member would be written outside the build directory",
-                                  fix="the archive is malicious or broken; do not build it")
-        zf.extractall(root)
-
-

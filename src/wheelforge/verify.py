@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name
+from packaging.utils import canonicalize_name
 
 from . import _proc
 from .arch import Arch, expected_ptx, expected_sass
@@ -19,7 +18,7 @@ from .buildenv import BuildEnv
 from .errors import VerifyError
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 from .recipe import Recipe
-from .wheel import inspect_wheel, record_problems
+from .wheel import inspect_wheel, reading, record_problems
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Verified:
 
 def shared_object_archs(wheel: Path) -> list[tuple[str, CudaArchs]]:
     out = []
-    with zipfile.ZipFile(wheel) as zf:
+    with reading(wheel) as zf:
         for name in sorted(zf.namelist()):
             if name.endswith(".so") or ".so." in name.rsplit("/", 1)[-1]:
                 out.append((name, cuda_archs(zf.read(name))))
@@ -50,7 +49,7 @@ def _import_problems(wheel: Path, env: BuildEnv, modules: tuple[str, ...], exten
     if not modules:
         return []
     with tempfile.TemporaryDirectory(prefix="wf-verify-") as tmp:
-        with zipfile.ZipFile(wheel) as zf:
+        with reading(wheel) as zf:
             zf.extractall(tmp)
         script = "import importlib, sys\n"
         if extension:
@@ -85,11 +84,7 @@ def verify_wheel(
 ) -> Verified:
     """Run every check; raise one VerifyError with all issues, or return what was found."""
     issues: list[str] = []
-    try:
-        info = inspect_wheel(wheel)
-    except (InvalidWheelFilename, ValueError, zipfile.BadZipFile) as exc:
-        raise VerifyError(f"{wheel.name} is not a valid wheel", why=str(exc),
-                          fix="inspect the build log; the backend produced a broken file") from exc
+    info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
     if canonicalize_name(info.name) != recipe.name:
         issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
     if info.version.public != str(recipe.version):

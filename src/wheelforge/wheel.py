@@ -6,20 +6,24 @@ A wheel is rewritten into a new file; the input is never modified.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
 import os
+import stat
 import zipfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from ._fs import TMP_PREFIX
+from .errors import VerifyError
 
 
 @dataclass(frozen=True)
@@ -40,22 +44,115 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+#: Errors that reading a broken zip raises, besides OSError.
+_BROKEN_ZIP = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
+               UnicodeDecodeError, KeyError, ValueError)
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[zipfile.ZipFile]:
+    """Open a wheel's zip; any read failure (not a zip, truncated, a bad CRC, an unknown
+    compression) is a VerifyError naming the wheel."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            yield zf
+    except VerifyError:
+        raise
+    except (OSError, *_BROKEN_ZIP) as exc:
+        raise VerifyError(f"cannot read {path.name}", why=f"{type(exc).__name__}: {exc}",
+                          fix="the file is not a complete wheel (a zip): rebuild it") from None
+
+
+def member_problems(infos: Iterable[zipfile.ZipInfo]) -> list[str]:
+    """What makes a wheel's member list unsafe to install, one line per member: absolute
+    names, ``..``, backslashes, empty or control-character names, names given twice,
+    symlinks and other special files (by the zip's Unix mode bits)."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for zi in infos:
+        name = zi.filename
+        parts = name.rstrip("/").split("/")
+        if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+            problems.append(f"{name!r}: an absolute path")
+        elif "\\" in name:
+            problems.append(f"{name!r}: a backslash in the name (a Windows path)")
+        elif ".." in parts:
+            problems.append(f"{name!r}: a '..' component")
+        elif any(p in ("", ".") for p in parts):
+            problems.append(f"{name!r}: an empty or '.' path component")
+        elif any(ord(c) < 0x20 or c == "\x7f" for c in name):
+            problems.append(f"{name!r}: a control character in the name")
+        if name in seen:
+            problems.append(f"{name!r}: the wheel holds this name twice")
+        seen.add(name)
+        kind = stat.S_IFMT(zi.external_attr >> 16)
+        if kind == stat.S_IFLNK:
+            problems.append(f"{name!r}: a symlink (installers would write its target as a "
+                            "file, or follow it)")
+        elif kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+            problems.append(f"{name!r}: a special file (mode {oct(zi.external_attr >> 16)})")
+    return problems
+
+
 def inspect_wheel(path: Path) -> WheelInfo:
-    """Parse the file name (raises packaging's InvalidWheelFilename) and find .dist-info."""
-    name, version, _build, tags = parse_wheel_filename(path.name)
-    with zipfile.ZipFile(path) as zf:
-        dist_infos = {n.split("/", 1)[0] for n in zf.namelist()
-                      if n.split("/", 1)[0].endswith(".dist-info")}
+    """Parse the file name, check every member name and find the one .dist-info directory;
+    a VerifyError naming the member for anything malformed."""
+    fix = "the wheel is malformed or hostile: do not publish it; read the build log"
+    try:
+        name, version, _build, tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise VerifyError(f"{path.name} is not a valid wheel file name", why=str(exc),
+                          fix="a wheel is NAME-VERSION(-BUILD)-PYTHON-ABI-PLATFORM.whl") from None
+    with reading(path) as zf:
+        infos = zf.infolist()
+        problems = member_problems(infos)
+        names = {zi.filename for zi in infos}
+        texts = {zi.filename: zf.read(zi) for zi in infos if zi.filename.count("/") == 1
+                 and zi.filename.endswith((".dist-info/METADATA", ".dist-info/WHEEL"))
+                 and zi.file_size <= 16 << 20}  # bounded: metadata is small
+    for member, data in sorted(texts.items()):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{member} is not UTF-8 (byte offset {exc.start})")
+    dist_infos = sorted({n.split("/", 1)[0] for n in names
+                         if n.split("/", 1)[0].endswith(".dist-info")})
     if len(dist_infos) != 1:
-        raise ValueError(f"{path.name} has {len(dist_infos)} .dist-info directories, expected 1")
+        found = ", ".join(dist_infos) or "none"
+        problems.append(f"{len(dist_infos)} .dist-info directories ({found}), expected exactly 1")
+    else:
+        dist_info = dist_infos[0]
+        di_name, _, di_version = dist_info[: -len(".dist-info")].rpartition("-")
+        try:
+            same = canonicalize_name(di_name) == name and Version(di_version) == version
+        except InvalidVersion:
+            same = False
+        if not same:
+            problems.append(f"{dist_info!r}: does not match the file name's {name} {version}")
+        for required in ("METADATA", "WHEEL", "RECORD"):
+            if f"{dist_info}/{required}" not in names:
+                problems.append(f"{dist_info}/{required} is missing")
+    if problems:
+        raise VerifyError(f"{path.name} is not a valid wheel ({len(problems)} problem(s))",
+                          why="\n    " + "\n    ".join(problems), fix=fix)
     return WheelInfo(path, str(name), version, tuple(sorted(str(t) for t in tags)),
-                     dist_infos.pop())
+                     dist_infos[0])
 
 
 def read_metadata(path: Path) -> bytes:
     info = inspect_wheel(path)
-    with zipfile.ZipFile(path) as zf:
+    with reading(path) as zf:
         return zf.read(f"{info.dist_info}/METADATA")
+
+
+def _hash_member(zf: zipfile.ZipFile, name: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with zf.open(name) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode(), size
 
 
 def record_problems(path: Path) -> list[str]:
@@ -63,11 +160,12 @@ def record_problems(path: Path) -> list[str]:
     info = inspect_wheel(path)
     problems: list[str] = []
     record_name = f"{info.dist_info}/RECORD"
-    with zipfile.ZipFile(path) as zf:
+    with reading(path) as zf:
         names = [n for n in zf.namelist() if not n.endswith("/")]
-        if record_name not in names:
-            return [f"{record_name} is missing"]
-        rows = list(csv.reader(io.StringIO(zf.read(record_name).decode("utf-8"))))
+        try:
+            rows = list(csv.reader(io.StringIO(zf.read(record_name).decode("utf-8"))))
+        except (UnicodeDecodeError, csv.Error) as exc:
+            return [f"{record_name} is not a UTF-8 CSV file: {exc}"]
         listed: dict[str, tuple[str, str]] = {}
         for row in rows:
             if not row:
@@ -75,6 +173,8 @@ def record_problems(path: Path) -> list[str]:
             if len(row) != 3:
                 problems.append(f"RECORD row {row!r} does not have 3 fields")
                 continue
+            if row[0] in listed:
+                problems.append(f"RECORD lists {row[0]!r} twice")
             listed[row[0]] = (row[1], row[2])
         for name in names:
             if name == record_name:
@@ -82,16 +182,25 @@ def record_problems(path: Path) -> list[str]:
             if name not in listed:
                 problems.append(f"{name} is not listed in RECORD")
                 continue
-            data = zf.read(name)
+            actual_hash, actual_size = _hash_member(zf, name)
             want_hash, want_size = listed[name]
-            if want_hash != record_hash(data):
+            if want_hash != actual_hash:
                 problems.append(f"{name}: hash in RECORD does not match the file")
-            if want_size and int(want_size) != len(data):
-                problems.append(f"{name}: size in RECORD ({want_size}) is not {len(data)}")
+            if want_size and (not want_size.isdigit() or int(want_size) != actual_size):
+                problems.append(f"{name}: size in RECORD ({want_size}) is not {actual_size}")
         for name in listed:
             if name not in names:
                 problems.append(f"RECORD lists {name}, which the wheel does not contain")
     return problems
+
+
+def _text(path: Path, member: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise VerifyError(f"{path.name}: {member} is not UTF-8", why=str(exc),
+                          fix="the build backend wrote broken metadata; read the build log"
+                          ) from None
 
 
 def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
@@ -165,7 +274,7 @@ def relabel(
     new_dist_info = f"{dist_name}-{new_version}.dist-info"
     old_prefix = info.dist_info + "/"
     entries: list[tuple[zipfile.ZipInfo, bytes]] = []
-    with zipfile.ZipFile(path) as zf:
+    with reading(path) as zf:
         for zi in zf.infolist():
             if zi.is_dir():
                 continue
@@ -177,10 +286,10 @@ def relabel(
                     continue
                 name = f"{new_dist_info}/{rel}"
                 if rel == "METADATA":
-                    data = _rewrite_metadata(data.decode("utf-8"), new_version, torch_pin,
+                    data = _rewrite_metadata(_text(path, name, data), new_version, torch_pin,
                                              drop_requires).encode("utf-8")
                 elif rel == "WHEEL" and build_tag:
-                    data = _rewrite_build(data.decode("utf-8"), build_tag).encode("utf-8")
+                    data = _rewrite_build(_text(path, name, data), build_tag).encode("utf-8")
             new = zipfile.ZipInfo(name, date_time=zi.date_time)
             new.external_attr = zi.external_attr
             new.compress_type = zipfile.ZIP_DEFLATED

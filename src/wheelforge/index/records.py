@@ -36,6 +36,7 @@ from .._fs import (
     sweep_temp_files,
 )
 from ..errors import PublishError
+from ..wheel import member_problems
 
 API_VERSION = "1.1"
 FILES_DIR = "files"
@@ -273,6 +274,11 @@ def _inspect_wheel(path: Path) -> _WheelInfo:
         ) from None
     try:
         with zipfile.ZipFile(path) as zf:
+            unsafe = member_problems(zf.infolist())  # what verify refuses, refused here too
+            if unsafe:
+                raise PublishError(f"{path.name} holds unsafe members",
+                                   why="; ".join(unsafe[:10]),
+                                   fix="do not publish it; build it with `wheelforge build`")
             found = [
                 n for n in zf.namelist()
                 if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
