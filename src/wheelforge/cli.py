@@ -7,15 +7,16 @@ message and an exit status.  Results go to stdout, progress to stderr.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
+from typing import get_args
 
 import click
 
 from . import __version__
 from ._log import Reporter
 from .config import resolve
+from .consumer import Format
 from .errors import EXIT_CODES, INTERRUPT_EXIT_CODES, ConfigError, Interrupted, WheelforgeError
 from .recipe import RecipeBook, SdistSource
 
@@ -111,20 +112,23 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     for line in config.summary():
         reporter.info(line)
     results = [build_one(r, config, reporter) for r in loaded]
-    simple = (config.index_dir / "simple").as_uri()
     for res in results:
         state = "already published" if res.skipped else "published"
         archs = ", ".join(res.sass) if res.sass else "pure Python"
         click.echo(f"{state}: {res.wheel.name}  [{archs}]")
-    pins = " ".join(shlex.quote(f"{r.recipe.name}=={_version_of(r.wheel)}") for r in results)
-    click.echo(f"install: pip install --extra-index-url {simple} {pins}")
-    click.echo("  (settings that a public index cannot override: wheelforge consumer-config "
-               f"--index {config.index_dir})")
+    built = {r.channel for r in results if r.channel is not None}
+    channel = built.pop() if len(built) == 1 else None
+    click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}; "
+               "uv too: wheelforge consumer-config):")
+    click.echo(_instructions(config.index_dir, None, channel, "pip"), nl=False)
 
 
-def _version_of(wheel: Path) -> str:
-    from packaging.utils import parse_wheel_filename
-    return str(parse_wheel_filename(wheel.name)[1])
+def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
+    """consumer.render for the index's current records (the one source of install text)."""
+    from . import consumer, index
+
+    return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
+                                         url=url, channel=channel), fmt)
 
 
 @cli.command("list")
@@ -346,7 +350,14 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
     click.echo(f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops")
-    click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
+    try:
+        text = _instructions(index_dir, f"{url}/simple/", None, "pip")
+    except ConfigError as exc:  # an empty index is still served
+        text = f"# {exc.what}\n"
+    click.echo("install (per channel: wheelforge consumer-config --channel C "
+               f"--url {url}/C/simple/):")
+    click.echo(text, nl=False)
+    sys.stdout.flush()
     try:
         server.serve_forever()
     finally:
@@ -359,22 +370,17 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
                                 "(default: every wheel in the index).")
 @click.option("--url", help="The index URL consumers use (default: file:// of --index); "
                             "e.g. the URL of `wheelforge serve` or your web server.")
-@click.option("--format", "fmt", type=click.Choice(["pip", "uv", "all"]), default="all",
+@click.option("--format", "fmt", type=click.Choice(get_args(Format)), default="all",
               show_default=True)
-def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: str) -> None:
-    """Print pip and uv settings that install the local wheels even when a public index
-    has the same names at higher versions (no dependency confusion)."""
-    from . import consumer, index
-
-    records = consumer.newest(index.load_records(index_dir), channel)
-    if not records:
-        raise click.ClickException(f"{index_dir} holds no wheels"
-                                   + (f" for channel {channel}" if channel else ""))
-    where = consumer.index_url(index_dir, url, channel)
-    if fmt in ("pip", "all"):
-        click.echo(consumer.pip_config(where, records))
-    if fmt in ("uv", "all"):
-        click.echo(consumer.uv_config(where, records))
+def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: Format) -> None:
+    """Print the pip and uv set-up that installs the local wheels and keeps them through
+    later upgrades, even when a public index has the same names at higher versions or
+    with other bytes (dependency confusion).  See docs/index.md for what it protects."""
+    text = _instructions(index_dir, url, channel, fmt)
+    for line in text.splitlines():
+        if line.startswith("# not pinned: "):
+            click.echo(f"warning: {line[2:]}", err=True)
+    click.echo(text, nl=False)
 
 
 config_option = click.option(

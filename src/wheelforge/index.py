@@ -93,6 +93,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from . import consumer
 from ._fs import (
     TMP_PREFIX,
     atomic_copy,
@@ -135,11 +136,12 @@ JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
 
 _SCHEMA = 1  # of the sidecar
-_CACHE_SCHEMA = 3  # of the .records caches; bump whenever the page templates change
+_CACHE_SCHEMA = 4  # of the .records caches; bump whenever the page templates change
 _WRITE_THREADS = 16  # _write_all: an fsync mostly waits for the disk (8, 16, 32, 64 measured)
 _CHUNKS_PER_THREAD = 4
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
 _WRITING = "_writing"  # present while a change is in progress
+CONSTRAINTS_FILE = consumer.CONSTRAINTS_FILE  # beside simple/: consumer.constraints_text
 REPORTS_DIR = "reports"  # nightly build reports (wheelforge.nightly); linked from the landing page
 NIGHTLY_REPORT = "nightly-latest.html"
 _RESERVED_CHANNELS = frozenset({FILES_DIR, SIMPLE_DIR, REPORTS_DIR, "index.html", "index.json"})
@@ -692,7 +694,7 @@ def _fsync_all(paths: Iterable[str]) -> None:
 # damaged or outdated one (another _CACHE_SCHEMA) is simply regenerated.
 
 _CACHE_MAGIC = "wheelforge-index-cache"
-_FIELDS = 5  # the lines of one wheel after the rows
+_FIELDS = 6  # the lines of one wheel after the rows
 
 
 class _Entry(NamedTuple):
@@ -704,6 +706,7 @@ class _Entry(NamedTuple):
     anchor: str  # the PEP 503 <a> element after '<a href="' + prefix
     file: str  # the PEP 691 file object after '{"url":"' + prefix
     row: str  # the landing-page <tr>
+    yanked: str  # "yanked" or "": a yanked version is never a consumer's pin
 
 
 @dataclass(frozen=True)
@@ -711,6 +714,7 @@ class _Summary:
     names: str  # digest of the project's wheel names
     channels: tuple[str, ...]
     pure: bool  # has channel-less pure wheels (those appear in every channel)
+    pins: tuple[tuple[str, str], ...] = ()  # (member, its newest non-yanked version)
 
 
 def _entry(record: WheelRecord) -> _Entry:
@@ -721,7 +725,7 @@ def _entry(record: WheelRecord) -> _Entry:
     href = _quote(record.filename)  # the file's URL, relative to files/, in all three fragments
     return _Entry(
         record.filename, record.version, member, _anchor(record, href), _file_json(record, href),
-        _landing_row(record, href),
+        _landing_row(record, href), "" if record.yanked is None else "yanked",
     )
 
 
@@ -777,8 +781,8 @@ def _load_cache(index_dir: Path, project: str) -> list[_Entry]:
     entries = []
     for i, row in enumerate(reversed(lines[:count])):  # the rows are newest first
         at = count + i * _FIELDS
-        filename, version, member, anchor, file = lines[at:at + _FIELDS]
-        entries.append(_Entry(filename, version, member, anchor, file, row))
+        filename, version, member, anchor, file, yanked = lines[at:at + _FIELDS]
+        entries.append(_Entry(filename, version, member, anchor, file, row, yanked))
     return entries
 
 
@@ -793,7 +797,8 @@ def _load_rows(index_dir: Path, project: str) -> str | None:
 
 def _cache_bytes(project: str, entries: Sequence[_Entry]) -> bytes:
     rows = _rows(entries).encode()
-    fragments = "".join(f"{field}\n" for entry in entries for field in entry[:_FIELDS])
+    fragments = "".join(f"{field}\n" for entry in entries
+                        for field in (*entry[:5], entry.yanked))
     header = f"{_CACHE_MAGIC} {_CACHE_SCHEMA} {project} {len(entries)} {len(rows)}\n"
     return header.encode() + rows + fragments.encode()
 
@@ -808,7 +813,8 @@ def _load_summary(index_dir: Path) -> dict[NormalizedName, _Summary]:
         if data["schema"] != _CACHE_SCHEMA:
             return {}
         return {
-            NormalizedName(p): _Summary(s["names"], tuple(s["channels"]), bool(s["pure"]))
+            NormalizedName(p): _Summary(s["names"], tuple(s["channels"]), bool(s["pure"]),
+                                        tuple((str(m), str(v)) for m, v in s["pins"]))
             for p, s in data["projects"].items()
         }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -819,7 +825,8 @@ def _summary_bytes(summary: Mapping[NormalizedName, _Summary]) -> bytes:
     payload = {
         "schema": _CACHE_SCHEMA,
         "projects": {
-            p: {"names": s.names, "channels": list(s.channels), "pure": s.pure}
+            p: {"names": s.names, "channels": list(s.channels), "pure": s.pure,
+                "pins": [list(pin) for pin in s.pins]}
             for p, s in sorted(summary.items())
         },
     }
@@ -866,7 +873,12 @@ def _project_entries(
 
 def _summarize(entries: Sequence[_Entry], names: str) -> _Summary:
     members = {e.member for e in entries}
-    return _Summary(names, tuple(sorted(members - {"", "*"})), "*" in members)
+    newest: dict[str, str] = {}
+    for e in entries:  # sorted oldest first: the last non-yanked one per member wins
+        if not e.yanked:
+            newest[e.member] = e.version
+    return _Summary(names, tuple(sorted(members - {"", "*"})), "*" in members,
+                    tuple(sorted(newest.items())))
 
 
 
@@ -1022,6 +1034,7 @@ def _landing_row(r: WheelRecord, href: str) -> str:
         f'<td title="{_e(r.upload_time)}">{_e(r.upload_time[:16].replace("T", " "))}</td>'
         f'<td title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
         f'<td class="{tested_class}" title="{_e(tested_title)}">{_e(label)}</td>'
+        f'<td><code class="pin">{_e(consumer.pin(r.project, r.version))}</code></td>'
         "</tr>"
     )
 
@@ -1071,13 +1084,13 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
            if report else "")
         + "</p>\n"
-        "<p>Install with <code>pip install --index-url &lt;this index&gt;/&lt;channel&gt;/simple/"
-        " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL); for "
-        "settings that a public index cannot override, run "
-        "<code>wheelforge consumer-config</code>.</p>\n"
+        "<p>Install the pins of the last column, from this index alone: <code>"
+        + _e(consumer.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."]))
+        + "</code>. For the set-up that keeps them through later upgrades (pip and uv), "
+        "run <code>wheelforge consumer-config</code>.</p>\n"
         "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
         '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
-        "<th>SHA-256</th><th>Tested</th></tr></thead>\n"
+        "<th>SHA-256</th><th>Tested</th><th>Pin</th></tr></thead>\n"
         f"{bodies}</table>\n</body>\n</html>\n"
     )
 
@@ -1108,6 +1121,8 @@ def _remove_pages(directory: Path) -> None:
     with contextlib.suppress(OSError):
         directory.rmdir()
     if directory.name == SIMPLE_DIR and directory.parent.name not in _RESERVED_CHANNELS:
+        with contextlib.suppress(FileNotFoundError):
+            (directory.parent / CONSTRAINTS_FILE).unlink()  # a channel's, when it goes
         with contextlib.suppress(OSError):
             directory.parent.rmdir()  # a channel directory left empty
 
@@ -1174,6 +1189,7 @@ def _sync(
             removals.extend(base / p for p in sorted((changed - set(members)) | removed))
         _pair(roots, base, _root_pages(members, f"Simple index: {channel}"))
     removals.extend(index_dir / c / SIMPLE_DIR for c in sorted(old_channels - new_channels))
+    roots += _constraints_files(index_dir, summary, new_channels)
     if full:
         removals.extend(_stale_pages(index_dir, summary, new_channels))
 
@@ -1192,6 +1208,28 @@ def _sync(
         _remove_pages(directory)
     # last: if anything above was interrupted, the next run sees stale digests and redoes it
     _write_all([(index_dir / CACHE_DIR / _SUMMARY_FILE, _summary_bytes(summary))])
+
+
+def _newest(summary: _Summary, members: Container[str] | None) -> str | None:
+    """The newest non-yanked version among ``members`` (None: all); None when none is."""
+    found = [v for m, v in summary.pins if members is None or m in members]
+    return max(found, key=Version) if found else None
+
+
+def _constraints_files(index_dir: Path, summary: Mapping[NormalizedName, _Summary],
+                       channels: Iterable[str]) -> list[tuple[Path, bytes]]:
+    """``constraints.txt`` for the whole index and for each channel: the newest non-yanked
+    version of every project their pages list (see consumer.constraints_text)."""
+    out = []
+    for channel in [None, *sorted(channels)]:
+        if channel is None:
+            where, title = index_dir, SIMPLE_DIR + "/"
+            newest = [(p, _newest(s, None)) for p, s in sorted(summary.items())]
+        else:
+            where, title = index_dir / channel, f"{channel}/{SIMPLE_DIR}/"
+            newest = [(p, _newest(summary[p], (channel, "*"))) for p in _members(summary, channel)]
+        out.append((where / CONSTRAINTS_FILE, consumer.constraints_text(newest, title).encode()))
+    return out
 
 
 def _stale_pages(
@@ -1530,6 +1568,7 @@ _FILE_TYPES = {
     METADATA_SUFFIX: "application/octet-stream",
     ".html": "text/html; charset=utf-8",
     ".json": "application/json",
+    ".txt": "text/plain; charset=utf-8",
 }
 
 

@@ -28,7 +28,7 @@ BUILD_KINDS: tuple[str, ...] = get_args(BuildKind)
 
 #: Placeholders a local-version template may use; see docs/recipe-format.md.
 LOCAL_VERSION_FIELDS = ("cuda", "torch", "sm")
-DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": ""}
+DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": "wf"}
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
