@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import tomllib
 
-from conftest import IN_CI, make_wheel
+from conftest import make_wheel
 from wheelforge import index
 
 CHANNEL = "cu130-torch2.14"
@@ -184,25 +184,6 @@ def served(local: Path) -> Iterator[str]:
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()
         proc.stderr.close()
-
-
-@pytest.fixture(scope="session")
-def uv() -> str:
-    """The uv binary; installed from PyPI into this venv when missing (it belongs in the
-    `test` extra).  Skipped when it cannot be had, except under CI=true."""
-    beside = Path(sys.executable).with_name("uv")
-    found = str(beside) if beside.is_file() else shutil.which("uv")
-    if found is None:
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
-                               "--disable-pip-version-check", "uv"],
-                              capture_output=True, text=True, timeout=600)
-        found = str(beside) if beside.is_file() else None
-        if found is None:
-            why = f"uv is not installed and `pip install uv` failed: {done.stderr[-500:]}"
-            if IN_CI:
-                pytest.fail(f"uv is required under CI=true: {why}")
-            pytest.skip(why)
-    return found
 
 
 def uv_run(uv: str, *args: str, cache: Path, cwd: Path | None = None,

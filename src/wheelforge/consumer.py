@@ -136,7 +136,7 @@ def plan(records: Sequence[WheelRecord], *, index_dir: Path, url: str | None,
                           fix=f"run wheelforge index rebuild --index {index_dir}")
     if url:
         index_url = url.rstrip("/") + "/"
-        base, simple, _ = index_url.rstrip("/").rpartition("/")
+        base, _, simple = index_url.rstrip("/").rpartition("/")
         if simple != "simple" or "://" not in index_url:
             raise ConfigError(f"--url {url} is not the URL of an index's simple/ pages",
                               why="the constraints file lies beside simple/, so the URL must "
