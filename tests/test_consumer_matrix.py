@@ -521,8 +521,55 @@ def test_uv_project(local: Path, public: str, served: str, uv: str, tmp_path: Pa
         before = state(python)
         done = run([uv, *args, "--python", str(python)], env, cwd=project)
         if done.returncode == 0 and args[0] == "lock":
-            done = run([uv, "sync", "--python", str(python)], env, cwd=project)
+            done = run([uv, "sync", "--no-build", "--python", str(python)], env, cwd=project)
         outcome(f"{cell} | {what}", done, python, before, expected)
+
+
+# --------------------------------------------------------------------------- controls
+
+PUBLIC_WON = {"wf-conv": ("98.0", False), "wf-core": ("9.0", False), "wf-la": ("9.0", False)}
+
+
+def test_controls_without_the_lasting_set_up_the_public_versions_win(
+        local: Path, public: str, served: str, uv: str, tmp_path: Path):
+    """The matrix is not vacuous: after only the first install (the old instructions: no
+    venv pip.conf, no uv.toml), and in a uv project that pins the index's projects with
+    [tool.uv.sources] only, the same later commands install the public marker wheels
+    (binary only, so the failing sdists do not stop them first)."""
+    env = _base_env(tmp_path, PIP_INDEX_URL=public, UV_DEFAULT_INDEX=public)
+    pip_text = instructions(local, served, "file", "channel", "pip", tmp_path)
+    first = next(c for c in printed_commands(pip_text) if "--isolated" in c)
+    python = pip_venv(tmp_path / "pip", "pip-newest")
+    assert run_printed(list(first), python, env).returncode == 0 and state(python) == KEPT
+    done = run([str(python), "-m", "pip", "install", "-U", "--only-binary", ":all:", *NAMES],
+               env)
+    assert done.returncode == 0, done.stderr
+    assert state(python) == PUBLIC_WON
+
+    uv_text = instructions(local, served, "file", "channel", "uv", tmp_path)
+    (uv_first,) = [shlex.split(line[2:]) for line in uv_text.splitlines()
+                   if line.startswith("# uv pip install")]
+    python = fresh_venv(tmp_path / "uv-venv")  # (tmp_path / "uv" is the uv cache)
+    assert run([uv, *uv_first[1:], "--python", str(python)], env).returncode == 0
+    assert state(python) == KEPT
+    done = run([uv, "pip", "install", "--python", str(python), "--only-binary", ":all:", "-U",
+                *NAMES], env)
+    assert done.returncode == 0, done.stderr
+    assert state(python) == PUBLIC_WON
+
+    project = tmp_path / "consumer"
+    project.mkdir()
+    url = f"{local.resolve().as_uri()}/{CHANNEL}/simple/"
+    sources = "".join(f'{name} = {{ index = "wheelforge" }}\n' for name in NAMES)
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "consumer"\nversion = "0"\nrequires-python = ">=3.10"\n'
+        'dependencies = ["wf-app"]\n\n[[tool.uv.index]]\nname = "wheelforge"\n'
+        f'url = "{url}"\nexplicit = true\n\n[tool.uv.sources]\n{sources}')
+    python = fresh_venv(tmp_path / "uv-project")
+    done = run([uv, "sync", "--no-build", "--python", str(python)],
+               {**env, "UV_PROJECT_ENVIRONMENT": str(python.parent.parent)}, cwd=project)
+    assert done.returncode == 0, done.stderr
+    assert state(python) == PUBLIC_WON  # sources bind direct dependencies only
 
 
 # --------------------------------------------------------------------------- consumer-config
