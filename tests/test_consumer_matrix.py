@@ -614,3 +614,22 @@ def _print_table() -> Iterator[None]:
     if ROWS:
         print("\n" + "\n".join(["MATRIX SUMMARY", *ROWS]))
 
+
+
+def test_the_readme_shows_the_rendered_instructions_first(tmp_path: Path):
+    """README's first install commands are consumer.render's, for an index of the shipped
+    recipes' wheels under $PWD/index, channel cu130-torch2.14."""
+    from wheelforge import consumer
+
+    root, dist = tmp_path.resolve() / "index", tmp_path / "dist"
+    for name, version, target in [("causal-conv1d", "1.7.0+cu130torch2.14sm120", CU130),
+                                  ("fla-core", "0.6.0+wf", NO_TARGET),
+                                  ("flash-linear-attention", "0.6.0+wf", NO_TARGET)]:
+        index.publish(root, _wheel(dist, name, version, "local"), **target)
+    plan = consumer.plan(index.load_records(root), index_dir=root, url=None, channel=CHANNEL)
+    text = consumer.render(plan, "pip").replace(str(tmp_path.resolve()), "$PWD")
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    install = readme[readme.index("## Install from the index"):]
+    first_block = install[install.index("```sh\n") + 6:install.index("```\n")]
+    assert first_block == text
+    assert readme.index("```sh\n" + text) < readme.index("--extra-index-url`")

@@ -49,7 +49,7 @@ def cli() -> None:
       wheelforge build causal-conv1d --arch '10.0;12.0'
       wheelforge build causal-conv1d --python ~/venvs/train/bin/python
         wheelforge serve                            # the index over HTTP
-      wheelforge consumer-config                  # pip/uv settings that cannot be hijacked
+      wheelforge consumer-config                  # pip/uv set-up that keeps the local wheels
     """
 
 

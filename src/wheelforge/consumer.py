@@ -224,10 +224,13 @@ def render(p: Plan, fmt: Format = "all") -> str:
     return "\n".join(lines) + "\n"
 
 
-def first_command(index_url: str, pins: Sequence[str]) -> str:
+def first_command(index_url: str, pins: Sequence[str], *, one_line: bool = False) -> str:
     """The one pip command that installs ``pins`` from ``index_url`` alone, whatever pip's
-    configuration files and PIP_* variables say (also the landing page's)."""
+    configuration files and PIP_* variables say; shell continuations unless ``one_line``
+    (the landing page's)."""
     q = shlex.quote
-    return ("PIP_CONFIG_FILE=/dev/null python -m pip install --isolated "
-            "--disable-pip-version-check --no-deps --only-binary :all: "
-            f"--index-url {q(index_url)} {' '.join(q(x) for x in pins)}")
+    parts = ["PIP_CONFIG_FILE=/dev/null python -m pip install --isolated "
+             "--disable-pip-version-check",
+             f"--no-deps --only-binary :all: --index-url {q(index_url)}",
+             " ".join(q(x) for x in pins)]
+    return " ".join(parts) if one_line else " \\\n    ".join(parts)

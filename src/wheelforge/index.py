@@ -1085,7 +1085,8 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
            if report else "")
         + "</p>\n"
         "<p>Install the pins of the last column, from this index alone: <code>"
-        + _e(consumer.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."]))
+        + _e(consumer.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."],
+                                        one_line=True))
         + "</code>. For the set-up that keeps them through later upgrades (pip and uv), "
         "run <code>wheelforge consumer-config</code>.</p>\n"
         "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Torch</th>"
