@@ -50,7 +50,7 @@ class Plan:
     """Everything the instructions name: where the index is, its constraints, the pins."""
 
     index_url: str  # the simple/ URL, with a trailing slash
-    constraints: str  # a path (file:// index) or URL of the matching constraints.txt
+    constraints: str  # the URL (file:// for a local index) of the matching constraints.txt
     pins: tuple[str, ...]  # NAME==VERSION, the newest non-yanked version per project
     dropped: tuple[str, ...] = ()  # "project: why" for each project left out of the pins
 
@@ -146,7 +146,7 @@ def plan(records: Sequence[WheelRecord], *, index_dir: Path, url: str | None,
         constraints = f"{base}/{CONSTRAINTS_FILE}"
     else:
         index_url = (root / "simple").as_uri() + "/"
-        constraints = str(root / CONSTRAINTS_FILE)
+        constraints = (root / CONSTRAINTS_FILE).as_uri()  # pip splits paths on spaces
     return Plan(index_url=index_url, constraints=constraints,
                 pins=tuple(pin(r.project, r.version) for r in chosen), dropped=tuple(dropped))
 
@@ -159,9 +159,10 @@ def pip_lines(p: Plan) -> list[str]:
         "# pip, in the venv you install into (python: that venv's interpreter).",
         "# 1. Its pip.conf keeps every later pip command there (pip install -U, installing a",
         "#    package that needs these) on the local wheels: the constraints pin their exact",
-        "#    local versions, and the local index stays reachable.  A `constraint` of your",
-        "#    user or global pip config is replaced in this venv: add it to the value,",
-        "#    space-separated (python -m pip config list shows it).",
+        "#    local versions, and the local index stays reachable.  pip takes one value",
+        "#    per setting: an extra-index-url or constraint of your user or global pip",
+        "#    config is replaced in this venv, so add it to the value, space-separated",
+        "#    (python -m pip config list shows them).",
         f"python -m pip config --site set global.extra-index-url {q(p.index_url)}",
         f"python -m pip config --site set global.constraint {q(p.constraints)}",
         "# 2. The local wheels from the local index alone, whatever pip's configuration files",
