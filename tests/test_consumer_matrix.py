@@ -304,8 +304,10 @@ def outcome(cell: str, done: subprocess.CompletedProcess[str], python: Path,
         clear = any(pin in done.stdout + done.stderr for pin in
                     ("wf-conv==" + CONV, "wf-core==" + CORE, "wf-la==" + LA))
         got = "refused" if after == before and clear else f"BROKEN {after}"
+    said = next((line.strip() for line in done.stderr.splitlines()
+                 if re.search(r"error|because", line, re.I)), "") if got != "kept" else ""
     ROWS.append(f"{cell}: {got}")
-    print(f"\nMATRIX {cell}: {got}")
+    print(f"\nMATRIX {cell}: {got}" + (f"  [{said}]" if said else ""))
     assert got == expected, (f"{cell}: {got}, expected {expected}\n{shlex.join(done.args)}\n"
                              f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
 
