@@ -608,6 +608,15 @@ def test_a_project_left_out_of_the_pins_says_why(tmp_path: Path):
     assert "wf-other" not in constraints
     top = (root / "constraints.txt").read_text()
     assert "wf-other==1.0+cu128torch2.14sm120\n" in top
+    # the pins printed and the constraints file agree (one from the records, one from the
+    # index's summary cache)
+    from wheelforge import consumer
+
+    records = index.load_records(root)
+    for channel, text in [(CHANNEL, constraints), (None, top)]:
+        plan = consumer.plan(records, index_dir=root, url=None, channel=channel)
+        assert list(plan.pins) == [line for line in text.splitlines()
+                                   if not line.startswith("#")]
 
 
 @pytest.fixture(autouse=True, scope="module")

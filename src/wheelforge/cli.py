@@ -120,7 +120,10 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     channel = built.pop() if len(built) == 1 else None
     click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}; "
                "uv too: wheelforge consumer-config):")
-    click.echo(_instructions(config.index_dir, None, channel, "pip"), nl=False)
+    try:
+        click.echo(_instructions(config.index_dir, None, channel, "pip"), nl=False)
+    except ConfigError as exc:  # e.g. every built version yanked: the build still succeeded
+        click.echo(f"# none: {exc.what} ({exc.why})")
 
 
 def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
