@@ -369,10 +369,11 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
 
 @cli.command("consumer-config")
 @index_option
-@click.option("--channel", help="Limit to one build target, e.g. cu130-torch2.14 "
-                                "(default: every wheel in the index).")
-@click.option("--url", help="The index URL consumers use (default: file:// of --index); "
-                            "e.g. the URL of `wheelforge serve` or your web server.")
+@click.option("--channel", help="The pages of one build target, e.g. cu130-torch2.14 "
+                                "(default: the top-level simple/, every wheel).")
+@click.option("--url", help="The simple/ URL consumers use (default: file:// of --index); "
+                            "e.g. http://HOST:8765/cu130-torch2.14/simple/ for "
+                            "`wheelforge serve`.")
 @click.option("--format", "fmt", type=click.Choice(get_args(Format)), default="all",
               show_default=True)
 def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: Format) -> None:
