@@ -223,24 +223,25 @@ def run_printed(argv: list[str], python: Path, env: dict[str, str]
 # --------------------------------------------------------------------------- venvs, outcomes
 
 
-BUNDLED_PIP = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip" / "_bundled"
+PIPS: dict[str, Path] = {}  # client: the site-packages directory its pip is copied from
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pips(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """pip-bundled: what `python -m venv` installs (ensurepip), once; pip-newest: this
+    checkout's (`make venv` upgrades it from PyPI)."""
+    python = fresh_venv(tmp_path_factory.mktemp("bundled") / "venv", with_pip=True)
+    PIPS["pip-bundled"] = _site(python)
+    PIPS["pip-newest"] = Path(sysconfig.get_paths()["purelib"])
 
 
 def pip_venv(path: Path, client: str) -> Path:
-    """A venv with the pip that `python -m venv` bundles, or with this checkout's pip (the
-    newest from PyPI: `make venv` upgrades it), copied in as installed files."""
+    """A venv with that client's pip, copied in as installed files (pip is pure Python)."""
     python = fresh_venv(path)
-    site = _site(python)
-    if client == "pip-bundled":
-        (wheel,) = BUNDLED_PIP.glob("pip-*.whl")
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(site)
-    else:
-        import pip
-        source = Path(pip.__file__).parent
-        shutil.copytree(source, site / "pip")
-        for info in source.parent.glob(f"pip-{pip.__version__}.dist-info"):
-            shutil.copytree(info, site / info.name)
+    site, source = _site(python), PIPS[client]
+    shutil.copytree(source / "pip", site / "pip")
+    for info in source.glob("pip-*.dist-info"):
+        shutil.copytree(info, site / info.name)
     return python
 
 
@@ -364,7 +365,8 @@ def test_pip(local: Path, public: str, served: str, tmp_path: Path, client: str,
     env = hostile_pip_config(level, tmp_path, python, public,
                              _base_env(tmp_path, PIP_INDEX_URL=public))
     text = instructions(local, served, transport, pages, "pip", tmp_path)
-    cell = f"{client} | {transport} {pages} | config {level}"
+    (info,) = PIPS[client].glob("pip-*.dist-info")
+    cell = f"{client} {info.name[4:-10]} | {transport} {pages} | config {level}"
     commands = printed_commands(text)
     assert [c[:4] for c in commands[:2]] == [["python", "-m", "pip", "config"]] * 2
     assert len(commands) == 4 and "--isolated" in commands[2]
