@@ -646,3 +646,19 @@ def test_the_readme_shows_the_rendered_instructions_first(tmp_path: Path):
     first_block = install[install.index("```sh\n") + 6:install.index("```\n")]
     assert first_block == text
     assert readme.index("```sh\n" + text) < readme.index("--extra-index-url`")
+
+
+def test_a_channel_that_goes_takes_its_constraints_along(tmp_path: Path):
+    root, dist = tmp_path / "index", tmp_path / "dist"
+    wheel = _wheel(dist, "wf-conv", CONV, "local")
+    index.publish(root, wheel, **CU130)
+    index.publish(root, _wheel(dist, "wf-core", CORE, "local"), **NO_TARGET)
+    assert (root / CHANNEL / "constraints.txt").is_file()
+    index.remove(root, [wheel.name])
+    assert not (root / CHANNEL).exists()
+    assert (root / "constraints.txt").read_text().endswith(f"\nwf-core=={CORE}\n")
+    # a crash that left only a gone channel's constraints: the next rebuild removes them
+    (root / CHANNEL).mkdir()
+    (root / CHANNEL / "constraints.txt").write_text("wf-conv==1.0\n")
+    index.rebuild(root)
+    assert not (root / CHANNEL).exists()

@@ -797,8 +797,8 @@ def _load_rows(index_dir: Path, project: str) -> str | None:
 
 def _cache_bytes(project: str, entries: Sequence[_Entry]) -> bytes:
     rows = _rows(entries).encode()
-    fragments = "".join(f"{field}\n" for entry in entries
-                        for field in (*entry[:5], entry.yanked))
+    fragments = "".join(f"{field}\n" for entry in entries  # the row is stored above
+                        for field in (*entry[:_FIELDS - 1], entry.yanked))
     header = f"{_CACHE_MAGIC} {_CACHE_SCHEMA} {project} {len(entries)} {len(rows)}\n"
     return header.encode() + rows + fragments.encode()
 
@@ -1111,16 +1111,17 @@ def _pair(out: list[tuple[Path, bytes]], directory: Path, pages: tuple[str, str]
 
 def _remove_pages(directory: Path) -> None:
     """Remove generated pages under ``directory`` and the directories they leave empty."""
-    if not directory.is_dir() or directory.is_symlink():
+    if directory.is_symlink():
         return
-    for sub in sorted(directory.iterdir()):
-        if sub.is_dir() and not sub.is_symlink():
-            _remove_pages(sub)
-    for name in ("index.html", "index.json"):
-        with contextlib.suppress(FileNotFoundError):
-            (directory / name).unlink()
-    with contextlib.suppress(OSError):
-        directory.rmdir()
+    if directory.is_dir():
+        for sub in sorted(directory.iterdir()):
+            if sub.is_dir() and not sub.is_symlink():
+                _remove_pages(sub)
+        for name in ("index.html", "index.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / name).unlink()
+        with contextlib.suppress(OSError):
+            directory.rmdir()
     if directory.name == SIMPLE_DIR and directory.parent.name not in _RESERVED_CHANNELS:
         with contextlib.suppress(FileNotFoundError):
             (directory.parent / CONSTRAINTS_FILE).unlink()  # a channel's, when it goes
@@ -1241,7 +1242,11 @@ def _stale_pages(
     stale = [simple / d for d in _directories(simple) if d not in summary]
     for top in _directories(index_dir):
         base = index_dir / top / SIMPLE_DIR
-        if top in _RESERVED_CHANNELS or top.startswith(".") or not base.is_dir():
+        if top in _RESERVED_CHANNELS or top.startswith("."):
+            continue
+        if not base.is_dir():
+            if top not in channels and os.listdir(index_dir / top) == [CONSTRAINTS_FILE]:
+                stale.append(base)  # a gone channel's constraints, left by a crash
             continue
         if top not in channels:
             stale.append(base)
