@@ -6,6 +6,8 @@ import hashlib
 import io
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
 import zipfile
 from collections.abc import Callable, Mapping
@@ -122,3 +124,22 @@ def wheel_factory(tmp_path: Path) -> Callable[..., Path]:
 def shared_cache() -> Path:
     """The user's wheelforge cache: managed torch environments are shared with `make build`."""
     return default_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def uv() -> str:
+    """The uv binary; installed from PyPI into this venv when missing (it belongs in the
+    `test` extra).  Skipped when it cannot be had, except under CI=true."""
+    beside = Path(sys.executable).with_name("uv")
+    found = str(beside) if beside.is_file() else shutil.which("uv")
+    if found is None:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
+                               "--disable-pip-version-check", "uv"],
+                              capture_output=True, text=True, timeout=600)
+        found = str(beside) if beside.is_file() else None
+        if found is None:
+            why = f"uv is not installed and `pip install uv` failed: {done.stderr[-500:]}"
+            if IN_CI:
+                pytest.fail(f"uv is required under CI=true: {why}")
+            pytest.skip(why)
+    return found

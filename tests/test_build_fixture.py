@@ -55,8 +55,13 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     ext = "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
     assert f"published: {ext}  [sm_120]" in res.stdout
-    assert "published: tinypure-0.1.0-py3-none-any.whl  [pure Python]" in res.stdout
-    assert "install: pip install --extra-index-url file://" in res.stdout
+    assert "published: tinypure-0.1.0+wf-py3-none-any.whl  [pure Python]" in res.stdout
+    # the install lines are consumer.render's for the build's channel: the safe ones
+    assert "install (the index's channel cu130-torch2.14; uv too: wheelforge " \
+           "consumer-config):\n" in res.stdout
+    assert "PIP_CONFIG_FILE=/dev/null python -m pip install --isolated " in res.stdout
+    assert "--extra-index-url" not in res.stdout
+    assert " tinyext==0.1.0+cu130torch2.14sm120 tinypure==0.1.0+wf\n" in res.stdout
     # resolved inputs first, then steps with durations
     assert "arch list      12.0  [--arch]" in res.stderr
     assert "ok compile (TORCH_CUDA_ARCH_LIST=12.0" in res.stderr

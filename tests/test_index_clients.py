@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
-from conftest import IN_CI, make_wheel
+from conftest import make_wheel
 from wheelforge import index
 from wheelforge._fs import sha256_file
 
@@ -168,12 +167,16 @@ def served(local: Path) -> Iterator[str]:
     try:
         assert proc.stdout is not None
         first, second = proc.stdout.readline(), proc.stdout.readline()
+        SERVE_BANNER[:] = []
+        while not SERVE_BANNER or not SERVE_BANNER[-1].startswith("python -m pip install "):
+            SERVE_BANNER.append(proc.stdout.readline())  # the renderer's pip lines, to the last
         match = re.fullmatch(r"serving (.+) at (http://127\.0\.0\.1:(\d+))/ \(read-only\); "
                              r"Ctrl-C stops\n", first)
         assert match, (first, proc.stderr.read() if proc.poll() is not None else "")
         assert match.group(1) == str(local) and int(match.group(3)) != 0
         url = match.group(2)
-        assert second == f"  pip install --index-url {url}/simple/ NAME==VERSION\n"
+        assert second == ("install (per channel: wheelforge consumer-config --channel C "
+                          f"--url {url}/C/simple/):\n")
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -185,25 +188,6 @@ def served(local: Path) -> Iterator[str]:
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()
         proc.stderr.close()
-
-
-@pytest.fixture(scope="session")
-def uv() -> str:
-    """The uv binary; installed from PyPI into this venv when missing (it belongs in the
-    `test` extra).  Skipped when it cannot be had, except under CI=true."""
-    beside = Path(sys.executable).with_name("uv")
-    found = str(beside) if beside.is_file() else shutil.which("uv")
-    if found is None:
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
-                               "--disable-pip-version-check", "uv"],
-                              capture_output=True, text=True, timeout=600)
-        found = str(beside) if beside.is_file() else None
-        if found is None:
-            why = f"uv is not installed and `pip install uv` failed: {done.stderr[-500:]}"
-            if IN_CI:
-                pytest.fail(f"uv is required under CI=true: {why}")
-            pytest.skip(why)
-    return found
 
 
 def uv_run(uv: str, *args: str, cache: Path, cwd: Path | None = None,
@@ -231,11 +215,14 @@ def test_pip_installs_over_file_url(local: Path, tmp_path: Path):
 
 
 def test_venv_pip_installs_over_wheelforge_serve(served: str, tmp_path: Path):
-    """The pip that `python -m venv` bundles, with the command `serve` prints."""
+    """The pip that `python -m venv` bundles, with the first install command `serve`
+    prints (the renderer's, for the served simple/)."""
     python = fresh_venv(tmp_path / "venv", with_pip=True)
-    printed = f"pip install --index-url {served}/simple/ NAME==VERSION"
-    argv = [a if a != "NAME==VERSION" else "wf-helper==0.6.0" for a in shlex.split(printed)]
-    ok(run([str(python), "-m", *argv, "--no-cache-dir"], clean_env()))
+    (first,) = commands("".join(SERVE_BANNER), "PIP_CONFIG_FILE=/dev/null python -m pip")
+    assert f"{served}/simple/" in first
+    assert first[0] == "PIP_CONFIG_FILE=/dev/null" and first[1] == "python"
+    ok(run([str(python), *first[2:], "--no-cache-dir"], clean_env(PIP_CONFIG_FILE=os.devnull)))
+    assert installed(python)["wf-demo"] == (DEMO_LOCAL, "local")
     assert installed(python)["wf-helper"] == ("0.6.0", "local")
 
 
@@ -365,8 +352,8 @@ def test_uv_skips_yanked_files_unless_pinned(yanked: Path, uv: str, tmp_path: Pa
 
 # --------------------------------------------------------------------------- dependency confusion
 
-LOCAL_WINS = {"wf-demo": (DEMO_LOCAL, "local"), "wf-helper": ("0.6.0", "local"),
-              "wf-dep": ("1.0", "public")}
+# What consumer-config prints, run with real pip and uv against a public index for the
+# first install and for the commands users run later: tests/test_consumer_matrix.py.
 
 
 def test_the_trap_a_bare_extra_index_url_installs_the_public_upload(
@@ -390,77 +377,7 @@ def commands(text: str, prefix: str) -> list[list[str]]:
             for line in joined.splitlines() if line.startswith(prefix)]
 
 
-@pytest.mark.parametrize("transport", ["file", "http"])
-def test_pip_with_the_printed_configuration_installs_the_local_wheels(
-    local: Path, public: str, served: str, tmp_path: Path, transport: str
-):
-    """The two pip commands consumer-config prints, run as printed with the public index
-    as the user's usual index (PIP_INDEX_URL): the local wheels, their dependency from
-    the public index."""
-    text = consumer_config(local, "pip", None if transport == "file" else channel_url(served))
-    printed = commands(text, "pip install")
-    assert len(printed) == 2 and all(c[:2] == ["pip", "install"] for c in printed)
-    python = fresh_venv(tmp_path / "venv")
-    env = clean_env(PIP_INDEX_URL=public)
-    for argv in printed:
-        ok(pip(python, *argv[1:], "--no-cache-dir", env=env))
-    assert installed(python) == LOCAL_WINS
-
-
-@pytest.mark.parametrize("pinned", [True, False])
-def test_uv_pip_with_the_printed_command_installs_the_local_wheels(
-    local: Path, public: str, uv: str, tmp_path: Path, pinned: bool
-):
-    """The `uv pip install` line consumer-config prints, with the public index as uv's
-    default index (UV_DEFAULT_INDEX); also with the pins replaced by bare names, which
-    the first-index strategy still takes from the local index alone."""
-    (argv,) = commands(consumer_config(local, "uv", None), "# uv pip install")
-    assert argv[:3] == ["uv", "pip", "install"]
-    if not pinned:
-        argv = [a.split("==")[0] for a in argv]
-    python = fresh_venv(tmp_path / "venv")
-    ok(uv_run(uv, *argv[1:], "--python", str(python), cache=tmp_path / "uv-cache",
-              UV_DEFAULT_INDEX=public))
-    assert installed(python) == LOCAL_WINS
-    if not pinned:  # not vacuous: the same command merging every index takes the public ones
-        unsafe = [a.replace("first-index", "unsafe-best-match") for a in argv]
-        assert unsafe != argv
-        python = fresh_venv(tmp_path / "venv-unsafe")
-        ok(uv_run(uv, *unsafe[1:], "--python", str(python), cache=tmp_path / "uv-cache",
-                  UV_DEFAULT_INDEX=public))
-        assert installed(python) == {"wf-demo": ("99.0", "public"),
-                                     "wf-helper": ("9.0", "public")}
-
-
-@pytest.mark.parametrize("transport", ["file", "http"])
-def test_uv_project_with_the_printed_configuration_installs_the_local_wheels(
-    local: Path, public: str, served: str, uv: str, tmp_path: Path, transport: str
-):
-    """A uv project whose pyproject.toml holds the printed configuration verbatim and
-    depends on the projects *unpinned*: `uv sync` against the public default index takes
-    them from the local index, and their dependency from the public one."""
-    url = None if transport == "file" else channel_url(served)
-    text = consumer_config(local, "uv", url)
-    config = tomllib.loads(text)["tool"]["uv"]
-    (declared,) = config["index"]
-    assert declared["explicit"] is True
-    assert declared["url"] == (url or channel_url(file_base(local)))
-    assert config["sources"] == {p: {"index": declared["name"]} for p in ("wf-demo", "wf-helper")}
-    project = tmp_path / "consumer"
-    project.mkdir()
-    dependencies = ", ".join(f'"{name}"' for name in config["sources"])
-    (project / "pyproject.toml").write_text(
-        '[project]\nname = "consumer"\nversion = "0"\nrequires-python = ">=3.10"\n'
-        f"dependencies = [{dependencies}]\n\n{text}"
-    )
-    python = fresh_venv(tmp_path / "venv")
-    ok(uv_run(uv, "sync", "--python", str(python), cache=tmp_path / "uv-cache", cwd=project,
-              UV_DEFAULT_INDEX=public, UV_PROJECT_ENVIRONMENT=str(python.parent.parent)))
-    assert installed(python) == LOCAL_WINS
-    lock = tomllib.loads((project / "uv.lock").read_text())
-    sources = {p["name"]: p["source"] for p in lock["package"] if p["name"] != "consumer"}
-    assert sources["wf-dep"] == {"registry": public}
-    assert sources["wf-demo"] == sources["wf-helper"] != sources["wf-dep"]
+SERVE_BANNER: list[str] = []  # the install lines `serve` printed (the served fixture)
 
 
 # --------------------------------------------------------------------------- regressions
@@ -474,9 +391,9 @@ def test_consumer_config_for_a_channel_pins_only_what_the_channel_serves(tmp_pat
     native = make_wheel(tmp_path / "dist", {"wf_native/__init__.py": "ORIGIN = 'local'\n"},
                         name="wf-native", version="1.0", tag="cp311-cp311-linux_x86_64")
     index.publish(root, native, **NO_TARGET)
-    (first, _second) = commands(consumer_config(root, "pip", None), "pip install")
+    (first,) = commands(consumer_config(root, "pip", None), "PIP_CONFIG_FILE=/dev/null")
     python = fresh_venv(tmp_path / "venv")
-    ok(pip(python, *first[1:], "--no-cache-dir"))
+    ok(pip(python, *first[4:], "--no-cache-dir"))  # after "python -m pip install"
     assert installed(python) == {"wf-demo": (DEMO_LOCAL, "local")}
 
 

@@ -24,7 +24,7 @@ from wheelforge import index
 
 WIDTH, HEIGHT = 1400, 900
 HEADERS = ["Project", "Version", "Python", "Channel", "Torch", "CUDA", "Archs", "Size",
-           "Built (UTC)", "SHA-256", "Tested"]
+           "Built (UTC)", "SHA-256", "Tested", "Pin"]
 EXTENSION = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
 
 
@@ -195,11 +195,11 @@ def test_dom_has_the_headers_and_every_row(chromium: str, landing: Path, tmp_pat
     expected = [
         ("", ["causal-conv1d", "1.7.0+cu130torch2.14sm120", "cp311", "cu130-torch2.14",
               "2.14.1", "13.0", "sm_100 sm_120", size, *fixed(ext),
-              "passed on NVIDIA RTX PRO 6000"]),
+              "passed on NVIDIA RTX PRO 6000", "causal-conv1d==1.7.0+cu130torch2.14sm120"]),
         ("", ["fla-core", "0.6.0", "py3", "every", "-", "-", "-", size, *fixed(pure),
-              "untested"]),
+              "untested", "fla-core==0.6.0"]),
         ("yanked-row", ["fla-core", "0.5.0 yanked", "py3", "every", "-", "-", "-", size,
-                        *fixed(old), "untested"]),
+                        *fixed(old), "untested", "fla-core==0.5.0"]),
     ]
     assert len(table.rows) == len(expected)
     for (row_class, cells), (want_class, want) in zip(table.rows, expected, strict=True):

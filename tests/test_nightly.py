@@ -557,4 +557,4 @@ def test_two_concurrent_nightly_runs_build_each_cell_once(tmp_path: Path,
     built = [c["recipe"] for r in reports for c in r["cells"] if c["status"] == "built"]
     assert sorted(built) == names  # each cell built by exactly one of the runs
     assert sorted(p.name for p in (tmp_path / "index" / "files").glob("*.whl")) == [
-        f"{n}-0.1.0-py3-none-any.whl" for n in names]
+        f"{n}-0.1.0+wf-py3-none-any.whl" for n in names]  # pure wheels get the "wf" label

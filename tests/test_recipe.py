@@ -139,3 +139,15 @@ def test_shipped_recipes_are_valid() -> None:
         "0003-no-network-during-build.patch", "0004-nvcc-threads.patch",
         "0005-split-kernels-into-translation-units.patch",
         "0006-binding-unit-without-debug-info.patch", "0007-compress-every-fatbin.patch"]
+
+
+def test_pure_wheels_get_a_local_label_too(tmp_path: Path) -> None:
+    """`fla-core==0.6.0` in a dependent's metadata matches `0.6.0+wf` (PEP 440), and no
+    public upload can carry a local version: the label keeps pure wheels apart too."""
+    from packaging.specifiers import SpecifierSet
+
+    shipped = RecipeBook(REPO / "recipes", REPO / "patches")
+    assert shipped.load("fla-core").build.local_version == "wf"
+    assert shipped.load("flash-linear-attention").build.local_version == "wf"
+    assert "0.6.0+wf" in SpecifierSet("==0.6.0")
+    assert "0.6.0" not in SpecifierSet("==0.6.0+wf")

@@ -7,15 +7,16 @@ message and an exit status.  Results go to stdout, progress to stderr.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
+from typing import get_args
 
 import click
 
 from . import __version__
 from ._log import Reporter, clear_live
 from .config import resolve
+from .consumer import Format
 from .errors import (
     INTERNAL_ERROR_EXIT_CODE,
     INTERRUPT_EXIT_CODES,
@@ -88,7 +89,7 @@ def cli() -> None:
       wheelforge build causal-conv1d --arch '10.0;12.0'
       wheelforge build causal-conv1d --python ~/venvs/train/bin/python
       wheelforge serve                            # the index over HTTP
-      wheelforge consumer-config                  # pip/uv settings that cannot be hijacked
+      wheelforge consumer-config                  # pip/uv set-up that keeps the local wheels
     """
 
 
@@ -153,20 +154,26 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
         reporter.info(line)
     results = [build_one(r, config, reporter) for r in loaded]
     clear_live()
-    simple = (config.index_dir / "simple").as_uri()
     for res in results:
         state = "already published" if res.skipped else "published"
         archs = ", ".join(res.sass) if res.sass else "pure Python"
         click.echo(f"{state}: {res.wheel.name}  [{archs}]")
-    pins = " ".join(shlex.quote(f"{r.recipe.name}=={_version_of(r.wheel)}") for r in results)
-    click.echo(f"install: pip install --extra-index-url {simple} {pins}")
-    click.echo("  (settings that a public index cannot override: wheelforge consumer-config "
-               f"--index {config.index_dir})")
+    built = {r.channel for r in results if r.channel is not None}
+    channel = built.pop() if len(built) == 1 else None
+    click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}; "
+               "uv too: wheelforge consumer-config):")
+    try:
+        click.echo(_instructions(config.index_dir, None, channel, "pip"), nl=False)
+    except ConfigError as exc:  # e.g. every built version yanked: the build still succeeded
+        click.echo(f"# none: {exc.what} ({exc.why})")
 
 
-def _version_of(wheel: Path) -> str:
-    from packaging.utils import parse_wheel_filename
-    return str(parse_wheel_filename(wheel.name)[1])
+def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
+    """consumer.render for the index's current records (the one source of install text)."""
+    from . import consumer, index
+
+    return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
+                                         url=url, channel=channel), fmt)
 
 
 @cli.command("list")
@@ -459,9 +466,16 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> N
     server = index.make_server(index_dir, host, port, quiet=not log_requests)
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
+    click.echo(f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops")
+    try:
+        text = _instructions(index_dir, f"{url}/simple/", None, "pip")
+    except ConfigError as exc:  # an empty index is still served
+        text = f"# {exc.what}\n"
+    click.echo("install (per channel: wheelforge consumer-config --channel C "
+               f"--url {url}/C/simple/):")
+    click.echo(text, nl=False)
+    sys.stdout.flush()
     try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop
-        click.echo(f"serving {index_dir} at {url}/ (read-only); Ctrl-C stops")
-        click.echo(f"  pip install --index-url {url}/simple/ NAME==VERSION")
         server.serve_forever()
     except KeyboardInterrupt as exc:
         reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"
@@ -472,38 +486,32 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> N
 
 @cli.command("consumer-config")
 @index_option
-@click.option("--channel", help="Limit to one build target, e.g. cu130-torch2.14 "
-                                "(default: every wheel in the index).")
-@click.option("--url", help="The index URL consumers use (default: file:// of --index); "
-                            "e.g. the URL of `wheelforge serve` or your web server.")
-@click.option("--format", "fmt", type=click.Choice(["pip", "uv", "all"]), default="all",
-              show_default=True, help="pip (a two-step install), uv (pyproject.toml), or both.")
+@click.option("--channel", help="The pages of one build target, e.g. cu130-torch2.14 "
+                                "(default: the top-level simple/, every wheel).")
+@click.option("--url", help="The simple/ URL consumers use (default: file:// of --index); "
+                            "e.g. http://HOST:8765/cu130-torch2.14/simple/ for "
+                            "`wheelforge serve`.")
+@click.option("--format", "fmt", type=click.Choice(get_args(Format)), default="all",
+              show_default=True, help="pip (a venv pip.conf and a two-step install), uv "
+                                      "(pyproject.toml and uv.toml), or all of them.")
 def consumer_config(index_dir: Path | None, channel: str | None, url: str | None,
-                    fmt: str) -> None:
-    """Print pip and uv settings that install the local wheels even when a public index
-    has the same names at higher versions (no dependency confusion).
+                    fmt: Format) -> None:
+    """Print the pip and uv set-up that installs the local wheels and keeps them through
+    later upgrades, even when a public index has the same names at higher versions or
+    with other bytes (dependency confusion).  See docs/index.md for what it protects.
 
     \b
     Examples:
       wheelforge consumer-config                    # pip and uv, every wheel in ./index
       wheelforge consumer-config --format uv >> pyproject.toml
-      wheelforge consumer-config --channel cu130-torch2.14 --url http://builder:8765/cu130-torch2.14/simple
+      wheelforge consumer-config --channel cu130-torch2.14 --url http://builder:8765/cu130-torch2.14/simple/
     """
-    from . import consumer, index
-
     index_dir = _existing_index(index_dir)
-    records = consumer.newest(index.load_records(index_dir), channel)
-    if not records:
-        raise ConfigError(f"{index_dir} holds no wheels"
-                          + (f" for channel {channel}" if channel else ""),
-                          fix="build one first (wheelforge build NAME --index "
-                              f"{index_dir})" + ("" if not channel else ", or leave out "
-                                                 "--channel to see every channel"))
-    where = consumer.index_url(index_dir, url, channel)
-    if fmt in ("pip", "all"):
-        click.echo(consumer.pip_config(where, records))
-    if fmt in ("uv", "all"):
-        click.echo(consumer.uv_config(where, records))
+    text = _instructions(index_dir, url, channel, fmt)
+    for line in text.splitlines():
+        if line.startswith("# not pinned: "):
+            click.echo(f"warning: {line[2:]}", err=True)
+    click.echo(text, nl=False)
 
 
 config_option = click.option(

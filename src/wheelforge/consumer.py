@@ -1,97 +1,237 @@
-"""Consumer configuration that installs wheelforge's wheels even when a public index
-offers the same names at higher versions (dependency confusion).
+"""What consumers run to install wheelforge's wheels and keep them, even when a public
+index offers the same names at higher versions or with other bytes (dependency
+confusion).  :func:`render` is the one place the install instructions come from: the
+last lines of ``build``, ``serve``'s banner, the landing page and ``consumer-config``.
 
-With a bare ``--extra-index-url`` pip merges every index and takes the highest version
-it sees, so a newer public upload of the same name wins.  The configurations here make
-the local index the only source of the projects it holds:
+Three things together protect an install, also the commands users run later:
 
-* pip: two commands.  The first can see only the local index (``--index-url``, no
-  extra index, ``--no-deps``), so it installs exactly the pinned local wheels; the
-  second resolves their dependencies from the usual index, and pip keeps the already
-  installed, pinned versions.
-* uv: the local index declared ``explicit`` and every project it holds pinned to it in
-  ``[tool.uv.sources]``; for ``uv pip``, the local index as ``--extra-index-url``, which
-  uv consults first, and uv's default ``first-index`` strategy stops at the first index
-  that has a name.
+* every published wheel carries a local version label (``1.7.0+cu130torch2.14sm120``,
+  ``0.6.0+wf`` for pure wheels).  PyPI accepts no local versions, so no public upload
+  can carry the exact version, while ``fla-core==0.6.0`` in a dependent's metadata still
+  matches ``0.6.0+wf`` (PEP 440 ignores the label when the specifier has none);
+* the index publishes ``constraints.txt`` (and ``<channel>/constraints.txt``) with the
+  exact newest version of each project, regenerated with the pages.  pip reads it from
+  the venv's ``pip.conf`` (``constraint = ...``) on every command; uv projects get the
+  same pins as ``constraint-dependencies``, which bind transitive dependencies and
+  extras too (``[tool.uv.sources]`` binds direct dependencies only);
+* the first install sees the local index alone: ``PIP_CONFIG_FILE=/dev/null`` skips
+  every pip configuration file (``--isolated`` skips only the user's file and the
+  ``PIP_*`` variables), and for uv the local index comes first, where uv's default
+  ``first-index`` strategy takes a name it holds from it alone.
+
+This module renders text only; it never reads the index (the records come in).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from .index import WheelRecord
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .index import WheelRecord
+
+Format = Literal["pip", "uv", "all"]
+FORMATS: tuple[Format, ...] = ("pip", "uv", "all")
+CONSTRAINTS_FILE = "constraints.txt"  # beside each simple/ (index.CONSTRAINTS_FILE)
+UV_INDEX_NAME = "wheelforge"
 
 
-def newest(records: Sequence[WheelRecord], channel: str | None) -> list[WheelRecord]:
-    """The newest non-yanked wheel per project, within ``channel`` (plus pure wheels)."""
-    best: dict[str, WheelRecord] = {}
-    for rec in records:
-        if rec.yanked is not None:
-            continue
-        if channel is not None and rec.channel != channel and not (
-            rec.channel is None and _is_pure(rec.filename)
-        ):
-            continue  # not on the channel's pages: those hold its wheels and pure ones
-        cur = best.get(rec.project)
-        if cur is None or Version(rec.version) > Version(cur.version):
-            best[rec.project] = rec
-    return [best[k] for k in sorted(best)]
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything the instructions name: where the index is, its constraints, the pins."""
+
+    index_url: str  # the simple/ URL, with a trailing slash
+    constraints: str  # the URL (file:// for a local index) of the matching constraints.txt
+    pins: tuple[str, ...]  # NAME==VERSION, the newest non-yanked version per project
+    dropped: tuple[str, ...] = ()  # "project: why" for each project left out of the pins
+
+
+def pin(project: str, version: str) -> str:
+    """The exact requirement for one published version (landing page, pins, constraints)."""
+    return f"{project}=={version}"
+
+
+def constraints_text(newest: Iterable[tuple[str, str | None]], pages: str) -> str:
+    """A pip/uv constraints file: ``newest`` is (project, newest non-yanked version or None
+    when every version is yanked); ``pages`` names the pages it goes with."""
+    lines = [f"# wheelforge: the exact versions {pages} serves, regenerated with its pages.",
+             "# Use with pip's `constraint` setting or uv's --constraint (see docs/index.md)."]
+    for project, version in newest:
+        if version is None:
+            lines.append(f"# {project}: not pinned, every version is yanked")
+        else:
+            lines.append(pin(project, version))
+    return "\n".join(lines) + "\n"
 
 
 def _is_pure(filename: str) -> bool:
     return all(t.abi == "none" and t.platform == "any" for t in parse_wheel_filename(filename)[3])
 
 
-def index_url(index_dir: Path | None, url: str | None, channel: str | None) -> str:
+def channels(records: Sequence[WheelRecord]) -> list[str]:
+    return sorted({r.channel for r in records if r.channel is not None})
+
+
+def newest(records: Sequence[WheelRecord], channel: str | None
+           ) -> tuple[list[WheelRecord], list[str]]:
+    """The newest non-yanked wheel per project on the pages of ``channel`` (None: the
+    top-level pages), and "project: why" for every other project of the index."""
+    best: dict[str, WheelRecord] = {}
+    seen: dict[str, list[WheelRecord]] = {}
+    for rec in records:
+        seen.setdefault(rec.project, []).append(rec)
+        if channel is not None and rec.channel != channel and not (
+            rec.channel is None and _is_pure(rec.filename)
+        ):
+            continue  # not on the channel's pages: those hold its wheels and pure ones
+        if rec.yanked is not None:
+            continue
+        cur = best.get(rec.project)
+        if cur is None or Version(rec.version) > Version(cur.version):
+            best[rec.project] = rec
+    dropped = []
+    for project in sorted(set(seen) - set(best)):
+        listed = [r for r in seen[project] if channel is None or r.channel == channel
+                  or (r.channel is None and _is_pure(r.filename))]
+        if listed:
+            dropped.append(f"{project}: every version is yanked")
+        else:
+            where = sorted({r.channel or "no channel (simple/ only)" for r in seen[project]})
+            dropped.append(f"{project}: not on channel {channel}'s pages (built for "
+                           f"{', '.join(where)})")
+    return [best[k] for k in sorted(best)], dropped
+
+
+def plan(records: Sequence[WheelRecord], *, index_dir: Path, url: str | None,
+         channel: str | None) -> Plan:
+    """The plan for the pages of ``channel`` (None: the top-level ``simple/``), served at
+    ``url`` (None: the ``file://`` URL of ``index_dir``).  ConfigError for a channel the
+    index does not have, an index without wheels, or a URL that is not a ``simple/``."""
+    known = channels(records)
+    if channel is not None and channel not in known:
+        raise ConfigError(
+            f"{index_dir} has no channel {channel!r}",
+            why=f"its channels are: {', '.join(known) or 'none (only channel-less wheels)'}",
+            fix="pass one of those to --channel, or leave --channel out for the top-level "
+                "simple/")
+    chosen, dropped = newest(records, channel)
+    if not chosen:
+        raise ConfigError(f"{index_dir} holds no installable wheels"
+                          + (f" for channel {channel}" if channel else ""),
+                          why="; ".join(dropped) or "the index is empty",
+                          fix="build and publish a wheel first (wheelforge build NAME)")
+    root = index_dir.resolve() / channel if channel else index_dir.resolve()
+    if not (root / CONSTRAINTS_FILE).is_file():
+        raise ConfigError(f"{root / CONSTRAINTS_FILE} does not exist",
+                          why="the index was written by an older wheelforge",
+                          fix=f"run wheelforge index rebuild --index {index_dir}")
     if url:
-        return url.rstrip("/") + "/"
-    assert index_dir is not None
-    base = index_dir.resolve() / channel if channel else index_dir.resolve()
-    return (base / "simple").as_uri() + "/"
+        index_url = url.rstrip("/") + "/"
+        base, _, simple = index_url.rstrip("/").rpartition("/")
+        if simple != "simple" or "://" not in index_url:
+            raise ConfigError(f"--url {url} is not the URL of an index's simple/ pages",
+                              why="the constraints file lies beside simple/, so the URL must "
+                                  "end in /simple/",
+                              fix="pass e.g. http://HOST:8765/simple/ or "
+                                  "http://HOST:8765/cu130-torch2.14/simple/")
+        constraints = f"{base}/{CONSTRAINTS_FILE}"
+    else:
+        index_url = (root / "simple").as_uri() + "/"
+        constraints = (root / CONSTRAINTS_FILE).as_uri()  # pip splits paths on spaces
+    return Plan(index_url=index_url, constraints=constraints,
+                pins=tuple(pin(r.project, r.version) for r in chosen), dropped=tuple(dropped))
 
 
-def pins(records: Sequence[WheelRecord]) -> list[str]:
-    return [f"{r.project}=={r.version}" for r in records]
+def pip_lines(p: Plan) -> list[str]:
+    """The pip commands, in order: the venv's configuration, then the install."""
+    q = shlex.quote
+    pins = " ".join(q(x) for x in p.pins)
+    return [
+        "# pip, in the venv you install into (python: that venv's interpreter).",
+        "# 1. Its pip.conf keeps every later pip command there (pip install -U, installing a",
+        "#    package that needs these) on the local wheels: the constraints pin their exact",
+        "#    local versions, and the local index stays reachable.  pip takes one value",
+        "#    per setting: an extra-index-url or constraint of your user or global pip",
+        "#    config is replaced in this venv, so add it to the value, space-separated",
+        "#    (python -m pip config list shows them).",
+        f"python -m pip config --site set global.extra-index-url {q(p.index_url)}",
+        f"python -m pip config --site set global.constraint {q(p.constraints)}",
+        "# 2. The local wheels from the local index alone, whatever pip's configuration files",
+        "#    say (--isolated alone would still read them):",
+        first_command(p.index_url, p.pins),
+        "# 3. Their dependencies (torch, ...) from your usual index; the installed pins stay:",
+        f"python -m pip install {pins}",
+    ]
 
 
-def pip_config(url: str, records: Sequence[WheelRecord]) -> str:
-    p = " ".join(shlex.quote(x) for x in pins(records))
-    return "\n".join([
-        "# pip: install the wheelforge wheels from the local index only, then their",
-        "# dependencies from your usual index (pip keeps the pinned, installed versions).",
-        "# Never rely on a bare --extra-index-url: pip would take a newer public upload.",
-        "pip install --isolated --no-deps --only-binary :all: \\",
-        f"    --index-url {shlex.quote(url)} \\",
-        f"    {p}",
-        f"pip install {p}",
+def _toml_list(items: Sequence[str], indent: str) -> list[str]:
+    # a JSON string is a valid TOML basic string
+    return [f"{indent}{json.dumps(x)}," for x in items]
+
+
+def uv_lines(p: Plan) -> list[str]:
+    """A pyproject.toml fragment (valid TOML) and, commented, the uv.toml and command for
+    ``uv pip``."""
+    url = json.dumps(p.index_url)
+    pins = " ".join(shlex.quote(x) for x in p.pins)
+    return [
+        "# uv projects, in pyproject.toml.  The local index comes before the default one, and",
+        "# uv's default first-index strategy takes every name it holds from it alone; the",
+        "# constraints pin the exact local versions for every dependency, direct, transitive",
+        "# or through an extra, in uv lock, uv lock --upgrade and uv sync.  Run",
+        "# wheelforge consumer-config again after publishing new versions.",
+        "[tool.uv]",
+        "constraint-dependencies = [",
+        *_toml_list(p.pins, "    "),
+        "]",
         "",
-    ])
-
-
-def uv_config(url: str, records: Sequence[WheelRecord]) -> str:
-    lines = [
-        "# uv, in pyproject.toml: the local index is explicit, and each project it holds",
-        "# is taken from it alone, whatever versions other indexes offer.",
         "[[tool.uv.index]]",
-        'name = "wheelforge"',
-        f"url = {json.dumps(url)}",  # a JSON string is a valid TOML basic string
-        "explicit = true",
+        f'name = "{UV_INDEX_NAME}"',
+        f"url = {url}",
         "",
-        "[tool.uv.sources]",
+        "# uv pip: the same settings, without the `tool.uv.` prefix, in a uv.toml: the one in",
+        "# ~/.config/uv/ applies to every uv command of this user, one in the directory you",
+        "# run uv from to that directory:",
+        "#   constraint-dependencies = [",
+        *_toml_list(p.pins, "#       "),
+        "#   ]",
+        "#   [[index]]",
+        f'#   name = "{UV_INDEX_NAME}"',
+        f"#   url = {url}",
+        "# The first install, safe with or without that file:",
+        f"# uv pip install --index {shlex.quote(f'{UV_INDEX_NAME}={p.index_url}')} "
+        f"--constraint {shlex.quote(p.constraints)} {pins}",
     ]
-    lines += [f'{r.project} = {{ index = "wheelforge" }}' for r in records]
-    p = " ".join(shlex.quote(x) for x in pins(records))
-    lines += [
-        "",
-        "# uv pip: an --extra-index-url is consulted before the default index, and uv's",
-        "# default first-index strategy never mixes versions of one name across indexes.",
-        f"# uv pip install --index-strategy first-index --extra-index-url {shlex.quote(url)} {p}",
-        "",
-    ]
-    return "\n".join(lines)
+
+
+def render(p: Plan, fmt: Format = "all") -> str:
+    """The install instructions: pip's, uv's or both, and the projects left out."""
+    lines = [f"# not pinned: {why}" for why in p.dropped]
+    if fmt in ("pip", "all"):
+        lines += pip_lines(p)
+    if fmt == "all":
+        lines.append("")
+    if fmt in ("uv", "all"):
+        lines += uv_lines(p)
+    return "\n".join(lines) + "\n"
+
+
+def first_command(index_url: str, pins: Sequence[str], *, one_line: bool = False) -> str:
+    """The one pip command that installs ``pins`` from ``index_url`` alone, whatever pip's
+    configuration files and PIP_* variables say; shell continuations unless ``one_line``
+    (the landing page's)."""
+    q = shlex.quote
+    parts = ["PIP_CONFIG_FILE=/dev/null python -m pip install --isolated "
+             "--disable-pip-version-check",
+             f"--no-deps --only-binary :all: --index-url {q(index_url)}",
+             " ".join(q(x) for x in pins)]
+    return " ".join(parts) if one_line else " \\\n    ".join(parts)

@@ -68,6 +68,8 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
     add("env", json.dumps(sorted(recipe.build.env)).encode())
     if recipe.build.kind == "extension":
         add("archs", config.arch_list.encode())
+    else:  # pure wheels gained the default label "wf": a build of the old, unlabelled
+        add("local-version", recipe.build.local_version.encode())  # one is not skipped
     return h.hexdigest()
 
 

@@ -28,7 +28,7 @@ BUILD_KINDS: tuple[str, ...] = get_args(BuildKind)
 
 #: Placeholders a local-version template may use; see docs/recipe-format.md.
 LOCAL_VERSION_FIELDS = ("cuda", "torch", "sm")
-DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": ""}
+DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": "wf"}
 
 #: A project name as PEP 508 spells it (packaging's own rule, the one PyPI enforces).
 _PROJECT_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)

@@ -8,6 +8,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import consumer
 from ._markup import (
     _e,
 )
@@ -103,6 +104,7 @@ def _landing_row(r: WheelRecord, href: str) -> str:
         f'{_e(r.upload_time[:16].replace("T", " "))}</td>'
         f'<td class="fixed" title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
         f'<td class="{tested_class} wrap" title="{_e(tested_title)}">{_e(label)}</td>'
+        f'<td><code class="pin">{_e(consumer.pin(r.project, r.version))}</code></td>'
         "</tr>"
     )
 
@@ -155,13 +157,14 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
            if report else "")
         + "</p>\n"
-        "<p>Install with <code>pip install --index-url &lt;this index&gt;/&lt;channel&gt;/simple/"
-        " &lt;project&gt;</code> (or <code>uv pip install</code> with the same URL); for "
-        "settings that a public index cannot override, run "
-        "<code>wheelforge consumer-config</code>.</p>\n"
+        "<p>Install the pins of the last column, from this index alone: <code>"
+        + _e(consumer.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."],
+                                    one_line=True))
+        + "</code>. For the set-up that keeps them through later upgrades (pip and uv), "
+        "run <code>wheelforge consumer-config</code>.</p>\n"
         "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Channel</th>"
         "<th>Torch</th>"
         '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
-        "<th>SHA-256</th><th>Tested</th></tr></thead>\n"
+        "<th>SHA-256</th><th>Tested</th><th>Pin</th></tr></thead>\n"
         f"{bodies}</table>\n</body>\n</html>\n"
     )

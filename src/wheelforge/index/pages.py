@@ -9,7 +9,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -20,6 +20,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from .. import consumer
 from ._markup import (
     _JSON,
     _e,
@@ -39,6 +40,7 @@ from .records import (
     _SUMMARY_FILE,
     API_VERSION,
     CACHE_DIR,
+    CONSTRAINTS_FILE,
     FILES_DIR,
     NIGHTLY_REPORT,
     REPORTS_DIR,
@@ -69,7 +71,7 @@ from .records import (
 # damaged or outdated one (another _CACHE_SCHEMA) is simply regenerated.
 
 _CACHE_MAGIC = "wheelforge-index-cache"
-_FIELDS = 5  # the lines of one wheel after the rows
+_FIELDS = 6  # the lines of one wheel after the rows
 
 
 class _Entry(NamedTuple):
@@ -81,6 +83,7 @@ class _Entry(NamedTuple):
     anchor: str  # the PEP 503 <a> element after '<a href="' + prefix
     file: str  # the PEP 691 file object after '{"url":"' + prefix
     row: str  # the landing-page <tr>
+    yanked: str  # "yanked" or "": a yanked version is never a consumer's pin
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class _Summary:
     names: str  # digest of the project's wheel names
     channels: tuple[str, ...]
     pure: bool  # has channel-less pure wheels (those appear in every channel)
+    pins: tuple[tuple[str, str], ...] = ()  # (member, its newest non-yanked version)
 
 
 def _entry(record: WheelRecord) -> _Entry:
@@ -98,7 +102,7 @@ def _entry(record: WheelRecord) -> _Entry:
     href = _quote(record.filename)  # the file's URL, relative to files/, in all three fragments
     return _Entry(
         record.filename, record.version, member, _anchor(record, href), _file_json(record, href),
-        _landing_row(record, href),
+        _landing_row(record, href), "" if record.yanked is None else "yanked",
     )
 
 
@@ -154,8 +158,8 @@ def _load_cache(index_dir: Path, project: str) -> list[_Entry]:
     entries = []
     for i, row in enumerate(reversed(lines[:count])):  # the rows are newest first
         at = count + i * _FIELDS
-        filename, version, member, anchor, file = lines[at:at + _FIELDS]
-        entries.append(_Entry(filename, version, member, anchor, file, row))
+        filename, version, member, anchor, file, yanked = lines[at:at + _FIELDS]
+        entries.append(_Entry(filename, version, member, anchor, file, row, yanked))
     return entries
 
 
@@ -170,7 +174,8 @@ def _load_rows(index_dir: Path, project: str) -> str | None:
 
 def _cache_bytes(project: str, entries: Sequence[_Entry]) -> bytes:
     rows = _rows(entries).encode()
-    fragments = "".join(f"{field}\n" for entry in entries for field in entry[:_FIELDS])
+    fragments = "".join(f"{field}\n" for entry in entries  # the row is stored above
+                        for field in (*entry[:_FIELDS - 1], entry.yanked))
     header = f"{_CACHE_MAGIC} {_CACHE_SCHEMA} {project} {len(entries)} {len(rows)}\n"
     return header.encode() + rows + fragments.encode()
 
@@ -185,7 +190,8 @@ def _load_summary(index_dir: Path) -> dict[NormalizedName, _Summary]:
         if data["schema"] != _CACHE_SCHEMA:
             return {}
         return {
-            NormalizedName(p): _Summary(s["names"], tuple(s["channels"]), bool(s["pure"]))
+            NormalizedName(p): _Summary(s["names"], tuple(s["channels"]), bool(s["pure"]),
+                                        tuple((str(m), str(v)) for m, v in s["pins"]))
             for p, s in data["projects"].items()
         }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -196,7 +202,8 @@ def _summary_bytes(summary: Mapping[NormalizedName, _Summary]) -> bytes:
     payload = {
         "schema": _CACHE_SCHEMA,
         "projects": {
-            p: {"names": s.names, "channels": list(s.channels), "pure": s.pure}
+            p: {"names": s.names, "channels": list(s.channels), "pure": s.pure,
+                "pins": [list(pin) for pin in s.pins]}
             for p, s in sorted(summary.items())
         },
     }
@@ -243,7 +250,12 @@ def _project_entries(
 
 def _summarize(entries: Sequence[_Entry], names: str) -> _Summary:
     members = {e.member for e in entries}
-    return _Summary(names, tuple(sorted(members - {"", "*"})), "*" in members)
+    newest: dict[str, str] = {}
+    for e in entries:  # sorted oldest first: the last non-yanked one per member wins
+        if not e.yanked:
+            newest[e.member] = e.version
+    return _Summary(names, tuple(sorted(members - {"", "*"})), "*" in members,
+                    tuple(sorted(newest.items())))
 
 
 
@@ -328,17 +340,20 @@ def _pair(out: list[tuple[Path, bytes]], directory: Path, pages: tuple[str, str]
 
 def _remove_pages(directory: Path) -> None:
     """Remove generated pages under ``directory`` and the directories they leave empty."""
-    if not directory.is_dir() or directory.is_symlink():
+    if directory.is_symlink():
         return
-    for sub in sorted(directory.iterdir()):
-        if sub.is_dir() and not sub.is_symlink():
-            _remove_pages(sub)
-    for name in ("index.html", "index.json"):
-        with contextlib.suppress(FileNotFoundError):
-            (directory / name).unlink()
-    with contextlib.suppress(OSError):
-        directory.rmdir()
+    if directory.is_dir():
+        for sub in sorted(directory.iterdir()):
+            if sub.is_dir() and not sub.is_symlink():
+                _remove_pages(sub)
+        for name in ("index.html", "index.json"):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / name).unlink()
+        with contextlib.suppress(OSError):
+            directory.rmdir()
     if directory.name == SIMPLE_DIR and directory.parent.name not in _RESERVED_CHANNELS:
+        with contextlib.suppress(FileNotFoundError):
+            (directory.parent / CONSTRAINTS_FILE).unlink()  # a channel's, when it goes
         with contextlib.suppress(OSError):
             directory.parent.rmdir()  # a channel directory left empty
 
@@ -405,6 +420,7 @@ def _sync(
             removals.extend(base / p for p in sorted((changed - set(members)) | removed))
         _pair(roots, base, _root_pages(members, f"Simple index: {channel}"))
     removals.extend(index_dir / c / SIMPLE_DIR for c in sorted(old_channels - new_channels))
+    roots += _constraints_files(index_dir, summary, new_channels)
     if full:
         removals.extend(_stale_pages(index_dir, summary, new_channels))
 
@@ -425,6 +441,28 @@ def _sync(
     _write_all([(index_dir / CACHE_DIR / _SUMMARY_FILE, _summary_bytes(summary))])
 
 
+def _newest(summary: _Summary, members: Container[str] | None) -> str | None:
+    """The newest non-yanked version among ``members`` (None: all); None when none is."""
+    found = [v for m, v in summary.pins if members is None or m in members]
+    return max(found, key=Version) if found else None
+
+
+def _constraints_files(index_dir: Path, summary: Mapping[NormalizedName, _Summary],
+                       channels: Iterable[str]) -> list[tuple[Path, bytes]]:
+    """``constraints.txt`` for the whole index and for each channel: the newest non-yanked
+    version of every project their pages list (see consumer.constraints_text)."""
+    out = []
+    for channel in [None, *sorted(channels)]:
+        if channel is None:
+            where, title = index_dir, SIMPLE_DIR + "/"
+            newest = [(p, _newest(s, None)) for p, s in sorted(summary.items())]
+        else:
+            where, title = index_dir / channel, f"{channel}/{SIMPLE_DIR}/"
+            newest = [(p, _newest(summary[p], (channel, "*"))) for p in _members(summary, channel)]
+        out.append((where / CONSTRAINTS_FILE, consumer.constraints_text(newest, title).encode()))
+    return out
+
+
 def _stale_pages(
     index_dir: Path, summary: Mapping[NormalizedName, _Summary], channels: set[str]
 ) -> list[Path]:
@@ -433,7 +471,11 @@ def _stale_pages(
     stale = [simple / d for d in _directories(simple) if d not in summary]
     for top in _directories(index_dir):
         base = index_dir / top / SIMPLE_DIR
-        if top in _RESERVED_CHANNELS or top.startswith(".") or not base.is_dir():
+        if top in _RESERVED_CHANNELS or top.startswith("."):
+            continue
+        if not base.is_dir():
+            if top not in channels and os.listdir(index_dir / top) == [CONSTRAINTS_FILE]:
+                stale.append(base)  # a gone channel's constraints, left by a crash
             continue
         if top not in channels:
             stale.append(base)

@@ -27,6 +27,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from .. import consumer
 from .._fs import (
     TMP_PREFIX,
     atomic_write,
@@ -49,11 +50,12 @@ JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
 
 _SCHEMA = 1  # of the sidecar
-_CACHE_SCHEMA = 4  # of the .records caches; bump whenever the page templates change
+_CACHE_SCHEMA = 5  # of the .records caches; bump whenever the page templates change
 _WRITE_THREADS = 16  # _write_all: an fsync mostly waits for the disk (8, 16, 32, 64 measured)
 _CHUNKS_PER_THREAD = 4
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
 _WRITING = "_writing"  # present while a change is in progress
+CONSTRAINTS_FILE = consumer.CONSTRAINTS_FILE  # beside simple/: consumer.constraints_text
 REPORTS_DIR = "reports"  # nightly build reports (wheelforge.nightly); linked from the landing page
 NIGHTLY_REPORT = "nightly-latest.html"
 _RESERVED_CHANNELS = frozenset({FILES_DIR, SIMPLE_DIR, REPORTS_DIR, "index.html", "index.json"})

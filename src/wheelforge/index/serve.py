@@ -43,6 +43,7 @@ _FILE_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".json": "application/json",
     ".log": "text/plain; charset=utf-8",  # the build logs beside the nightly reports
+    ".txt": "text/plain; charset=utf-8",  # constraints.txt
 }
 
 
