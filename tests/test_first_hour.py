@@ -198,7 +198,8 @@ def test_defaults_index_is_honoured_by_every_command_that_reads_an_index(
     assert rebuilt.stdout == f"rebuilt {tmp_path / 'elsewhere'}: 0 wheel(s)\n"
     none = wf("consumer-config", cwd=tmp_path)
     assert none.returncode == 2
-    assert none.stderr.startswith(f"config error: {tmp_path / 'elsewhere'} holds no wheels\n")
+    assert none.stderr.startswith(
+        f"config error: {tmp_path / 'elsewhere'} holds no installable wheels\n")
 
 
 def test_defaults_python_and_gib_per_job_reach_doctor(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def _landing_row(r: WheelRecord, href: str) -> str:
         f'{_e(r.upload_time[:16].replace("T", " "))}</td>'
         f'<td class="fixed" title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
         f'<td class="{tested_class} wrap" title="{_e(tested_title)}">{_e(label)}</td>'
-        f'<td><code class="pin">{_e(consumer.pin(r.project, r.version))}</code></td>'
+        f'<td class="pin"><code>{_e(consumer.pin(r.project, r.version))}</code></td>'
         "</tr>"
     )
 
