@@ -122,12 +122,12 @@ class NetLimits:
 
     ``connect_timeout``: to open the connection (and finish TLS).  ``stall_timeout``
     and ``min_rate``: the transfer fails when no byte arrives for ``stall_timeout``
-    seconds, or when fewer than ``min_rate`` bytes a second arrive on average over any
+    seconds, or when fewer than ``min_rate`` bytes a second arrive on average over a
     ``stall_timeout`` window (a server that drips a byte every few seconds).
     ``deadline``: the whole download, every attempt and pause included.  A transient
-    failure (refused, reset, timed out, stalled, HTTP 429 or 5xx) is tried again up to
-    ``retries`` times, after ``backoff`` seconds, doubling (or the server's Retry-After,
-    when shorter than what is left).
+    failure (refused, reset, timed out, stalled, truncated, HTTP 408, 425, 429, 500,
+    502, 503, 504) is tried again up to ``retries`` times, after ``backoff`` seconds,
+    doubling (or the server's Retry-After, when shorter than what is left).
     """
 
     connect_timeout: float = 15.0
