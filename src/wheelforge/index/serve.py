@@ -192,6 +192,9 @@ _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+_CONTROL = frozenset(chr(c) for c in (*range(0x20), 0x7F))
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int):
         super().__init__(status)
@@ -215,7 +218,10 @@ class _Request:
 
 def _parse(head: bytes) -> _Request:
     """The request line and headers (strictly: CRLF lines, token names, no folding)."""
-    lines = head[:-4].decode("latin-1").split("\r\n")
+    text = head[:-4].decode("latin-1")
+    if any(c in _CONTROL for c in text.replace("\r\n", "").replace("\t", "")):
+        raise _BadRequest(400)  # a bare CR or LF, NUL, DEL: never echoed into a header
+    lines = text.split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[0] or not parts[1]:
         raise _BadRequest(400)
@@ -260,6 +266,7 @@ class IndexServer:
         self._stopping = False
         self._done = threading.Event()
         self._done.set()
+        self._transports: set[asyncio.WriteTransport] = set()
 
     # ---------------------------------------------------------------- life cycle
 
@@ -321,9 +328,17 @@ class IndexServer:
             await stop.wait()
         finally:
             acceptor.cancel()
-            for task in list(clients):
-                task.cancel()
-            await asyncio.gather(acceptor, *clients, return_exceptions=True)
+            await asyncio.gather(acceptor, return_exceptions=True)
+            # end every connection by closing its socket: each task then finishes on its own
+            # (cancelling a task inside wait_for can leave it pending on Python 3.11)
+            for transport in list(self._transports):
+                transport.abort()
+            if clients:
+                _, pending = await asyncio.wait(list(clients), timeout=2)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending, timeout=2)
 
     # ---------------------------------------------------------------- one connection
 
@@ -334,6 +349,7 @@ class IndexServer:
         except OSError:
             conn.close()
             return
+        self._transports.add(writer.transport)
         peer = writer.get_extra_info("peername") or ("?",)
         timeout = self.limits.idle_timeout
         clean = False  # closed in order (everything sent), not on a timeout or an error
@@ -363,7 +379,11 @@ class IndexServer:
                     return
         except (OSError, TimeoutError):
             pass
+        except Exception as exc:  # a bug: this connection ends, the server goes on
+            print(f"wheelforge serve: {peer[0]}: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
         finally:
+            self._transports.discard(writer.transport)
             if clean:
                 writer.close()
             else:
