@@ -373,7 +373,6 @@ class IndexServer:
                     clean = True
                     return
                 keep = await self._answer(request, writer)
-                self._log(peer[0], request, keep)
                 if not keep:
                     clean = True
                     return
@@ -445,6 +444,9 @@ class IndexServer:
         elif request is not None and request.version == "HTTP/1.0":
             lines.append("Connection: keep-alive")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        if not self.quiet:
+            length = dict(headers).get("Content-Length", "-")
+            self._log(writer, request, status, length)
         await asyncio.wait_for(writer.drain(), self.limits.idle_timeout)
 
     async def _error(self, writer: asyncio.StreamWriter, status: int, request: _Request | None,
@@ -457,11 +459,13 @@ class IndexServer:
                           ("Content-Length", str(len(body)))], not close,
                          b"" if head else body)
 
-    def _log(self, host: str, request: _Request, keep: bool) -> None:
-        if not self.quiet:
-            stamp = time.strftime("%d/%b/%Y %H:%M:%S")
-            print(f'{host} - - [{stamp}] "{request.method} {request.target} {request.version}"'
-                  f"{'' if keep else ' (closed)'}", file=sys.stderr, flush=True)
+    def _log(self, writer: asyncio.StreamWriter, request: _Request | None, status: int,
+             length: str) -> None:
+        host = (writer.get_extra_info("peername") or ("-",))[0]
+        stamp = time.strftime("%d/%b/%Y %H:%M:%S")
+        line = (f"{request.method} {request.target} {request.version}" if request is not None
+                else "(unparsable request)")
+        print(f'{host} - - [{stamp}] "{line}" {status} {length}', file=sys.stderr, flush=True)
 
 
 def _fd_budget() -> int:
