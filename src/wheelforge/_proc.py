@@ -4,6 +4,15 @@ argv lists only (never a shell line), the command echoed to the log, output
 streamed line by line to an optional callback and to the log file, and the
 tail kept for error messages.  Children run in their own process group so an
 interrupt can stop the whole tree (nvcc, cicc, ptxas, ninja).
+
+Every child is also the leader of a session of its own, and the session is
+registered with a watchdog: a small process that wheelforge starts once and
+talks to through a pipe.  When wheelforge dies, even by SIGKILL (which no
+handler sees), the pipe reaches end-of-file and the watchdog kills every
+process still in a registered session.  A session survives re-parenting and
+the process groups that ninja gives its jobs, so the backend, ninja, nvcc,
+cicc and ptxas all die with wheelforge; only a process that leaves the session
+itself (setsid, as daemons do) escapes.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +94,7 @@ def run(
             if check:
                 raise CommandFailed(args, 127, f"cannot run {args[0]}: {exc}") from exc
             return Completed(tuple(args), 127, str(exc))
+        _WATCHDOG.watch(proc.pid)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -97,6 +109,8 @@ def run(
         except BaseException:
             _kill_group(proc)
             raise
+        finally:
+            _WATCHDOG.forget(proc.pid)
     finally:
         if log_file is not None:
             log_file.close()
@@ -156,3 +170,83 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# --------------------------------------------------------------------------- the watchdog
+
+_WATCHDOG_CODE = r"""
+import os, signal, sys, time
+
+def members(sessions):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z" and int(fields[3]) in sessions:
+                found.append(int(entry))
+    return found
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+sessions = set()
+for line in sys.stdin:  # +SID when a child starts, -SID when it is done; EOF: wheelforge is gone
+    sid = int(line[1:])
+    if line[0] == "+":
+        sessions.add(sid)
+    else:
+        sessions.discard(sid)
+for _ in range(250):  # at most 5 s
+    pids = members(sessions)
+    if not pids:
+        break
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.02)
+"""
+
+
+class _Watchdog:
+    """The process that kills this process's children's sessions when this process dies."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner = 0
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            for _ in range(2):  # once more with a fresh watchdog if the old one is gone
+                if self._proc is None or self._owner != os.getpid() or (
+                        self._proc.poll() is not None):
+                    self._start()
+                assert self._proc is not None and self._proc.stdin is not None
+                try:
+                    self._proc.stdin.write(line.encode())
+                    self._proc.stdin.flush()
+                    return
+                except OSError:
+                    self._proc = None
+
+    def _start(self) -> None:
+        # its own session: a Ctrl-C at the terminal or a kill of wheelforge's process
+        # group does not reach it; it ends when its stdin does
+        self._proc = subprocess.Popen(
+            [sys.executable, "-S", "-I", "-c", _WATCHDOG_CODE], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._owner = os.getpid()
+
+    def watch(self, sid: int) -> None:
+        self._send(f"+{sid}\n")
+
+    def forget(self, sid: int) -> None:
+        if self._proc is not None and self._owner == os.getpid():
+            self._send(f"-{sid}\n")
+
+
+_WATCHDOG = _Watchdog()

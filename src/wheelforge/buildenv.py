@@ -27,6 +27,9 @@ Progress = Callable[[str], None]
 
 #: Always installed into a managed environment besides torch.
 BASE_REQUIREMENTS = ("setuptools>=70", "wheel", "ninja", "packaging")
+#: pip's network deadlines: seconds per connect or stalled read, and retries of a failed
+#: request.  First on pip's command line, so a torch-pip-args of the user's overrides them.
+PIP_NET_ARGS = ("--timeout", "30", "--retries", "5")
 MARKER = ".wheelforge-env.json"
 
 _PROBE = r"""
@@ -191,7 +194,8 @@ def managed_env(
 def _pip_install(python: Path, args: Sequence[str], say: Progress, log: Path | None) -> None:
     try:
         _proc.run([str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                   "--progress-bar", "off", *args], log=log, on_line=_pip_progress(say))
+                   "--progress-bar", "off", *PIP_NET_ARGS, *args], log=log,
+                  on_line=_pip_progress(say))
     except _proc.CommandFailed as exc:
         raise ToolchainError(
             f"pip could not install {' '.join(a for a in args if not a.startswith('-'))} into "

@@ -449,7 +449,14 @@ def _split_pin(requirement: str) -> tuple[str, str]:
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port; 0 takes a free one.")
 @click.option("--log-requests", is_flag=True, help="Log each request to stderr.")
-def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> None:
+@click.option("--idle-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="Seconds a connection may take to send a complete request (idle keep-alive "
+                   "and slow clients alike), and to take each 256 KiB of a response.")
+@click.option("--max-connections", default=1024, show_default=True,
+              type=click.IntRange(1, 1_000_000),
+              help="Open connections at most; more wait in the listen queue.")
+def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle_timeout: float,
+          max_connections: int) -> None:
     """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated).
 
     Ctrl-C or SIGTERM stops it (exit 0).
@@ -463,7 +470,8 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool) -> N
     from . import index
 
     index_dir = _existing_index(index_dir)
-    server = index.make_server(index_dir, host, port, quiet=not log_requests)
+    limits = index.ServeLimits(idle_timeout=idle_timeout, max_connections=max_connections)
+    server = index.make_server(index_dir, host, port, quiet=not log_requests, limits=limits)
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
     try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop

@@ -77,7 +77,7 @@ from .records import (
     from_json,
     to_json,
 )
-from .serve import make_server
+from .serve import ServeLimits, make_server
 from .store import load_records, publish, rebuild, remove, set_tested, unyank, yank
 
 __all__ = [
@@ -90,6 +90,7 @@ __all__ = [
     "SIDECAR_SUFFIX",
     "SIMPLE_DIR",
     "PublishResult",
+    "ServeLimits",
     "WheelRecord",
     "channel_name",
     "from_json",

@@ -1,0 +1,122 @@
+"""No orphans: when wheelforge dies by SIGKILL (the OOM killer's signal, which no handler
+sees), every process it started dies too, grandchildren in process groups of their own
+and re-parented orphans included: within 2 s, and the next build of the same key runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_interrupt import _comm, start, wait_for_compiler
+from wheelforge._proc import descendants
+
+# A stand-in for wheelforge: runs a "backend" through _proc.run that starts a job in a
+# process group of its own (as ninja does) and an orphan that is re-parented to init.
+PARENT = r"""
+import sys
+from wheelforge import _proc
+_proc.run([sys.executable, "-c", sys.argv[1]])
+"""
+BACKEND = r"""
+import os, subprocess, sys, time
+subprocess.Popen(["sleep", "300"], preexec_fn=lambda: os.setpgid(0, 0))  # like a ninja job
+if os.fork() == 0:                                           # an orphan, re-parented
+    subprocess.Popen(["sleep", "301"]); os._exit(0)
+time.sleep(0.3)
+print("started", flush=True)
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def session(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[3])
+
+
+def in_sessions(sessions: set[int]) -> list[tuple[int, str]]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if session(int(entry)) in sessions and alive(int(entry)):
+                    found.append((int(entry), _comm(int(entry))))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def sleepers(marker: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline[:2] == [b"sleep", marker.encode()] and alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+def test_sigkill_takes_grandchildren_and_orphans_along():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, BACKEND], stdout=subprocess.PIPE,
+                              text=True)
+    sessions: set[int] = set()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (sleepers("300") and sleepers("301")):
+            time.sleep(0.05)
+        job, orphan = sleepers("300"), sleepers("301")
+        assert job and orphan, "the backend did not start its children"
+        tree = descendants(parent.pid)
+        backend = next(p for p in tree if _comm(p).startswith("python"))
+        sessions.add(session(backend))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and in_sessions(sessions):
+            time.sleep(0.05)
+        assert not in_sessions(sessions)
+        assert not [p for p in [*tree, *job, *orphan] if alive(p) and p != parent.pid]
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid, _ in in_sessions(sessions):  # on a failure, leave nothing of ours behind
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.nvcc
+def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache: Path,
+                                                     nvcc: str):
+    proc = start(tmp_path, shared_cache)
+    tree = wait_for_compiler(proc)
+    sessions = {session(p) for p in tree if alive(p)} - {session(proc.pid)}
+    assert sessions
+    names = sorted({_comm(p) for p in tree})
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and (in_sessions(sessions)
+                                           or any(alive(p) for p in tree)):
+        time.sleep(0.05)
+    left = in_sessions(sessions) + [(p, _comm(p)) for p in tree if alive(p)]
+    assert not left, f"still running 2 s after SIGKILL: {left} (the tree was {names})"
+
+    again = start(tmp_path, shared_cache)  # the same build key: no stale lock in the way
+    _, err = again.communicate(timeout=900)
+    assert again.returncode == 0, err[-3000:]
+    assert list((tmp_path / "index" / "files").glob("tinyext-*.whl"))
