@@ -29,6 +29,12 @@ def _book(recipes: Path | None) -> RecipeBook:
     return RecipeBook(rdir, rdir.parent / "patches")
 
 
+git_mirror_option = click.option(
+    "--git-mirror", "git_mirrors", multiple=True, metavar="URL=PATH",
+    help="Fetch the git repository URL from the local mirror PATH (a git bundle or a "
+         "repository), never the network; the pinned commit is verified in it. Repeatable; "
+         "also $WHEELFORGE_GIT_MIRRORS and git-mirrors in wheelforge.yaml.")
+
 recipes_option = click.option(
     "--recipes", type=click.Path(path_type=Path, file_okay=False), default=None,
     help="Recipes directory (default: ./recipes or $WHEELFORGE_RECIPES); patches are read "
@@ -84,24 +90,26 @@ def cli() -> None:
 @click.option("--timeout", type=click.IntRange(min=1), metavar="SECONDS",
               help="Stop the whole build (every compiler process) after SECONDS; exit 124.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@git_mirror_option
 @recipes_option
 def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: str | None,
           jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
           cache_dir: Path | None, work_dir: Path | None, force: bool,
           project_file: Path | None, timeout: int | None, verbose: bool,
-          recipes: Path | None) -> None:
+          git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
-    Prints the resolved inputs first; at the end, each wheel, its CUDA architectures and the
-    pip command that installs it.
+    A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
+    or reused when published. Prints the resolved inputs first; at the end, each wheel, its
+    CUDA architectures and the pip command that installs it.
     """
-    from .pipeline import build_one
+    from .pipeline import build_with_companions
 
     book = _book(recipes)
     loaded = [book.load(n) for n in names]
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
-                     force=force, project_file=project_file)
+                     force=force, project_file=project_file, git_mirrors=git_mirrors)
     reporter = Reporter(verbose=verbose)
     if timeout:
         import signal
@@ -110,7 +118,7 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     reporter.header(f"wheelforge {__version__}: building {', '.join(r.name for r in loaded)}")
     for line in config.summary():
         reporter.info(line)
-    results = [build_one(r, config, reporter) for r in loaded]
+    results = build_with_companions(loaded, book, config, reporter)
     simple = (config.index_dir / "simple").as_uri()
     for res in results:
         state = "already published" if res.skipped else "published"
@@ -242,14 +250,17 @@ def doctor(arch: str | None, python: Path | None, jobs: int | None, cache_dir: P
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="pytest-xdist processes sharing the GPU (default: min(8, cores) when "
                    "pytest-xdist is installed, else 1).")
+@git_mirror_option
 @recipes_option
 def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Path, ...],
-         cache_dir: Path | None, workers: int | None, recipes: Path | None) -> None:
+         cache_dir: Path | None, workers: int | None, git_mirrors: tuple[str, ...],
+         recipes: Path | None) -> None:
     """Prove a published wheel on this machine's GPU.
 
     Installs NAME from the index into a fresh environment, runs the recipe's GPU test
     (causal-conv1d: upstream's test file; fla: numerical checks against reference
-    implementations) and records the result with the wheel, shown in the index. Exits 10
+    implementations) and records the result with the wheel, shown in the index. A recipe's
+    companions are installed with it, from the same index (the wheel pins them). Exits 10
     when there is no GPU, 12 when the wheel has no code for this GPU, 11 when tests fail.
     """
     import shutil as _shutil
@@ -259,6 +270,7 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
     from .gputest import run_test
 
     recipe = _book(recipes).load(name)
+    mirrors = dict(resolve(git_mirrors=git_mirrors).git_mirrors)
     interp = python or Path(_shutil.which("python3") or sys.executable)
     cache = cache_dir or default_cache_dir()
     log = cache / "logs" / f"test-{recipe.name}-{_time.strftime('%Y%m%dT%H%M%S')}.log"
@@ -266,7 +278,7 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
     with reporter.step(f"test {recipe.name} from {index_dir}"):
         record, outcome = run_test(recipe, index_dir=Path(os.path.abspath(index_dir)),
                                    python=interp, cache_dir=cache, sources_dirs=sources_dirs,
-                                   progress=reporter.info, log=log,
+                                   progress=reporter.info, log=log, git_mirrors=mirrors,
                                    workers=workers or min(8, os.cpu_count() or 1))
     click.echo(f"{outcome.status}: {record.filename} on {outcome.gpu} (sm {outcome.capability}): "
                f"{outcome.passed} passed, {outcome.failed} failed, {outcome.skipped} skipped, "

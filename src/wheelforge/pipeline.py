@@ -27,9 +27,9 @@ from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
 from .compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
-from .errors import ToolchainError, WheelforgeError
+from .errors import RecipeError, ToolchainError, WheelforgeError
 from .patch import apply_series
-from .recipe import Recipe
+from .recipe import Recipe, RecipeBook
 from .source import extract, fetch
 from .verify import verify_wheel
 from .wheel import relabel, relabeled_name
@@ -47,7 +47,8 @@ class BuildResult:
     cache: CacheStats | None = None
 
 
-def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str]) -> str:
+def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str],
+              companion_pins: dict[str, str] | None = None) -> str:
     """A content hash of everything that changes the binary.
 
     The recipe file (hence its pinned sources), every patch's bytes, the toolchain
@@ -68,6 +69,8 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
     add("env", json.dumps(sorted(recipe.build.env)).encode())
     if recipe.build.kind == "extension":
         add("archs", config.arch_list.encode())
+    if companion_pins:
+        add("companions", json.dumps(sorted(companion_pins.items())).encode())
     return h.hexdigest()
 
 
@@ -94,11 +97,16 @@ def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:
 
 
 def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
-    if not recipe.build.local_version:
-        return ""
-    cuda = (env.torch_cuda or "").replace(".", "")
-    return recipe.build.local_version.format(
-        cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs))
+    """The local version label; a build of a commit after a release starts with
+    ``g`` + the commit's first 12 hex digits, so it never shares a version with a build
+    of the release itself."""
+    commit = recipe.untagged_commit
+    parts = [f"g{commit[:12]}"] if commit else []
+    if recipe.build.local_version:
+        cuda = (env.torch_cuda or "").replace(".", "")
+        parts.append(recipe.build.local_version.format(
+            cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs)))
+    return ".".join(parts)
 
 
 def next_build_tag(index_dir: Path, wheel_name: str) -> str | None:
@@ -168,7 +176,41 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
             fix="fix the problems above (each line says how); `wheelforge doctor` re-checks")
 
 
-def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildResult:
+def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
+                          reporter: Reporter) -> list[BuildResult]:
+    """Build ``recipes`` and, first, the companions each one names (once each, for the same
+    configuration); every wheel pins the exact companion builds it was made with."""
+    done: dict[str, BuildResult] = {}
+
+    def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
+        if recipe.name in chain:
+            raise RecipeError(f"companions of {recipe.name} form a cycle",
+                              why=" -> ".join([*chain, recipe.name]),
+                              fix="a companion cannot (indirectly) name the recipe itself")
+        if recipe.name in done:
+            return done[recipe.name]
+        pins = {}
+        for cname in recipe.companions:
+            res = visit(book.load(cname), (*chain, recipe.name))
+            pins[cname] = str(parse_wheel_filename(res.wheel.name)[1])
+        done[recipe.name] = build_one(recipe, config, reporter, companion_pins=pins)
+        return done[recipe.name]
+
+    for r in recipes:
+        visit(r, ())
+    return list(done.values())
+
+
+def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
+              companion_pins: dict[str, str] | None = None) -> BuildResult:
+    """Build one recipe.  ``companion_pins`` (name -> exact version, local label included)
+    are the companion wheels built for this target; they go into the build key and the
+    wheel's requirements."""
+    pins = dict(sorted((companion_pins or {}).items()))
+    missing = sorted(set(recipe.companions) - set(pins))
+    if missing:
+        raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
+                          fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
     work = config.work_dir / f"{recipe.name}-{recipe.version}"
@@ -182,7 +224,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 cuda = toolchain.find_cuda()
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 toolchain.check_archs(cuda, config.archs)
-            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda))
+            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda), pins)
             reporter.info(f"build key {key[:16]}")
         if not config.force:
             done = published_with_key(config.index_dir, key)
@@ -195,7 +237,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             shutil.rmtree(work)
         work.mkdir(parents=True)
         with reporter.step("fetch source"):
-            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
+            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info,
+                            dict(config.git_mirrors))
             reporter.info(f"{fetched.source.identity} ({fetched.origin})")
         with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
             tree = extract(fetched.archive, work / "src")
@@ -247,8 +290,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             # a name published with another build key gets the next build number
             tag = next_build_tag(config.index_dir, relabeled_name(raw.name, local))
             final = relabel(raw, work / "final", local=local, torch_pin=pin,
-                            drop_requires=recipe.build.drop_requires, build_tag=tag)
+                            drop_requires=recipe.build.drop_requires, build_tag=tag, pins=pins)
             reporter.info(final.name)
+            for cname, cversion in pins.items():
+                reporter.info(f"requires its companion {cname}=={cversion}")
         with reporter.step("verify"):
             verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
             for so, found in verified.archs:
