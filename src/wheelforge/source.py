@@ -171,9 +171,15 @@ _GIT_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "transfer.fsc
                "protocol.ext.allow=never", "credential.interactive=never")
 
 
+_GIT_REMOTE_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "GIT_CONFIG_GLOBAL")
+
+
 def _git(args: list[str], cwd: Path | None = None, *, local_only: bool = False,
          strip: bool = True) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    # no GIT_DIR, GIT_OBJECT_DIRECTORY, GIT_TEMPLATE_DIR, ... from the caller; only what
+    # says how to reach a remote (ssh, askpass, the user's config file) is kept
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") or (k in _GIT_REMOTE_ENV and not local_only)}
     env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_CONFIG_NOSYSTEM="1")
     if local_only:
         # a mirror is bytes on disk: the user's config (insteadOf, proxies, ...) is not
