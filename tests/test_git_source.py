@@ -16,8 +16,14 @@ from conftest import write_recipe
 from wheelforge.config import resolve
 from wheelforge.errors import ConfigError, RecipeError, SourceError
 from wheelforge.recipe import Recipe, RecipeBook
-from wheelforge.source import (cache_path, extract, fetch, manifest_path, mirror_for,
-                               verify_git_archive)
+from wheelforge.source import (
+    cache_path,
+    extract,
+    fetch,
+    manifest_path,
+    mirror_for,
+    verify_git_archive,
+)
 
 UNREACHABLE = "http://127.0.0.1:9/upstream/demo.git"  # nothing listens: never contacted
 
@@ -298,7 +304,7 @@ def test_mirror_mappings_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert mirror_for("https://h/a/", mirrors) == project.parent / "mirrors" / "a.bundle"
     assert mirror_for("https://h/a.git", mirrors) is not None
     assert mirror_for("https://h/ab", mirrors) is None
-    assert any("git mirror     https://h/c -> /cli/c  [--git-mirror]" == line
+    assert any(line == "git mirror     https://h/c -> /cli/c  [--git-mirror]"
                for line in cfg.summary())
     with pytest.raises(ConfigError, match="bad git mirror"):
         resolve(environ={}, git_mirrors=("https://h/x",))

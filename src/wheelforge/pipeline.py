@@ -48,13 +48,14 @@ class BuildResult:
 
 
 def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str],
-              companion_pins: dict[str, str] | None = None) -> str:
+              companion_keys: dict[str, str] | None = None) -> str:
     """A content hash of everything that changes the binary.
 
     The recipe file (hence its pinned sources), every patch's bytes, the toolchain
     (Python tag, the torch requirement or installed version, nvcc), the arch list, the
-    recipe's build environment and the wheelforge version.  Computable before any
-    environment exists, so an up-to-date build is skipped at no cost.
+    recipe's build environment, the wheelforge version and the build keys of the recipe's
+    companions.  Computable before any environment exists, so an up-to-date build is
+    skipped at no cost.
     """
     h = hashlib.sha256()
 
@@ -69,9 +70,32 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
     add("env", json.dumps(sorted(recipe.build.env)).encode())
     if recipe.build.kind == "extension":
         add("archs", config.arch_list.encode())
-    if companion_pins:
-        add("companions", json.dumps(sorted(companion_pins.items())).encode())
+    if companion_keys:  # the companions' own build keys for the same configuration
+        add("companions", json.dumps(sorted(companion_keys.items())).encode())
     return h.hexdigest()
+
+
+def planned_key(recipe: Recipe, config: BuildConfig, book: RecipeBook,
+                cuda: toolchain.Cuda | None) -> str:
+    """The build key :func:`build_with_companions` gives ``recipe`` for ``config``, its
+    companions' keys included, computed without building or creating anything."""
+    companion_keys: dict[str, str] = {}
+    for cname in recipe.companions:
+        companion = book.load(cname)
+        companion_keys[cname] = planned_key(
+            companion, config, book, cuda if companion.build.kind == "extension" else None)
+    return build_key(recipe, config, toolchain_identity(recipe, config, cuda), companion_keys)
+
+
+def companion_depth(recipe: Recipe, book: RecipeBook, _chain: tuple[str, ...] = ()) -> int:
+    """0 for a recipe without companions, else one more than its deepest companion: cells
+    built in this order find their companions published."""
+    if recipe.name in _chain:
+        raise RecipeError(f"companions of {recipe.name} form a cycle",
+                          why=" -> ".join([*_chain, recipe.name]),
+                          fix="a companion cannot (indirectly) name the recipe itself")
+    return max((1 + companion_depth(book.load(c), book, (*_chain, recipe.name))
+                for c in recipe.companions), default=0)
 
 
 def toolchain_identity(recipe: Recipe, config: BuildConfig,
@@ -179,7 +203,8 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
 def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
                           reporter: Reporter) -> list[BuildResult]:
     """Build ``recipes`` and, first, the companions each one names (once each, for the same
-    configuration); every wheel pins the exact companion builds it was made with."""
+    configuration, reused when published); every wheel pins the companion builds it was
+    made with.  The results come companions first."""
     done: dict[str, BuildResult] = {}
 
     def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
@@ -187,13 +212,10 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
             raise RecipeError(f"companions of {recipe.name} form a cycle",
                               why=" -> ".join([*chain, recipe.name]),
                               fix="a companion cannot (indirectly) name the recipe itself")
-        if recipe.name in done:
-            return done[recipe.name]
-        pins = {}
-        for cname in recipe.companions:
-            res = visit(book.load(cname), (*chain, recipe.name))
-            pins[cname] = str(parse_wheel_filename(res.wheel.name)[1])
-        done[recipe.name] = build_one(recipe, config, reporter, companion_pins=pins)
+        if recipe.name not in done:
+            companions = {str(c): visit(book.load(c), (*chain, recipe.name))
+                          for c in recipe.companions}
+            done[recipe.name] = build_one(recipe, config, reporter, companions=companions)
         return done[recipe.name]
 
     for r in recipes:
@@ -202,15 +224,18 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
 
 
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
-              companion_pins: dict[str, str] | None = None) -> BuildResult:
-    """Build one recipe.  ``companion_pins`` (name -> exact version, local label included)
-    are the companion wheels built for this target; they go into the build key and the
-    wheel's requirements."""
-    pins = dict(sorted((companion_pins or {}).items()))
-    missing = sorted(set(recipe.companions) - set(pins))
+              companions: dict[str, BuildResult] | None = None) -> BuildResult:
+    """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
+    configuration: their build keys go into this one's, their exact versions (local label
+    included) into the wheel's requirements."""
+    companions = companions or {}
+    missing = sorted(set(recipe.companions) - set(companions))
     if missing:
         raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
                           fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
+    pins = {str(n): str(parse_wheel_filename(companions[n].wheel.name)[1])
+            for n in recipe.companions}
+    companion_keys = {str(n): companions[n].build_key for n in recipe.companions}
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
     work = config.work_dir / f"{recipe.name}-{recipe.version}"
@@ -224,7 +249,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 cuda = toolchain.find_cuda()
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 toolchain.check_archs(cuda, config.archs)
-            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda), pins)
+            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda),
+                            companion_keys)
             reporter.info(f"build key {key[:16]}")
         if not config.force:
             done = published_with_key(config.index_dir, key)

@@ -133,9 +133,9 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
         out.append(line)
     if torch_pin is not None and not saw_torch:
         out.append(f"Requires-Dist: torch{torch_pin}")
-    for cname, pinned in sorted(pin_map.items()):
-        if cname not in pinned_always:
-            out.append(f"Requires-Dist: {cname}=={pinned}")
+    for pname, pinned in sorted(pin_map.items()):
+        if pname not in pinned_always:
+            out.append(f"Requires-Dist: {pname}=={pinned}")
     return "\n".join(out) + sep + body
 
 
