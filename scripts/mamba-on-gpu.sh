@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# mamba-ssm on a GPU machine without network: build it (and its companion causal-conv1d)
+# against the machine's own python/torch into an index there, then prove it as a user
+# installs it: `wheelforge test mamba-ssm` (upstream's tests/ops/test_selective_scan.py from
+# the pinned tree and gputests/mamba-ssm/), and a tiny Mamba-2 hybrid from the machine's
+# transformers taking the fast path (scripts/mamba-hybrid-fast-path.py).
+#
+#   scripts/mamba-on-gpu.sh PAYLOAD OUT_DIR
+#
+# PAYLOAD holds src/ recipes/ patches/ gputests/ scripts/ of wheelforge, sdists/ (the
+# causal-conv1d sdist), state-spaces-mamba.bundle, and wheels/ (runtime packages the
+# machine lacks, installed first without their dependencies).  The build runs detached
+# (setsid) and the script waits up to $BUDGET seconds (default 540); run it again to pick
+# up a build still running.  ARCH (default: this GPU's), JOBS (default: cores).
+set -uo pipefail
+W=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
+py=$(command -v python3)
+export PYTHONPATH=$W/src PYTHONUNBUFFERED=1
+st=/tmp/wf-mamba; mkdir -p "$st"
+url=https://github.com/state-spaces/mamba
+mirror="$url=$W/state-spaces-mamba.bundle"
+deadline=$(( $(date +%s) + ${BUDGET:-540} ))
+arch=${ARCH:-$("$py" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}.{p.minor}")')}
+jobs=${JOBS:-$(nproc)}
+
+if [ ! -e "$st/build.started" ]; then
+  touch "$st/build.started"
+  if ls "$W"/wheels/*.whl >/dev/null 2>&1; then
+    "$py" -m pip install -q --no-index --no-deps --disable-pip-version-check "$W"/wheels/*.whl \
+      > "$st/wheels.log" 2>&1 || { cat "$st/wheels.log"; exit 2; }
+  fi
+  date +%s > "$st/build.t0"
+  setsid nohup bash -c "'$py' -m wheelforge build mamba-ssm --recipes '$W/recipes' \
+    --python '$py' --arch '$arch' -j $jobs --index '$st/index' --cache-dir '$st/cache' \
+    --work-dir '$st/work' --sources '$W/sdists' --git-mirror '$mirror' > '$st/build.log' 2>&1;
+    echo \$? > '$st/build.rc'; date +%s > '$st/build.t1'" > /dev/null 2>&1 &
+  # each build's .ninja_log, copied as it grows (the work directory goes once published):
+  # the compile time of every translation unit
+  setsid nohup bash -c "until [ -e '$st/build.rc' ]; do
+    for f in '$st'/work/*/src/*/build/*/.ninja_log; do
+      [ -f \"\$f\" ] && cp \"\$f\" \"$st/ninja-\$(basename \$(dirname \$(dirname \$(dirname \$(dirname \"\$f\")))) | cut -d- -f1-2).log\";
+    done; sleep 1; done" > /dev/null 2>&1 &
+fi
+while [ ! -e "$st/build.rc" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 3; done
+cp "$st"/build.log "$st"/ninja-*.log "$out"/ 2>/dev/null
+if [ ! -e "$st/build.rc" ]; then
+  echo "build still running after $(( $(date +%s) - $(cat "$st/build.t0") )) s:"; tail -3 "$st/build.log"
+  exit 3
+fi
+echo "build exit $(cat "$st/build.rc"), wall $(( $(cat "$st/build.t1") - $(cat "$st/build.t0") )) s (both recipes)"
+grep -E "^(published|already published|install):|ok compile|ok fetch|mirror of" "$st/build.log"
+[ "$(cat "$st/build.rc")" = 0 ] || { tail -40 "$st/build.log"; exit 4; }
+"$py" -m wheelforge inspect "$st"/index/files/*.whl > "$out/inspect.txt" 2>&1; cat "$out/inspect.txt"
+
+rc=0
+if [ ! -e "$st/test.done" ]; then
+  # upstream's test file from the pinned tree and gputests/mamba-ssm/, the wheels installed
+  # from the index (pip takes the pinned causal-conv1d from it)
+  "$py" -m wheelforge test mamba-ssm --recipes "$W/recipes" --python "$py" --index "$st/index" \
+    --cache-dir "$st/cache" --git-mirror "$mirror" --workers 8 > "$out/test.log" 2>&1 || rc=1
+  touch "$st/test.done"
+  grep -E "passed|failed|error" "$out/test.log" | tail -5
+  grep -h "mamba2 " "$st"/cache/logs/test-mamba-ssm-*.log 2>/dev/null | sort -u
+  cp "$st"/cache/logs/test-mamba-ssm-*.log "$out/" 2>/dev/null
+fi
+
+# a user's venv: pip install from the index, then the hybrid model, fast path vs fallback
+v=$st/venv/bin/python
+if [ ! -x "$v" ]; then
+  "$py" -m venv --system-site-packages "$st/venv"
+  mv=$(basename "$st"/index/files/mamba_ssm-*.whl | cut -d- -f2)
+  "$v" -m pip install -q --disable-pip-version-check --index-url "file://$st/index/simple" \
+    "mamba-ssm==$mv" > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; rc=1; }
+  "$v" -m pip list 2>/dev/null | grep -iE "^(mamba|causal|torch |transformers|triton)" \
+    | tee -a "$out/pip.log"
+fi
+"$v" -c "import torch, selective_scan_cuda, causal_conv1d_cuda, mamba_ssm; \
+print('imports ok', mamba_ssm.__file__)" || rc=1
+"$v" "$W/scripts/mamba-hybrid-fast-path.py" "$st/hybrid" || rc=1
+cp "$st/hybrid/hybrid.json" "$out/" 2>/dev/null
+exit $rc
