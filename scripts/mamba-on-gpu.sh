@@ -50,29 +50,47 @@ fi
 echo "build exit $(cat "$st/build.rc"), wall $(( $(cat "$st/build.t1") - $(cat "$st/build.t0") )) s (both recipes)"
 grep -E "^(published|already published|install):|ok compile|ok fetch|mirror of" "$st/build.log"
 [ "$(cat "$st/build.rc")" = 0 ] || { tail -40 "$st/build.log"; exit 4; }
-"$py" -m wheelforge inspect "$st"/index/files/*.whl > "$out/inspect.txt" 2>&1; cat "$out/inspect.txt"
+for whl in "$st"/index/files/*.whl; do "$py" -m wheelforge inspect "$whl"; done > "$out/inspect.txt" 2>&1
+cat "$out/inspect.txt"
 
 rc=0
-if [ ! -e "$st/test.done" ]; then
-  # upstream's test file from the pinned tree and gputests/mamba-ssm/, the wheels installed
-  # from the index (pip takes the pinned causal-conv1d from it)
-  "$py" -m wheelforge test mamba-ssm --recipes "$W/recipes" --python "$py" --index "$st/index" \
-    --cache-dir "$st/cache" --git-mirror "$mirror" --workers 8 > "$out/test.log" 2>&1 || rc=1
-  touch "$st/test.done"
-  grep -E "passed|failed|error" "$out/test.log" | tail -5
-  grep -h "mamba2 " "$st"/cache/logs/test-mamba-ssm-*.log 2>/dev/null | sort -u
-  cp "$st"/cache/logs/test-mamba-ssm-*.log "$out/" 2>/dev/null
-fi
-
-# a user's venv: pip install from the index, then the hybrid model, fast path vs fallback
+# a user's venv, layered on the machine's python (torch, transformers, triton, einops there):
+# mamba-ssm from the index, and the causal-conv1d build it pins; without their other
+# dependencies when NO_DEPS=1 (a machine that cannot have all of them: pip check lists them)
 v=$st/venv/bin/python
 if [ ! -x "$v" ]; then
-  "$py" -m venv --system-site-packages "$st/venv"
+  "$py" -m venv "$st/venv"
+  # layered on python3's own packages (python3 may itself be a venv, which
+  # --system-site-packages would skip)
+  "$py" -c "import site; print('\n'.join(site.getsitepackages()))" \
+    > "$("$v" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-base.pth"
   mv=$(basename "$st"/index/files/mamba_ssm-*.whl | cut -d- -f2)
-  "$v" -m pip install -q --disable-pip-version-check --index-url "file://$st/index/simple" \
-    "mamba-ssm==$mv" > "$out/pip.log" 2>&1 || { cat "$out/pip.log"; rc=1; }
-  "$v" -m pip list 2>/dev/null | grep -iE "^(mamba|causal|torch |transformers|triton)" \
-    | tee -a "$out/pip.log"
+  if [ "${NO_DEPS:-0}" = 1 ]; then
+    cv=$("$st/venv/bin/python" -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+print([l.split('==')[1] for l in z.read([n for n in z.namelist() if n.endswith('METADATA')][0]).decode().splitlines() \
+if l.startswith('Requires-Dist: causal-conv1d==') and ';' not in l][0])" "$st"/index/files/mamba_ssm-*.whl)
+    "$v" -m pip install -q --disable-pip-version-check --no-deps --index-url \
+      "file://$st/index/simple" "mamba-ssm==$mv" "causal-conv1d==$cv" > "$out/pip.log" 2>&1 || rc=1
+  else
+    "$v" -m pip install -q --disable-pip-version-check --index-url "file://$st/index/simple" \
+      "mamba-ssm==$mv" > "$out/pip.log" 2>&1 || rc=1
+  fi
+  "$v" -m pip check >> "$out/pip.log" 2>&1
+  "$v" -m pip list 2>/dev/null | grep -iE "^(mamba|causal|torch |transformers|triton)" >> "$out/pip.log"
+  cat "$out/pip.log"
+fi
+if [ ! -e "$st/test.done" ]; then
+  # upstream's test file from the pinned commit, and gputests/mamba-ssm/, against the venv
+  mkdir -p "$st/tests" && git init -q "$st/up" && git -C "$st/up" fetch -q \
+    "$W/state-spaces-mamba.bundle" 'refs/heads/*:refs/heads/*' 'refs/tags/*:refs/tags/*'
+  git -C "$st/up" show e9594ce1c732d97440f0332fdc43170a2294dbfa:tests/ops/test_selective_scan.py \
+    > "$st/tests/test_selective_scan.py"
+  cp "$W/gputests/mamba-ssm/"*.py "$st/tests/"
+  (cd "$st/tests" && export PYTHONNOUSERSITE=1 &&
+    "$v" -m pytest -q -p no:cacheprovider -n 8 test_selective_scan.py &&
+    "$v" -m pytest -q -p no:cacheprovider -s test_mamba2_block.py) > "$out/test.log" 2>&1 || rc=1
+  touch "$st/test.done"
+  grep -E "^mamba2 |passed|failed|error" "$out/test.log" | tail -8
 fi
 "$v" -c "import torch, selective_scan_cuda, causal_conv1d_cuda, mamba_ssm; \
 print('imports ok', mamba_ssm.__file__)" || rc=1
