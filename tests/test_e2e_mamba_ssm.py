@@ -62,7 +62,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
     assert f"published: {CC}  [sm_120]" in res.stdout
     assert f"published: {MAMBA}  [sm_120]" in res.stdout
     assert res.stdout.index(f"published: {CC}") < res.stdout.index(f"published: {MAMBA}")
-    assert f"mirror of {URL}" in res.stdout
+    assert f"git mirror     {URL} -> {bundle()}  [--git-mirror]" in res.stdout
+    assert "cloning" not in res.stdout and "github.com/state-spaces/mamba.git" not in res.stdout
     return index
 
 
