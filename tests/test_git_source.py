@@ -308,3 +308,11 @@ def test_mirror_mappings_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                for line in cfg.summary())
     with pytest.raises(ConfigError, match="bad git mirror"):
         resolve(environ={}, git_mirrors=("https://h/x",))
+
+
+def test_option_like_url_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    with pytest.raises(RecipeError) as exc:
+        recipe_for(tmp_path, f"url: '--upload-pack=touch {marker}', commit: {'a' * 40}")
+    assert "is not a repository URL or path" in (exc.value.why or "")
+    assert not marker.exists()

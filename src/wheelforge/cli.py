@@ -159,6 +159,11 @@ def show(name: str, recipes: Path | None) -> None:
         click.echo(f"source {i}:  {kind} {s.identity}")
         if isinstance(s, SdistSource) and s.url:
             click.echo(f"           {s.url}")
+        elif not isinstance(s, SdistSource) and s.release_tag:
+            click.echo(f"           after release {s.release_tag} ({s.release_commit}); "
+                       f"label g{s.commit[:12]}")
+    for c in r.companions:
+        click.echo(f"companion: {c} (built for the same target, required exactly)")
     for p in r.patches:
         click.echo(f"patch:     {p}")
     click.echo(f"build:     kind={r.build.kind} requires={', '.join(r.build.requires) or '-'}")

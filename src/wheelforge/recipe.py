@@ -260,6 +260,9 @@ def _parse_source(p: _Problems, entry: Any, where: str) -> Source | None:
     elif release_commit is not None and release_commit == commit:
         p.add(_join(where, "release-commit"),
               "is the pinned commit itself: a release is pinned with 'tag'")
+    if url and (url.startswith("-") or any(c in url for c in "\0\n\r")):
+        p.add(_join(where, "url"), f"{url!r} is not a repository URL or path")
+        url = None
     if url and commit:
         return GitSource(url=url, commit=commit, tag=tag, release_tag=release_tag,
                          release_commit=release_commit)

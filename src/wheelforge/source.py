@@ -221,7 +221,7 @@ def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path,
             _git(["init", "--quiet", "--bare", f"--template={template}", str(repo)],
                  local_only=True)
             _git(["fetch", "--quiet", "--no-tags", "--no-recurse-submodules",
-                  "--no-write-fetch-head", remote,
+                  "--no-write-fetch-head", "--", remote,
                   "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"],
                  repo, local_only=local)
         except _proc.CommandFailed as exc:
