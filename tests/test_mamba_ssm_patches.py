@@ -189,14 +189,23 @@ def std_flags(data: dict[str, object] | None) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def torch_headers(shared_cache: Path) -> list[str]:
-    """-I flags for the managed torch 2.14.1 environment (created as `make build` does)."""
+def managed_python(shared_cache: Path) -> Path:
+    """The managed torch 2.14.1 build environment (created as `make build` does), with
+    what `import mamba_ssm` needs (the recipe's verify.requires)."""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the managed torch 2.14.1 CUDA environment is for Python 3.11")
     env = buildenv.managed_env(shared_cache, base_python=Path(sys._base_executable),  # type: ignore[attr-defined]
-                               torch_req=DEFAULT_TORCH, requirements=())
+                               torch_req=DEFAULT_TORCH,
+                               requirements=BOOK.load("mamba-ssm").verify.requires)
+    return env.python
+
+
+@pytest.fixture(scope="module")
+def torch_headers(managed_python: Path) -> list[str]:
+    """-I flags for the managed torch 2.14.1 environment."""
     paths = json.loads(subprocess.run(
-        [str(env.python), "-c", "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))"],
+        [str(managed_python), "-c",
+         "import json, sysconfig; print(json.dumps(sysconfig.get_paths()))"],
         capture_output=True, text=True, check=True, timeout=60).stdout)
     torch_inc = Path(paths["purelib"]) / "torch" / "include"
     assert (torch_inc / "ATen" / "ATen.h").is_file()
@@ -284,3 +293,33 @@ def test_ninja_not_required_at_runtime(trees: dict[str, Path], tmp_path: Path,
     assert "tilelang==0.1.8" in patched and "quack-kernels>=0.3.4" in patched
     # and ninja stays a build requirement
     assert '"ninja"' in (trees["patched"] / "pyproject.toml").read_text().split("[build-system]")[1]
+
+
+# -- 0007: a broken optional Mamba-3 kernel stack does not break `import mamba_ssm` ----------
+
+def test_broken_mamba3_stack_keeps_import_working(trees: dict[str, Path], tmp_path: Path,
+                                                  managed_python: Path) -> None:
+    # what upstream's requirements resolve to fails at import in ways other than
+    # ImportError: tilelang 0.1.8 with apache-tvm-ffi 0.1.12 (AttributeError inside
+    # tvm_ffi), tilelang without z3-solver (OSError); stand-ins raise the same errors
+    fake = tmp_path / "fake"
+    for pkg, error in (("tilelang", "AttributeError(\"attribute '__dict__' of 'type' objects "
+                                    "is not writable\")"),
+                       ("cutlass", "OSError('libz3.so: cannot open shared object file')")):
+        (fake / pkg).mkdir(parents=True)
+        (fake / pkg / "__init__.py").write_text(f"raise {error}\n")
+    code = ("import mamba_ssm, mamba_ssm.modules.mamba3 as m3; "
+            "print(m3.mamba3_mimo_combined, m3.mamba3_step_fn, mamba_ssm.Mamba2.__name__)")
+
+    def run(tree: Path) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = f"{tree}{os.pathsep}{fake}"
+        return subprocess.run([str(managed_python), "-c", code], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    before = run(trees["unpatched"])
+    assert before.returncode != 0
+    assert "AttributeError: attribute '__dict__' of 'type' objects is not writable" in before.stderr
+    after = run(trees["patched"])
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert after.stdout.split() == ["None", "None", "Mamba2"]
