@@ -360,8 +360,11 @@ def verify_git_archive(archive: Path, commit: str, manifest: Path | None = None)
                 elif m.isreg():
                     f = tf.extractfile(m)
                     assert f is not None
+                    h = hashlib.sha1(f"blob {m.size}\0".encode(), usedforsecurity=False)
+                    for chunk in iter(lambda: f.read(1 << 20), b""):  # noqa: B023
+                        h.update(chunk)
                     mode = "100755" if m.mode & 0o100 else "100644"
-                    entries[rel] = (mode, _git_object_id("blob", f.read()))
+                    entries[rel] = (mode, h.hexdigest())
                 elif m.issym():
                     entries[rel] = ("120000", _git_object_id("blob", m.linkname.encode()))
                 else:
