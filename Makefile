@@ -4,7 +4,12 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 ARCH   ?= 12.0
 INDEX  ?= index
-RECIPES ?= causal-conv1d fla-core flash-linear-attention
+RECIPES ?= causal-conv1d fla-core flash-linear-attention mamba-ssm
+# offline mirrors of upstream git repositories: used when present (CI has ../shared beside
+# the clone), else the recipes' URLs are fetched
+UPSTREAM ?= ../shared/upstream
+GIT_MIRRORS ?= $(if $(wildcard $(UPSTREAM)/state-spaces-mamba.bundle),--git-mirror \
+  https://github.com/state-spaces/mamba=$(UPSTREAM)/state-spaces-mamba.bundle)
 
 .PHONY: venv build test test-fast lint bench clean
 
@@ -17,7 +22,7 @@ $(BIN)/wheelforge: pyproject.toml
 venv: $(BIN)/wheelforge  ## create .venv with wheelforge and the test tools
 
 build: venv  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
-	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX)
+	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX) $(GIT_MIRRORS)
 
 test: venv  ## the whole suite, real end-to-end builds included
 	$(BIN)/python -m pytest tests

@@ -32,9 +32,14 @@ def test_list_and_show() -> None:
         "causal-conv1d                1.7.0        extension",
         "fla-core                     0.6.0        pure",
         "flash-linear-attention       0.6.0        pure",
+        "mamba-ssm                    2.3.2.post1  extension",
     ]
     show = wf("show", "causal-conv1d").stdout
     assert "patch:     patches/causal-conv1d/0001-find-nvcc.patch" in show
+    show = wf("show", "mamba-ssm").stdout
+    assert ("           after release v2.3.2.post1 (a14b1dff0454a3bc27d9eb31355dc01e4b2490ec); "
+            "label ge9594ce1c732") in show
+    assert "companion: causal-conv1d (built for the same target, required exactly)" in show
 
 
 def test_check_reports_every_problem(tmp_path: Path) -> None:

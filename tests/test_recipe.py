@@ -129,7 +129,8 @@ def test_unknown_recipe_suggests(tmp_path: Path) -> None:
 
 def test_shipped_recipes_are_valid() -> None:
     loaded = RecipeBook(REPO / "recipes", REPO / "patches").load_all()
-    assert [r.name for r in loaded] == ["causal-conv1d", "fla-core", "flash-linear-attention"]
+    assert [r.name for r in loaded] == ["causal-conv1d", "fla-core", "flash-linear-attention",
+                                        "mamba-ssm"]
     cc = loaded[0]
     assert isinstance(cc.sources[0], SdistSource)
     assert cc.sources[0].sha256 == \
@@ -151,3 +152,30 @@ def test_pure_wheels_get_a_local_label_too(tmp_path: Path) -> None:
     assert shipped.load("flash-linear-attention").build.local_version == "wf"
     assert "0.6.0+wf" in SpecifierSet("==0.6.0")
     assert "0.6.0" not in SpecifierSet("==0.6.0+wf")
+
+
+def test_shipped_mamba_ssm_recipe() -> None:
+    r = RecipeBook(REPO / "recipes", REPO / "patches").load("mamba-ssm")
+    (src,) = r.sources
+    assert isinstance(src, GitSource)
+    assert (src.commit, src.tag) == ("e9594ce1c732d97440f0332fdc43170a2294dbfa", None)
+    assert (src.release_tag, src.release_commit) == (
+        "v2.3.2.post1", "a14b1dff0454a3bc27d9eb31355dc01e4b2490ec")
+    assert r.untagged_commit == src.commit and str(r.version) == "2.3.2.post1"
+    assert r.companions == ("causal-conv1d",)
+    assert dict(r.build.env) == {"MAMBA_KEEP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE"}
+    assert len(r.patches) == 7
+
+
+@pytest.mark.parametrize("companions, message", [
+    ("[Causal_Conv1d]", "must be the normalized recipe name 'causal-conv1d'"),
+    ("[demo]", "a recipe cannot be its own companion"),
+    ("[nope]", "no recipe nope.yaml beside this one"),
+    ("[other, other]", "lists a recipe twice"),
+])
+def test_companions_validated(tmp_path: Path, companions: str, message: str) -> None:
+    b = book(tmp_path, GOOD + f"companions: {companions}\n")
+    (b.recipes_dir / "other.yaml").write_text(GOOD.replace("name: demo", "name: other"))
+    with pytest.raises(RecipeError) as exc:
+        b.load("demo")
+    assert message in (exc.value.why or "")

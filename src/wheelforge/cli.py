@@ -70,6 +70,12 @@ def _existing_index(index_dir: Path | None, project_file: Path | None = None) ->
     return path
 
 
+git_mirror_option = click.option(
+    "--git-mirror", "git_mirrors", multiple=True, metavar="URL=PATH",
+    help="Fetch the git repository URL from the local mirror PATH (a git bundle or a "
+         "repository), never the network; the pinned commit is verified in it. Repeatable; "
+         "also $WHEELFORGE_GIT_MIRRORS and git-mirrors in wheelforge.yaml.")
+
 recipes_option = click.option(
     "--recipes", type=click.Path(path_type=Path, file_okay=False), default=None,
     help="Recipes directory (default: ./recipes or $WHEELFORGE_RECIPES); patches are read "
@@ -126,24 +132,26 @@ def cli() -> None:
 @click.option("--timeout", type=click.IntRange(min=1), metavar="SECONDS",
               help="Stop the whole build (every compiler process) after SECONDS; exit 124.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@git_mirror_option
 @recipes_option
 def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: str | None,
           jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
           cache_dir: Path | None, work_dir: Path | None, force: bool,
           project_file: Path | None, timeout: int | None, verbose: bool,
-          recipes: Path | None) -> None:
+          git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
-    Prints the resolved inputs first; at the end, each wheel, its CUDA architectures and the
-    pip command that installs it.
+    A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
+    or reused when published. Prints the resolved inputs first; at the end, each wheel, its
+    CUDA architectures and the pip command that installs it.
     """
-    from .pipeline import build_one
+    from .pipeline import build_with_companions
 
     book = _book(recipes)
     loaded = [book.load(n) for n in names]
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
-                     force=force, project_file=project_file)
+                     force=force, project_file=project_file, git_mirrors=git_mirrors)
     reporter = Reporter(verbose=verbose)
     if timeout:
         import signal
@@ -152,7 +160,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     reporter.header(f"wheelforge {__version__}: building {', '.join(r.name for r in loaded)}")
     for line in config.summary():
         reporter.info(line)
-    results = [build_one(r, config, reporter) for r in loaded]
+    results = build_with_companions(loaded, book, config, reporter)
     clear_live()
     for res in results:
         state = "already published" if res.skipped else "published"
@@ -199,6 +207,11 @@ def show(name: str, recipes: Path | None) -> None:
         click.echo(f"source {i}:  {s.identity}")
         if isinstance(s, SdistSource) and s.url:
             click.echo(f"           {s.url}")
+        elif not isinstance(s, SdistSource) and s.release_tag:
+            click.echo(f"           after release {s.release_tag} ({s.release_commit}); "
+                       f"label g{s.commit[:12]}")
+    for c in r.companions:
+        click.echo(f"companion: {c} (built for the same target, required exactly)")
     for p in r.patches:
         click.echo(f"patch:     {p}")
     click.echo(f"build:     kind={r.build.kind} requires={', '.join(r.build.requires) or '-'}")
@@ -347,14 +360,17 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="pytest-xdist processes sharing the GPU (default: min(8, cores) when "
                    "pytest-xdist is installed, else 1).")
+@git_mirror_option
 @recipes_option
 def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tuple[Path, ...],
-         cache_dir: Path | None, workers: int | None, recipes: Path | None) -> None:
+         cache_dir: Path | None, workers: int | None, git_mirrors: tuple[str, ...],
+         recipes: Path | None) -> None:
     """Prove a published wheel on this machine's GPU.
 
     Installs NAME from the index into a fresh environment, runs the recipe's GPU test
     (causal-conv1d: upstream's test file; fla: numerical checks against reference
-    implementations) and records the result with the wheel, shown in the index. Exits 10
+    implementations) and records the result with the wheel, shown in the index. A recipe's
+    companions are installed with it, from the same index (the wheel pins them). Exits 10
     when there is no GPU, 12 when the wheel has no code for this GPU, 11 when tests fail.
     """
     import time as _time
@@ -365,6 +381,7 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
     recipe = _book(recipes).load(name)
     index_dir = _existing_index(index_dir)
     interp = project_python(python) or find_python("python3", "the default interpreter")
+    mirrors = dict(resolve(git_mirrors=git_mirrors).git_mirrors)
     cache = cache_dir or default_cache_dir()
     log = cache / "logs" / f"test-{recipe.name}-{_time.strftime('%Y%m%dT%H%M%S')}.log"
     reporter = Reporter()
@@ -372,7 +389,7 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
     with reporter.step(f"test {recipe.name} from {index_dir}"):
         record, outcome = run_test(recipe, index_dir=index_dir,
                                    python=interp, cache_dir=cache, sources_dirs=sources_dirs,
-                                   progress=reporter.info, log=log,
+                                   progress=reporter.info, log=log, git_mirrors=mirrors,
                                    workers=workers or min(8, os.cpu_count() or 1))
     clear_live()
     click.echo(f"{outcome.status}: {record.filename} on {outcome.gpu} (sm {outcome.capability}): "

@@ -28,7 +28,10 @@ DEFAULT_TORCH = "torch==2.14.1"
 #: Memory one nvcc job may take at its peak (cicc on heavy templates).
 DEFAULT_GIB_PER_JOB = 4.0
 PROJECT_FILE = "wheelforge.yaml"
-_DEFAULT_KEYS = ("arch", "torch", "torch-pip-args", "python", "index", "gib-per-job")
+_DEFAULT_KEYS = ("arch", "torch", "torch-pip-args", "python", "index", "gib-per-job",
+                 "git-mirrors")
+#: ``URL=PATH;URL=PATH``: local mirrors of git repositories (see docs/recipe-format.md)
+GIT_MIRRORS_ENV = "WHEELFORGE_GIT_MIRRORS"
 
 
 def default_cache_dir() -> Path:
@@ -54,6 +57,8 @@ class BuildConfig:
     force: bool = False
     gib_per_job: float = DEFAULT_GIB_PER_JOB
     origins: tuple[tuple[str, str], ...] = ()
+    #: git URL -> local mirror (a bundle file or a repository); never the network for these
+    git_mirrors: tuple[tuple[str, Path], ...] = ()
 
     @property
     def arch_list(self) -> str:
@@ -73,6 +78,8 @@ class BuildConfig:
             f"index          {self.index_dir}",
             f"cache          {self.cache_dir}",
             "sources        " + (", ".join(map(str, self.sources_dirs)) or "(network, cache)"),
+            *(f"git mirror     {url} -> {path}  [{self.origin('git-mirror:' + url)}]"
+              for url, path in self.git_mirrors),
         ]
 
 
@@ -280,10 +287,14 @@ def resolve(
     force: bool = False,
     project_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
+    git_mirrors: tuple[str, ...] = (),
 ) -> BuildConfig:
     env = os.environ if environ is None else environ
     defaults = load_project_file(project_file)
     origins: dict[str, str] = {}
+    mirrors = resolve_git_mirrors(defaults.get("git-mirrors"),
+                                  (project_file or Path(PROJECT_FILE)).parent,
+                                  env.get(GIT_MIRRORS_ENV, ""), git_mirrors, origins)
 
     arch_text, origins["arch"] = DEFAULT_ARCH, "default"
     if "arch" in defaults:
@@ -357,4 +368,40 @@ def resolve(
         force=force,
         gib_per_job=gib_per_job,
         origins=tuple(sorted(origins.items())),
+        git_mirrors=tuple(mirrors.items()),
     )
+
+
+def resolve_git_mirrors(from_file: Any, base: Path, from_env: str, from_cli: tuple[str, ...],
+                        origins: dict[str, str]) -> dict[str, Path]:
+    """git URL -> mirror path: wheelforge.yaml's ``git-mirrors`` (paths relative to the
+    file), then $WHEELFORGE_GIT_MIRRORS, then ``--git-mirror URL=PATH``; later ones win."""
+    from .source import iter_git_mirrors, normalize_git_url
+
+    out: dict[str, Path] = {}
+
+    def add(url: str, path: str, origin: str, rel_to: Path) -> None:
+        if not url or not path:
+            raise ConfigError(f"bad git mirror {url}={path} ({origin})",
+                              why="a mapping is URL=PATH: the repository URL a recipe names, "
+                                  "then a git bundle file or a repository on disk",
+                              fix="e.g. https://github.com/state-spaces/mamba="
+                                  "/srv/mirrors/state-spaces-mamba.bundle")
+        key = normalize_git_url(url)
+        out[key] = Path(os.path.abspath(rel_to / os.path.expanduser(path)))
+        origins["git-mirror:" + key] = origin
+
+    if from_file is not None:
+        if not isinstance(from_file, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in from_file.items()):
+            raise ConfigError(f"{PROJECT_FILE}: defaults.git-mirrors must map git URLs to paths",
+                              fix="e.g. git-mirrors: {https://github.com/state-spaces/mamba: "
+                                  "mirrors/state-spaces-mamba.bundle}")
+        for url, path in from_file.items():
+            add(url, path, PROJECT_FILE, base)
+    for url, path in iter_git_mirrors(from_env):
+        add(url, path, GIT_MIRRORS_ENV, Path.cwd())
+    for entry in from_cli:
+        url, _, path = entry.partition("=")
+        add(url.strip(), path.strip(), "--git-mirror", Path.cwd())
+    return out

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -205,6 +205,7 @@ def run_test(
     progress: Progress | None = None,
     log: Path | None = None,
     workers: int = 1,
+    git_mirrors: Mapping[str, Path] | None = None,
 ) -> tuple[index.WheelRecord, TestOutcome]:
     say = progress or (lambda _m: None)
     if recipe.test.empty:
@@ -249,7 +250,7 @@ def run_test(
         tests = work / "tests"
         tests.mkdir()
         if recipe.test.source_files:
-            fetched = fetch(recipe, cache_dir, sources_dirs, say)
+            fetched = fetch(recipe, cache_dir, sources_dirs, say, git_mirrors=git_mirrors)
             tree = extract(fetched.archive, work / "src", recipe.extract)
             apply_series(tree, recipe.patches, project=recipe.name)
             for rel in recipe.test.source_files:

@@ -3,10 +3,11 @@
 :func:`run` walks the cells of the ``matrix:`` in wheelforge.yaml.  A cell whose
 build key is already published is skipped before any environment is created or
 anything is compiled; the others are built one after another by
-:func:`pipeline.build_one`, and a failure is recorded and the run goes on.  Each build
-holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index again once
-it holds it, so two nightly runs on one index never build a cell twice: a cell that
-another run is building is put back and taken up last, when that run has published it.
+:func:`pipeline.build_with_companions` (a recipe's companions first), and a failure is
+recorded and the run goes on.  Each build holds a lock per build key
+(``CACHE/locks/KEY.lock``) and checks the index again once it holds it, so two nightly
+runs on one index never build a cell twice: a cell that another run is building is put
+back and taken up last, when that run has published it.
 
 Every run writes ``nightly-<UTC time>.json`` and ``.html`` to the report directory
 (``<index>/reports/`` unless told otherwise), and ``nightly-latest.json``/``.html``.
@@ -234,6 +235,16 @@ class _Run:
     def recipe(self, name: str) -> Recipe:
         return _once(self.recipes, name, lambda: self.book.load(name))
 
+    def companions_first(self, todo: list[Cell]) -> list[Cell]:
+        """The cells, a recipe's companions before it (a stable sort): each cell then finds
+        the companions of its target published by their own cells."""
+        def depth(cell: Cell) -> int:
+            try:
+                return pipeline.companion_depth(self.recipe(cell.recipe), self.book)
+            except WheelforgeError:
+                return 0  # the cell's plan reports the error
+        return sorted(todo, key=depth)
+
     def kinds(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for name in self.matrix.recipes:
@@ -267,9 +278,7 @@ class _Run:
             plan.config = dataclasses.replace(cfg, python=None, base_python=python,
                                               torch_pip_args=cell.torch.pip_args)
             cuda = self.find_cuda() if plan.recipe.build.kind == "extension" else None
-            plan.key = pipeline.build_key(
-                plan.recipe, plan.config,
-                pipeline.toolchain_identity(plan.recipe, plan.config, cuda))
+            plan.key = pipeline.planned_key(plan.recipe, plan.config, self.book, cuda)
         except WheelforgeError as exc:
             plan.error = exc
         return plan
@@ -340,11 +349,13 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     """Build every out-of-date cell; write the report (also when interrupted).
 
     ``report_dir`` defaults to ``<index>/reports``.  ``build`` is the builder
-    (:func:`pipeline.build_one`; tests pass their own).
+    (:func:`pipeline.build_with_companions`, a recipe's companions built or reused first; tests
+    pass their own).
     """
     started_wall, started = datetime.now(timezone.utc), time.monotonic()
-    state = _Run(matrix, book, settings, reporter, build or pipeline.build_one)
-    todo = cells(matrix, state.kinds())
+    state = _Run(matrix, book, settings, reporter,
+                 build or (lambda r, c, rep: pipeline.build_with_companions([r], book, c, rep)[-1]))
+    todo = state.companions_first(cells(matrix, state.kinds()))
     results: dict[int, CellResult] = {}
     deferred: list[tuple[int, _Plan]] = []
     interrupted = False

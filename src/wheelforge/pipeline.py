@@ -27,9 +27,9 @@ from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
 from .compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
-from .errors import ToolchainError, WheelforgeError
+from .errors import RecipeError, ToolchainError, WheelforgeError
 from .patch import apply_series
-from .recipe import Recipe
+from .recipe import Recipe, RecipeBook
 from .source import extract, fetch
 from .verify import verify_wheel
 from .wheel import relabel, relabeled_name
@@ -47,13 +47,15 @@ class BuildResult:
     cache: CacheStats | None = None
 
 
-def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str]) -> str:
+def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str],
+              companion_keys: dict[str, str] | None = None) -> str:
     """A content hash of everything that changes the binary.
 
     The recipe file (hence its pinned sources), every patch's bytes, the toolchain
     (Python tag, the torch requirement or installed version, nvcc), the arch list, the
-    recipe's build environment and the wheelforge version.  Computable before any
-    environment exists, so an up-to-date build is skipped at no cost.
+    recipe's build environment, the wheelforge version and the build keys of the recipe's
+    companions.  Computable before any environment exists, so an up-to-date build is
+    skipped at no cost.
     """
     h = hashlib.sha256()
 
@@ -70,7 +72,32 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
         add("archs", config.arch_list.encode())
     else:  # pure wheels gained the default label "wf": a build of the old, unlabelled
         add("local-version", recipe.build.local_version.encode())  # one is not skipped
+    if companion_keys:  # the companions' own build keys for the same configuration
+        add("companions", json.dumps(sorted(companion_keys.items())).encode())
     return h.hexdigest()
+
+
+def planned_key(recipe: Recipe, config: BuildConfig, book: RecipeBook,
+                cuda: toolchain.Cuda | None) -> str:
+    """The build key :func:`build_with_companions` gives ``recipe`` for ``config``, its
+    companions' keys included, computed without building or creating anything."""
+    companion_keys: dict[str, str] = {}
+    for cname in recipe.companions:
+        companion = book.load(cname)
+        companion_keys[cname] = planned_key(
+            companion, config, book, cuda if companion.build.kind == "extension" else None)
+    return build_key(recipe, config, toolchain_identity(recipe, config, cuda), companion_keys)
+
+
+def companion_depth(recipe: Recipe, book: RecipeBook, _chain: tuple[str, ...] = ()) -> int:
+    """0 for a recipe without companions, else one more than its deepest companion: cells
+    built in this order find their companions published."""
+    if recipe.name in _chain:
+        raise RecipeError(f"companions of {recipe.name} form a cycle",
+                          why=" -> ".join([*_chain, recipe.name]),
+                          fix="a companion cannot (indirectly) name the recipe itself")
+    return max((1 + companion_depth(book.load(c), book, (*_chain, recipe.name))
+                for c in recipe.companions), default=0)
 
 
 def toolchain_identity(recipe: Recipe, config: BuildConfig,
@@ -96,11 +123,16 @@ def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:
 
 
 def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
-    if not recipe.build.local_version:
-        return ""
-    cuda = (env.torch_cuda or "").replace(".", "")
-    return recipe.build.local_version.format(
-        cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs))
+    """The local version label; a build of a commit after a release starts with
+    ``g`` + the commit's first 12 hex digits, so it never shares a version with a build
+    of the release itself."""
+    commit = recipe.untagged_commit
+    parts = [f"g{commit[:12]}"] if commit else []
+    if recipe.build.local_version:
+        cuda = (env.torch_cuda or "").replace(".", "")
+        parts.append(recipe.build.local_version.format(
+            cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs)))
+    return ".".join(parts)
 
 
 def next_build_tag(index_dir: Path, wheel_name: str) -> str | None:
@@ -171,7 +203,42 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
             fix="fix the problems above (each line says how); `wheelforge doctor` re-checks")
 
 
-def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildResult:
+def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
+                          reporter: Reporter) -> list[BuildResult]:
+    """Build ``recipes`` and, first, the companions each one names (once each, for the same
+    configuration, reused when published); every wheel pins the companion builds it was
+    made with.  The results come companions first."""
+    done: dict[str, BuildResult] = {}
+
+    def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
+        if recipe.name in chain:
+            raise RecipeError(f"companions of {recipe.name} form a cycle",
+                              why=" -> ".join([*chain, recipe.name]),
+                              fix="a companion cannot (indirectly) name the recipe itself")
+        if recipe.name not in done:
+            companions = {str(c): visit(book.load(c), (*chain, recipe.name))
+                          for c in recipe.companions}
+            done[recipe.name] = build_one(recipe, config, reporter, companions=companions)
+        return done[recipe.name]
+
+    for r in recipes:
+        visit(r, ())
+    return list(done.values())
+
+
+def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
+              companions: dict[str, BuildResult] | None = None) -> BuildResult:
+    """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
+    configuration: their build keys go into this one's, their exact versions (local label
+    included) into the wheel's requirements."""
+    companions = companions or {}
+    missing = sorted(set(recipe.companions) - set(companions))
+    if missing:
+        raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
+                          fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
+    pins = {str(n): str(parse_wheel_filename(companions[n].wheel.name)[1])
+            for n in recipe.companions}
+    companion_keys = {str(n): companions[n].build_key for n in recipe.companions}
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
     work = config.work_dir / f"{recipe.name}-{recipe.version}"
@@ -185,7 +252,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 cuda = toolchain.find_cuda()
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 toolchain.check_archs(cuda, config.archs)
-            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda))
+            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda),
+                            companion_keys)
             reporter.info(f"build key {key[:16]}")
         if not config.force:
             done = published_with_key(config.index_dir, key)
@@ -198,7 +266,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             shutil.rmtree(work)
         work.mkdir(parents=True)
         with reporter.step("fetch source"):
-            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
+            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info,
+                            git_mirrors=dict(config.git_mirrors))
             reporter.info(f"{fetched.source.identity} ({fetched.origin})")
         with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
             tree = extract(fetched.archive, work / "src", recipe.extract)
@@ -250,8 +319,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             # a name published with another build key gets the next build number
             tag = next_build_tag(config.index_dir, relabeled_name(raw.name, local))
             final = relabel(raw, work / "final", local=local, torch_pin=pin,
-                            drop_requires=recipe.build.drop_requires, build_tag=tag)
+                            drop_requires=recipe.build.drop_requires, build_tag=tag, pins=pins)
             reporter.info(final.name)
+            for cname, cversion in pins.items():
+                reporter.info(f"requires its companion {cname}=={cversion}")
         with reporter.step("verify"):
             verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
             for so, found in verified.archs:

@@ -100,11 +100,17 @@ class SdistSource:
 
 @dataclass(frozen=True, kw_only=True)
 class GitSource:
-    """A git repository pinned by a full commit; ``tag``, if given, must name it."""
+    """A git repository pinned by a full commit; ``tag``, if given, must name it.
+
+    A commit that is not a release names instead the release it descends from:
+    ``release-tag`` must point at ``release-commit``, an ancestor of ``commit``.
+    """
 
     url: str
     commit: str
     tag: str | None = None
+    release_tag: str | None = None
+    release_commit: str | None = None
 
     @property
     def identity(self) -> str:
@@ -166,18 +172,28 @@ class Recipe:
     extract: ExtractLimits = field(default_factory=ExtractLimits)
     path: Path = field(compare=False)
     homepage: str | None = None
+    #: recipes built for the same Python, torch and archs, pinned exactly at runtime
+    companions: tuple[NormalizedName, ...] = ()
+
+    @property
+    def untagged_commit(self) -> str | None:
+        """The pinned commit when the source is a commit after a release, not the release."""
+        for src in self.sources:
+            if isinstance(src, GitSource) and src.release_tag:
+                return src.commit
+        return None
 
 
 # --------------------------------------------------------------------------
 # schema: allowed keys per mapping, for unknown-key checks and did-you-mean
 
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
-             "verify", "test", "extract")
+             "verify", "test", "extract", "companions")
 _EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
 _SIZE = re.compile(r"^(?P<n>[0-9]{1,15})\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SDIST_KEYS = ("url", "filename", "sha256")
-_GIT_KEYS = ("url", "commit", "tag")
+_GIT_KEYS = ("url", "commit", "tag", "release-tag", "release-commit")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
 _VERIFY_KEYS = ("imports", "requires")
 _TEST_KEYS = ("source-files", "files", "requires")
@@ -285,13 +301,32 @@ def _parse_source(p: _Problems, entry: Any, where: str) -> Source | None:
     url = _string(p, body, "url", where)
     commit = _string(p, body, "commit", where)
     tag = _string(p, body, "tag", where, required=False)
+    release_tag = _string(p, body, "release-tag", where, required=False)
+    release_commit = _string(p, body, "release-commit", where, required=False)
     if commit is not None and not _HEX40.match(commit):
         p.add(_join(where, "commit"),
               "must be a full 40-hex commit id (a branch or tag can move; pin the commit "
               "and give the tag separately as 'tag')")
         commit = None
+    if tag and (release_tag or release_commit):
+        p.add(_join(where, "release-tag"),
+              "'tag' says the commit is the release, 'release-tag' that it comes after one: "
+              "give one of them")
+    if bool(release_tag) != bool(release_commit):
+        p.add(_join(where, "release-commit" if release_tag else "release-tag"),
+              "is required with " + ("'release-tag'" if release_tag else "'release-commit'") +
+              " (a tag can move: pin the release's commit beside its name)")
+    if release_commit is not None and not _HEX40.match(release_commit):
+        p.add(_join(where, "release-commit"), "must be a full 40-hex commit id")
+    elif release_commit is not None and release_commit == commit:
+        p.add(_join(where, "release-commit"),
+              "is the pinned commit itself: a release is pinned with 'tag'")
+    if url and (url.startswith("-") or any(c in url for c in "\0\n\r")):
+        p.add(_join(where, "url"), f"{url!r} is not a repository URL or path")
+        url = None
     if url and commit:
-        return GitSource(url=url, commit=commit, tag=tag)
+        return GitSource(url=url, commit=commit, tag=tag, release_tag=release_tag,
+                         release_commit=release_commit)
     return None
 
 
@@ -479,6 +514,10 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
                 if isinstance(src, SdistSource) and str(version) not in src.filename:
                     p.add(_join(_join("sources", i), "sdist.filename"),
                           f"{src.filename!r} does not carry the recipe version {version}")
+                if isinstance(src, GitSource) and src.release_tag:
+                    _check_release_version(p, _join(_join("sources", i), "git.release-tag"),
+                                           src.release_tag, version)
+        _check_untagged_mirrors(p, sources)
 
     patches: list[Path] = []
     for i, pname in enumerate(_string_list(p, data, "patches", "")):
@@ -492,6 +531,20 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
         patches.append(ppath)
     if len(set(patches)) != len(patches):
         p.add("patches", "lists a patch twice")
+
+    companions: list[NormalizedName] = []
+    for i, cname in enumerate(_string_list(p, data, "companions", "")):
+        if canonicalize_name(cname) != cname:
+            p.add(_join("companions", i),
+                  f"must be the normalized recipe name {canonicalize_name(cname)!r}")
+        elif cname == name:
+            p.add(_join("companions", i), "a recipe cannot be its own companion")
+        elif not (path.parent / f"{cname}.yaml").is_file():
+            p.add(_join("companions", i), f"no recipe {cname}.yaml beside this one")
+        else:
+            companions.append(NormalizedName(cname))
+    if len(set(companions)) != len(companions):
+        p.add("companions", "lists a recipe twice")
 
     build = _parse_build(p, data.get("build"))
     verify = _parse_verify(p, data.get("verify"))
@@ -509,8 +562,37 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     return Recipe(
         name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
         sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, test=test,
-        extract=limits, path=path,
+        extract=limits, path=path, companions=tuple(companions),
     )
+
+
+def _check_release_version(p: _Problems, where: str, tag: str, version: Version) -> None:
+    """The recipe's version is the release the commit descends from: its tag's version."""
+    try:
+        tagged = Version(tag[1:] if tag[:1] in "vV" else tag)
+    except InvalidVersion:
+        p.add(where, f"{tag!r} does not name a PEP 440 version; the recipe version must be "
+                     "the release's")
+        return
+    if tagged != version:
+        p.add(where, f"the release {tag} is version {tagged}, the recipe says {version}; "
+                     "the recipe version of a commit after a release is that release's")
+
+
+def _check_untagged_mirrors(p: _Problems, sources: Sequence[Source]) -> None:
+    """Mirrors carry the same bytes: a commit after a release has no sdist, and every
+    git mirror pins the same commit."""
+    untagged = [s for s in sources if isinstance(s, GitSource) and s.release_tag]
+    if not untagged:
+        return
+    for i, src in enumerate(sources):
+        if isinstance(src, SdistSource):
+            p.add(_join(_join("sources", i), "sdist"),
+                  "an sdist is a release's bytes, not those of the commit after it; mirrors "
+                  "of an untagged commit are git repositories only")
+        elif src.commit != untagged[0].commit:
+            p.add(_join(_join("sources", i), "git.commit"),
+                  "every mirror must pin the same commit")
 
 
 def load_recipe(path: Path, patches_dir: Path) -> Recipe:

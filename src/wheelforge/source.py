@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
 import socket
 import ssl
+import tarfile
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from . import _proc
-from ._fs import TMP_PREFIX, atomic_copy, atomic_file, sha256_file
+from ._fs import TMP_PREFIX, atomic_copy, atomic_file, atomic_write, discard, sha256_file
 from .archive import extract
 from .errors import SourceError
 from .recipe import GitSource, Recipe, SdistSource, Source
@@ -47,6 +49,12 @@ def cache_path(cache_dir: Path, source: Source) -> Path:
     return cache_dir / "sources" / "git" / f"{source.commit}.tar"
 
 
+def manifest_path(archive: Path) -> Path:
+    """Beside a cached git archive: the raw commit object and the submodule entries, from
+    which the archive is re-verified on every use (see :func:`verify_git_archive`)."""
+    return archive.with_suffix(".json")
+
+
 def _mismatch(what: str, expected: str, actual: str, origin: str) -> SourceError:
     return SourceError(
         f"{what} from {origin} does not match the recipe",
@@ -62,9 +70,14 @@ def fetch(
     sources_dirs: Sequence[Path] = (),
     progress: Progress | None = None,
     limits: NetLimits | None = None,
+    git_mirrors: Mapping[str, Path] | None = None,
 ) -> FetchedSource:
     """Return the verified archive for ``recipe``'s source, fetching it if needed
-    (downloads within ``limits``, by default :data:`DEFAULT_NET_LIMITS`)."""
+    (downloads within ``limits``, by default :data:`DEFAULT_NET_LIMITS`).
+
+    ``git_mirrors`` maps git URLs to local mirrors (a bundle file or a repository);
+    a git source whose URL is mapped is fetched from the mirror only, never the network.
+    """
     say = progress or (lambda _m: None)
     for src in recipe.sources:
         cached = cache_path(cache_dir, src)
@@ -74,6 +87,15 @@ def fetch(
                 if actual != src.sha256:
                     cached.unlink()
                     raise _mismatch(src.filename, src.sha256, actual, f"the cache ({cached})")
+            else:
+                problem = verify_git_archive(cached, src.commit)
+                if problem:
+                    # heal: drop what the cache holds for this commit and fetch it again
+                    say(f"WARN cached archive of {src.commit[:12]} failed verification "
+                        f"({problem}); removed, fetching again")
+                    discard(cached)
+                    discard(manifest_path(cached))
+                    continue
             return FetchedSource(src, cached, "cache")
 
     for src in recipe.sources:
@@ -99,8 +121,10 @@ def fetch(
                 say(f"downloading {src.url}")
                 return FetchedSource(src, _download(src, cache_dir, limits or DEFAULT_NET_LIMITS),
                                      src.url)
-            say(f"cloning {src.url} at {src.commit[:12]}")
-            return FetchedSource(src, _git_archive(recipe, src, cache_dir), src.url)
+            mirror = mirror_for(src.url, git_mirrors or {})
+            origin = f"{mirror} (mirror of {src.url})" if mirror else src.url
+            say(f"fetching {origin} at {src.commit[:12]}")
+            return FetchedSource(src, _git_archive(recipe, src, cache_dir, mirror), origin)
         except _Unreachable as exc:
             attempts.append(str(exc))
     where = ", ".join(str(d) for d in sources_dirs) or "none given"
@@ -293,46 +317,279 @@ def _download(src: SdistSource, cache_dir: Path, limits: NetLimits = DEFAULT_NET
     raise _Unreachable(f"{src.url}: {history}" + (f" ({tries} attempts)" if tries > 1 else ""))
 
 
-def _git(args: list[str], cwd: Path | None = None) -> str:
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    return _proc.run(["git", *args], cwd=cwd, env=env).output.strip()
+def normalize_git_url(url: str) -> str:
+    """The form mirror mappings are matched in: no trailing ``/`` or ``.git``."""
+    url = url.strip().rstrip("/")
+    return url[:-4] if url.endswith(".git") else url
 
 
-def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path) -> Path:
+def mirror_for(url: str, mirrors: Mapping[str, Path]) -> Path | None:
+    """The local mirror mapped to ``url`` (an exact match after normalizing), if any."""
+    want = normalize_git_url(url)
+    for base, path in mirrors.items():
+        if normalize_git_url(base) == want:
+            return path
+    return None
+
+
+#: Configuration for every git command: nothing from the system config, no hooks, no
+#: submodules, every received object checked, no credential prompt.
+_GIT_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "transfer.fsckObjects=true",
+               "fetch.recurseSubmodules=false", "submodule.recurse=false",
+               "protocol.ext.allow=never", "credential.interactive=never")
+
+
+_GIT_REMOTE_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "GIT_CONFIG_GLOBAL")
+
+
+def _git(args: list[str], cwd: Path | None = None, *, local_only: bool = False,
+         strip: bool = True) -> str:
+    # no GIT_DIR, GIT_OBJECT_DIRECTORY, GIT_TEMPLATE_DIR, ... from the caller; only what
+    # says how to reach a remote (ssh, askpass, the user's config file) is kept
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") or (k in _GIT_REMOTE_ENV and not local_only)}
+    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_CONFIG_NOSYSTEM="1")
+    if local_only:
+        # a mirror is bytes on disk: the user's config (insteadOf, proxies, ...) is not
+        # read, and no transport but a local file may be used
+        env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_ALLOW_PROTOCOL="file")
+    config = [a for c in _GIT_CONFIG for a in ("-c", c)]
+    out = _proc.run(["git", *config, *args], cwd=cwd, env=env).output
+    return out.strip() if strip else out
+
+
+def _resolve(repo: Path, rev: str, local_only: bool) -> str | None:
+    try:
+        return _git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], repo,
+                    local_only=local_only)
+    except _proc.CommandFailed:
+        return None
+
+
+def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path,
+                 mirror: Path | None = None) -> Path:
+    """Fetch ``src`` (from ``mirror`` when given) into a fresh bare repository, verify the
+    commit and its tags, and write the commit's archive and manifest into the cache."""
     dest = cache_path(cache_dir, src)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    where = f"{mirror} (mirror of {src.url})" if mirror else src.url
+    if mirror is not None and not mirror.exists():
+        raise SourceError(
+            f"the git mirror {mirror} of {src.url} does not exist",
+            why="a mirror is configured for this URL (--git-mirror, WHEELFORGE_GIT_MIRRORS or "
+                "git-mirrors in wheelforge.yaml), so the network is not tried",
+            fix="correct the mirror's path, or remove the mapping to fetch from the URL")
+    local = mirror is not None
+    remote = str(mirror.resolve()) if mirror else src.url
     with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=dest.parent) as tmp:
-        repo = Path(tmp) / "repo"
+        repo = Path(tmp) / "repo.git"
+        template = Path(tmp) / "template"  # empty: no sample hooks, no info/exclude
+        template.mkdir()
         try:
-            _git(["clone", "--quiet", "--no-checkout", src.url, str(repo)])
+            _git(["init", "--quiet", "--bare", f"--template={template}", str(repo)],
+                 local_only=True)
+            _git(["fetch", "--quiet", "--no-tags", "--no-recurse-submodules",
+                  "--no-write-fetch-head", "--", remote,
+                  "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"],
+                 repo, local_only=local)
         except _proc.CommandFailed as exc:
-            raise _Unreachable(f"{src.url}: git clone failed: {exc.tail.strip()}") from exc
-        try:
-            resolved = _git(["rev-parse", "--verify", "--quiet", f"{src.commit}^{{commit}}"], repo)
-        except _proc.CommandFailed as exc:
+            if local:
+                raise SourceError(f"cannot fetch from the git mirror {mirror}",
+                                  why=exc.tail.strip()[-600:],
+                                  fix="the mirror must be a git bundle or a git repository "
+                                      f"holding {src.commit}") from exc
+            raise _Unreachable(f"{src.url}: git fetch failed: {exc.tail.strip()}") from exc
+        resolved = _resolve(repo, src.commit, local)
+        if resolved != src.commit:
             raise SourceError(
-                f"commit {src.commit} of {recipe.name} is not in {src.url}",
+                f"commit {src.commit} of {recipe.name} is not in {where}",
                 why="the pinned commit does not exist in the repository (force-pushed away, "
-                    "or a typo in the recipe)",
-                fix="check the commit id in the recipe against the upstream release",
-            ) from exc
-        if src.tag:
-            try:
-                tagged = _git(["rev-parse", "--verify", "--quiet",
-                               f"refs/tags/{src.tag}^{{commit}}"], repo)
-            except _proc.CommandFailed as exc:
-                raise SourceError(f"tag {src.tag} of {recipe.name} is not in {src.url}",
-                                  why="the recipe names a tag the repository does not have",
-                                  fix="correct or remove 'tag' in the recipe") from exc
-            if tagged != resolved:
-                raise SourceError(
-                    f"tag {src.tag} of {recipe.name} points at {tagged}, not at the pinned "
-                    f"commit {resolved}",
-                    why="the tag was moved upstream, or the recipe pins the wrong commit",
-                    fix="verify which commit is the release and update the recipe deliberately",
-                )
+                    "a mirror of another repository, or a typo in the recipe)",
+                fix="check the commit id in the recipe against the upstream repository")
+        _check_tags(recipe, src, repo, where, local)
+        # $GIT_DIR/info/attributes overrides the tree's .gitattributes: the archive holds
+        # the commit's bytes, never export-subst substitutions or export-ignore omissions
+        (repo / "info").mkdir(exist_ok=True)
+        (repo / "info" / "attributes").write_text("* -export-subst -export-ignore\n")
         out = Path(tmp) / "archive.tar"
-        _git(["archive", "--format=tar", f"--prefix={recipe.name}-{src.commit[:12]}/",
-              "-o", str(out), resolved], repo)
+        _git(["archive", "--format=tar", f"--prefix={archive_prefix(recipe, src)}",
+              "-o", str(out), resolved], repo, local_only=True)
+        raw_commit = _git(["cat-file", "commit", resolved], repo, local_only=True, strip=False)
+        tree = _git(["rev-parse", f"{resolved}^{{tree}}"], repo, local_only=True)
+        gitlinks = {}
+        for line in _git(["ls-tree", "-r", "-z", "--full-tree", resolved], repo,
+                         local_only=True).split("\0"):
+            meta, _, path = line.partition("\t")
+            if meta.startswith("160000 "):
+                gitlinks[path] = meta.split()[2]
+        # the commit object's bytes tie the tree to the pinned commit id; one that does not
+        # survive a text round trip (not UTF-8) is left out and the tree id recorded instead
+        manifest = {"commit": src.commit, "tree": tree, "gitlinks": gitlinks,
+                    "object": (raw_commit if _git_object_id("commit", raw_commit.encode())
+                               == src.commit else None)}
+        atomic_write(manifest_path(dest), json.dumps(manifest, indent=1, sort_keys=True))
+        problem = verify_git_archive(out, src.commit, manifest_path(dest))
+        if problem:
+            raise SourceError(f"git archive of {src.commit[:12]} does not reproduce its tree",
+                              why=problem, fix="report this as a wheelforge bug")
         os.replace(out, dest)
     return dest
+
+
+def archive_prefix(recipe: Recipe, src: GitSource) -> str:
+    return f"{recipe.name}-{src.commit[:12]}/"
+
+
+def _check_tags(recipe: Recipe, src: GitSource, repo: Path, where: str, local: bool) -> None:
+    """``tag`` must name the commit; ``release-tag`` must name ``release-commit``, an
+    ancestor of the commit."""
+    if src.tag:
+        tagged = _resolve(repo, f"refs/tags/{src.tag}", local)
+        if tagged is None:
+            raise SourceError(f"tag {src.tag} of {recipe.name} is not in {where}",
+                              why="the recipe names a tag the repository does not have",
+                              fix="correct or remove 'tag' in the recipe")
+        if tagged != src.commit:
+            raise SourceError(
+                f"tag {src.tag} of {recipe.name} points at {tagged}, not at the pinned "
+                f"commit {src.commit}",
+                why="the tag was moved upstream, or the recipe pins the wrong commit",
+                fix="verify which commit is the release and update the recipe deliberately")
+    if src.release_tag:
+        tagged = _resolve(repo, f"refs/tags/{src.release_tag}", local)
+        if tagged is None:
+            raise SourceError(f"release tag {src.release_tag} of {recipe.name} is not in {where}",
+                              why="the recipe says the commit descends from a tag the "
+                                  "repository does not have",
+                              fix="correct 'release-tag' in the recipe, or use a mirror that "
+                                  "holds the tags")
+        if tagged != src.release_commit:
+            raise SourceError(
+                f"release tag {src.release_tag} of {recipe.name} points at {tagged}, not at "
+                f"{src.release_commit} (release-commit in the recipe)",
+                why="the tag was moved upstream, or the recipe records the wrong release",
+                fix="verify which commit is the release and update the recipe deliberately")
+        try:
+            _git(["merge-base", "--is-ancestor", tagged, src.commit], repo, local_only=local)
+        except _proc.CommandFailed as exc:
+            raise SourceError(
+                f"commit {src.commit[:12]} of {recipe.name} does not descend from its release "
+                f"tag {src.release_tag} ({tagged[:12]})",
+                why="the pinned commit is not in the release's history: its version would "
+                    "claim a release it does not contain",
+                fix="pin a commit on the branch after the release, or record the release it "
+                    "really descends from") from exc
+
+
+def _git_object_id(kind: str, data: bytes) -> str:
+    return hashlib.sha1(f"{kind} {len(data)}\0".encode() + data,
+                        usedforsecurity=False).hexdigest()
+
+
+def verify_git_archive(archive: Path, commit: str, manifest: Path | None = None) -> str | None:
+    """Re-derive the git tree of a cached archive and compare it with the pinned commit's.
+
+    The manifest beside the archive holds the raw commit object (its hash must be the
+    pinned commit, so it cannot be swapped) and the submodule entries the archive cannot
+    hold.  Every file's blob id, mode and path are recomputed from the archive, the tree
+    ids built from them, and the root must be the commit's tree.  Returns None when the
+    archive is the commit's tree, else what differs.
+    """
+    manifest = manifest or manifest_path(archive)
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        obj = data.get("object")
+        want_tree = str(data["tree"])
+        gitlinks = {str(k): str(v) for k, v in dict(data.get("gitlinks") or {}).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"its manifest {manifest.name} is missing or unreadable ({exc})"
+    if obj is not None:
+        raw = str(obj).encode()
+        if _git_object_id("commit", raw) != commit:
+            return "its manifest's commit object is not the pinned commit"
+        if not raw.startswith(f"tree {want_tree}\n".encode()):
+            return "its manifest's tree is not the tree of the pinned commit"
+    entries: dict[str, tuple[str, str]] = {p: ("160000", sha) for p, sha in gitlinks.items()}
+    dirs: set[str] = set()
+    try:
+        with tarfile.open(archive) as tf:
+            prefix = None
+            for m in tf:
+                if m.type in (tarfile.XGLTYPE, tarfile.XHDTYPE):
+                    continue
+                top, _, rel = m.name.rstrip("/").partition("/")
+                prefix = prefix or top
+                if top != prefix:
+                    return f"member {m.name!r} is outside the archive's single directory"
+                if not rel:
+                    continue
+                if m.isdir():
+                    dirs.add(rel)
+                elif m.isreg():
+                    f = tf.extractfile(m)
+                    assert f is not None
+                    h = hashlib.sha1(f"blob {m.size}\0".encode(), usedforsecurity=False)
+                    for chunk in iter(lambda: f.read(1 << 20), b""):  # noqa: B023
+                        h.update(chunk)
+                    mode = "100755" if m.mode & 0o100 else "100644"
+                    entries[rel] = (mode, h.hexdigest())
+                elif m.issym():
+                    entries[rel] = ("120000", _git_object_id("blob", m.linkname.encode()))
+                else:
+                    return f"member {m.name!r} is neither a file, a directory nor a link"
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        return f"the archive cannot be read ({exc})"
+    tree = _tree_id(entries, dirs - set(gitlinks))
+    if tree is None:
+        return "it holds an empty directory the commit does not have"
+    if tree != want_tree:
+        return f"its files hash to tree {tree}, the commit's tree is {want_tree}"
+    return None
+
+
+def _tree_id(entries: Mapping[str, tuple[str, str]], dirs: set[str]) -> str | None:
+    """The git tree id of ``entries`` (path -> (mode, object id)); None if a directory in
+    ``dirs`` holds nothing (git trees have no empty directories)."""
+    root: dict[str, object] = {}
+    for path, (mode, sha) in entries.items():
+        node = root
+        *parents, name = path.split("/")
+        for part in parents:
+            child = node.setdefault(part, {})
+            assert isinstance(child, dict)
+            node = child
+        node[name] = (mode, sha)
+    for d in dirs:
+        node = root
+        for part in d.split("/"):
+            child = node.get(part)
+            if not isinstance(child, dict):
+                return None
+            node = child
+
+    def build(node: Mapping[str, object]) -> str:
+        items = []
+        for name, value in node.items():
+            if isinstance(value, dict):
+                items.append((name + "/", b"40000 " + name.encode() + b"\0" +
+                              bytes.fromhex(build(value))))
+            else:
+                assert isinstance(value, tuple)
+                mode, sha = value
+                items.append((name, f"{mode} ".encode() + name.encode() + b"\0" +
+                              bytes.fromhex(sha)))
+        items.sort(key=lambda kv: kv[0].encode())
+        return _git_object_id("tree", b"".join(data for _, data in items))
+
+    return build(root)
+
+
+def iter_git_mirrors(text: str) -> Iterator[tuple[str, str]]:
+    """Parse ``URL=PATH`` entries separated by ``;`` or newlines (WHEELFORGE_GIT_MIRRORS)."""
+    for part in text.replace("\n", ";").split(";"):
+        part = part.strip()
+        if part:
+            url, sep, path = part.partition("=")
+            yield url.strip(), (path.strip() if sep else "")
+
+

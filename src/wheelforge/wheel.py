@@ -14,7 +14,7 @@ import os
 import stat
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,9 +204,11 @@ def _text(path: Path, member: str, data: bytes) -> str:
 
 
 def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
-                      drop: Iterable[str]) -> str:
+                      drop: Iterable[str], pins: Mapping[str, str] | None = None) -> str:
     head, sep, body = text.partition("\n\n")
     drop_set = {str(canonicalize_name(d)) for d in drop}
+    pin_map = {str(canonicalize_name(n)): v for n, v in (pins or {}).items()}
+    pinned_always: set[str] = set()
     out: list[str] = []
     saw_torch = False
     for line in head.split("\n"):
@@ -223,6 +225,14 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
             cname = canonicalize_name(req.name)
             if cname in drop_set:
                 continue
+            if cname in pin_map:
+                # a companion: exactly the build published beside this one (under its extra
+                # too); PyPI refuses local versions, so only the index can satisfy the pin
+                marker = f"; {req.marker}" if req.marker else ""
+                if req.marker is None:
+                    pinned_always.add(cname)
+                out.append(f"Requires-Dist: {cname}=={pin_map[cname]}{marker}")
+                continue
             if cname == "torch" and torch_pin is not None:
                 saw_torch = True
                 marker = f"; {req.marker}" if req.marker else ""
@@ -232,6 +242,9 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
         out.append(line)
     if torch_pin is not None and not saw_torch:
         out.append(f"Requires-Dist: torch{torch_pin}")
+    for pname, pinned in sorted(pin_map.items()):
+        if pname not in pinned_always:
+            out.append(f"Requires-Dist: {pname}=={pinned}")
     return "\n".join(out) + sep + body
 
 
@@ -260,12 +273,14 @@ def relabel(
     torch_pin: str | None,
     drop_requires: Iterable[str] = (),
     build_tag: str | None = None,
+    pins: Mapping[str, str] | None = None,
 ) -> Path:
     """Write a copy of the wheel with version ``V+local``, pins and a fresh RECORD.
 
     ``build_tag`` (PEP 427, e.g. ``"1"``) goes into the file name and the WHEEL file's
     ``Build`` field: it tells a rebuild of the same version and tags from the first
-    build, and installers prefer the highest.
+    build, and installers prefer the highest.  ``pins`` (name -> exact version) become
+    ``Requires-Dist: name==version``: the companions built for the same target.
     """
     info = inspect_wheel(path)
     base = str(info.version)
@@ -287,7 +302,7 @@ def relabel(
                 name = f"{new_dist_info}/{rel}"
                 if rel == "METADATA":
                     data = _rewrite_metadata(_text(path, name, data), new_version, torch_pin,
-                                             drop_requires).encode("utf-8")
+                                             drop_requires, pins).encode("utf-8")
                 elif rel == "WHEEL" and build_tag:
                     data = _rewrite_build(_text(path, name, data), build_tag).encode("utf-8")
             new = zipfile.ZipInfo(name, date_time=zi.date_time)

@@ -23,6 +23,7 @@ def CUDAExtension(name, sources, extra_compile_args=None, **kw):  # noqa: N802
     if record:
         with open(record, "w") as f:
             json.dump({"name": name, "extra_compile_args": extra_compile_args,
-                       "torch_cuda_home": CUDA_HOME, "env_cuda_home": os.environ.get("CUDA_HOME")},
+                       "torch_cuda_home": CUDA_HOME, "env_cuda_home": os.environ.get("CUDA_HOME"),
+                       "env_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST")},
                       f)
     return Extension(name, sources=[])

@@ -1,0 +1,104 @@
+"""The real thing for mamba-ssm: the pinned upstream commit from the offline bundle, its
+companion causal-conv1d, real nvcc 13.0, the managed torch 2.14.1 (CUDA 13.0), the real
+index, and a fresh venv that installs both from it with pip.
+
+The compile cache stays on: on a fresh machine (CI) both extensions compile for real
+(about 15 minutes on 2 cores); where `make build` or the causal-conv1d end-to-end test ran
+before, the cache serves what they compiled and the wheels are still verified in full.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import IN_CI, REPO
+from wheelforge.verify import shared_object_archs
+from wheelforge.wheel import read_metadata
+
+pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
+
+LABEL = "cu130torch2.14sm120"
+CC_VERSION = f"1.7.0+{LABEL}"
+MAMBA_VERSION = f"2.3.2.post1+ge9594ce1c732.{LABEL}"
+CC = f"causal_conv1d-{CC_VERSION}-cp311-cp311-linux_x86_64.whl"
+MAMBA = f"mamba_ssm-{MAMBA_VERSION}-cp311-cp311-linux_x86_64.whl"
+URL = "https://github.com/state-spaces/mamba"
+
+
+def bundle() -> Path:
+    for candidate in (REPO.parent / "shared" / "upstream" / "state-spaces-mamba.bundle",
+                      Path("/work/shared/upstream/state-spaces-mamba.bundle")):
+        if candidate.is_file():
+            return candidate
+    if IN_CI:
+        pytest.fail("../shared/upstream/state-spaces-mamba.bundle is required under CI=true")
+    pytest.skip("no offline mirror of https://github.com/state-spaces/mamba")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    from conftest import require_tool
+
+    require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
+    index = tmp_path_factory.mktemp("e2e-mamba") / "index"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS")}
+    res = subprocess.run(
+        [sys.executable, "-m", "wheelforge", "build", "mamba-ssm", "--arch", "12.0",
+         "--index", str(index), "--cache-dir", str(shared_cache),
+         "--git-mirror", f"{URL}={bundle()}"],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=5400)
+    assert res.returncode == 0, res.stdout[-6000:]
+    # the companion first, for the same target; then mamba-ssm from the mirror, never GitHub
+    assert f"published: {CC}  [sm_120]" in res.stdout
+    assert f"published: {MAMBA}  [sm_120]" in res.stdout
+    assert res.stdout.index(f"published: {CC}") < res.stdout.index(f"published: {MAMBA}")
+    assert f"git mirror     {URL} -> {bundle()}  [--git-mirror]" in res.stdout
+    assert "cloning" not in res.stdout and "github.com/state-spaces/mamba.git" not in res.stdout
+    return index
+
+
+def test_mamba_ssm_wheel_holds_sm120_only(built: Path) -> None:
+    wheel = built / "files" / MAMBA
+    per_so = shared_object_archs(wheel)
+    assert [so.split(".")[0] for so, _ in per_so] == ["selective_scan_cuda"]
+    for _, archs in per_so:
+        assert archs.sass == {"sm_120"} and archs.ptx == frozenset()
+    meta = read_metadata(wheel).decode().split("\n\n")[0]
+    assert f"Version: {MAMBA_VERSION}" in meta
+    requires = {ln.split(":", 1)[1].strip() for ln in meta.splitlines()
+                if ln.startswith("Requires-Dist:")}
+    assert "torch==2.14.*" in requires
+    assert f"causal-conv1d=={CC_VERSION}" in requires  # the companion, exactly
+    assert not any(r.startswith("ninja") for r in requires)
+    # upstream's other runtime requirements are kept
+    for kept in ("tilelang==0.1.8", "apache-tvm-ffi<=0.1.12", "quack-kernels>=0.3.4",
+                 "triton>=3.5.0", "einops", "transformers"):
+        assert kept in requires, (kept, requires)
+
+
+def test_fresh_venv_installs_both_from_the_index(built: Path, tmp_path: Path) -> None:
+    venv.create(tmp_path / "venv", with_pip=True)
+    py = tmp_path / "venv" / "bin" / "python"
+    simple = (built / "simple").as_uri()
+    install = subprocess.run(
+        [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
+         "--extra-index-url", simple, f"mamba-ssm=={MAMBA_VERSION}"],
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=3000)
+    assert install.returncode == 0, install.stdout[-4000:]
+    assert MAMBA in install.stdout and CC in install.stdout  # both from the local index
+    check = subprocess.run(
+        [str(py), "-c", "import torch, selective_scan_cuda, causal_conv1d_cuda, mamba_ssm;"
+         "print(selective_scan_cuda.__file__); print(torch.__version__)"],
+        text=True, capture_output=True, timeout=600)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert "2.14.1" in check.stdout and str(tmp_path / "venv") in check.stdout
