@@ -45,7 +45,7 @@ def test_untagged_commit_in_the_local_label(tmp_path: Path) -> None:
     label = pipeline.local_label(untagged_recipe(tmp_path), env(), config)
     assert label == "ge9594ce1c732.cu130torch2.14sm120"
     assert pipeline.local_label(untagged_recipe(tmp_path, "pure"), env(), config) == \
-        "ge9594ce1c732"
+        "ge9594ce1c732.wf"
     git_build = Version(f"2.3.2.post1+{label}")
     release_build = Version("2.3.2.post1+cu130torch2.14sm120")  # the release sdist's build
     assert git_build != release_build and git_build.public == release_build.public
