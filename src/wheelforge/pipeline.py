@@ -141,8 +141,11 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 
 
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
+    # torch is imported (seconds) only when the wheel depends on what it is
+    torch = recipe.build.kind == "extension" or recipe.build.pin_torch or \
+        bool(recipe.build.local_version)
     if config.python is not None:
-        return buildenv.inspect_env(config.python)
+        return buildenv.inspect_env(config.python, with_torch=torch)
     backend = compilecache.backend() if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
@@ -153,6 +156,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
         pip_args=config.torch_pip_args,
         progress=reporter.info,
         log=log,
+        with_torch=torch,
     )
 
 
@@ -195,6 +199,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             key = build_key(recipe, config, toolchain_identity(recipe, config, cuda))
             reporter.info(f"build key {key[:16]}")
             preflight.check_writable(config, recipe.name)
+            index.repair(config.index_dir)  # a change a killed writer left: finished first
 
         def waiting(holder: str) -> None:
             reporter.info(f"waiting for build key {key[:16]}: another build holds it, "
@@ -220,6 +225,13 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
         if work is not None and work.exists():
             exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
         raise
+    except OSError as exc:  # a full disk, a read-only or unwritable directory
+        err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
+                                          "could not write its files")
+        if work is not None and work.exists():
+            err.fix += f"; work directory kept at {work}"
+        err.log = str(log) if log.exists() else None
+        raise err from None
     except KeyboardInterrupt:
         kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
         logged = f"; log {log}" if log.exists() else ""
