@@ -227,7 +227,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
         raise
     except OSError as exc:  # a full disk, a read-only or unwritable directory
         err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
-                                          "could not write its files")
+                                          "could not write its files", work or config.work_dir)
         if work is not None and work.exists():
             err.fix += f"; work directory kept at {work}"
         err.log = str(log) if log.exists() else None

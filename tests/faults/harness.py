@@ -41,14 +41,16 @@ build:
   kind: pure
   env: {{WF_VARIANT: "{variant}"}}
 verify:
-  imports: [{name}]
+  imports: [{imports}]
 """
 
 
-def pure_recipe(root: Path, name: str = "faultpkg", variants: int = 1) -> list[Path]:
+def pure_recipe(root: Path, name: str = "faultpkg", variants: int = 1, *,
+                setup: str | None = None, imports: str | None = None) -> list[Path]:
     """tests/packages/tinypure as ``name``, with ``variants`` recipe directories that
-    differ only in one environment value: one build key each, one project.  Returns the
-    recipe directories; the sdist is in ROOT/sdists."""
+    differ only in one environment value: one build key each, one project.  ``setup``:
+    a setup.py to add (e.g. one that takes its time).  Returns the recipe directories;
+    the sdist is in ROOT/sdists."""
     src = root / "pkgs" / name
     if not src.exists():
         shutil.copytree(PACKAGES / "tinypure", src)
@@ -56,11 +58,14 @@ def pure_recipe(root: Path, name: str = "faultpkg", variants: int = 1) -> list[P
         pyproject = src / "pyproject.toml"
         pyproject.write_text(pyproject.read_text().replace('name = "tinypure"',
                                                            f'name = "{name}"'))
+        if setup is not None:
+            (src / "setup.py").write_text(setup)
     _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
     out = []
     for v in range(variants):
         out.append(write_recipe(root / f"variant{v}", name,
-                                PURE.format(name=name, sha=sha, variant=v)))
+                                PURE.format(name=name, sha=sha, variant=v,
+                                            imports=imports or name)))
     return out
 
 

@@ -509,15 +509,17 @@ def _find_build_key(files: Path, names: Iterable[str], build_key: str) -> WheelR
 
 def _build_tag(files: Path, names: Iterable[str], wheel: Path, sha256: str) -> str | None:
     """The build number under which ``wheel`` is published: its own when a file of that
-    name holds the same bytes (publish completes or no-ops), else none when no wheel of
-    this name, version and tags is published, else the highest number plus one."""
+    name holds the same bytes under a record without a build target (publish completes
+    it), else none when no wheel of this name, version and tags is published, else the
+    highest number plus one (also for the same bytes under another build key: a
+    reproducible build of other inputs)."""
     try:
         project, version, _build, tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
         raise PublishError(f"{wheel.name} is not a valid wheel file name", why=str(exc)) from None
     same = files / wheel.name
-    if same.is_file() and sha256_file(same) == sha256:
-        return _tag_of(wheel.name)
+    if same.is_file() and sha256_file(same) == sha256 and not _targeted(same):
+        return _tag_of(wheel.name)  # publish completes a record derived without a target
     taken = []
     for name in names:
         try:
@@ -527,6 +529,13 @@ def _build_tag(files: Path, names: Iterable[str], wheel: Path, sha256: str) -> s
         if (other[0], other[1], other[3]) == (project, version, tags):
             taken.append(other[2][0] if other[2] else 0)
     return str(max(taken) + 1) if taken else None
+
+
+def _targeted(wheel: Path) -> bool:
+    try:
+        return _has_target(_read_sidecar(_sidecar(wheel)))
+    except (OSError, PublishError):
+        return False
 
 
 def _default_relabel(wheel: Path) -> Relabel:
@@ -766,14 +775,15 @@ def _index_errors(index_dir: Path, doing: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise disk_error(exc, f"cannot {doing} {index_dir}") from None
+        raise disk_error(exc, f"cannot {doing} {index_dir}", index_dir) from None
 
 
-def disk_error(exc: OSError, what: str) -> PublishError:
-    """``exc`` as a PublishError: ``what`` failed, the path and cause, and the fix."""
+def disk_error(exc: OSError, what: str, where: Path | None = None) -> PublishError:
+    """``exc`` as a PublishError: ``what`` failed, the path (``where`` when the error
+    names none) and the cause, and the fix."""
     import errno
 
-    path = exc.filename or "?"
+    path = exc.filename or where or "?"
     cause = exc.strerror or str(exc)
     fixes = {
         errno.ENOSPC: f"free space on the filesystem of {path} (df -h), then run the "
