@@ -270,3 +270,108 @@ def test_a_read_only_index_is_refused_before_the_compile(work: Path, shared_cach
     assert done.returncode == 9, done.stderr[-2000:]
     assert "cannot write to the index" in done.stderr and "==> compile" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- no traceback
+
+
+def _broken(work: Path, kind: str) -> Path:
+    """A copy of a small sound index with one thing broken."""
+    index = work / "broken" / kind
+    shutil.rmtree(index, ignore_errors=True)
+    harness.populate(index, work / "broken-dist", 6)
+    files = index / "files"
+    first = sorted(files.glob("filler*.whl"))[0]
+    if kind == "sidecar-not-utf8":
+        first.with_name(first.name + ".wf.json").write_bytes(b"\xff\xfe{\x00")
+    elif kind == "sidecar-not-a-record":
+        first.with_name(first.name + ".wf.json").write_text("[1, 2]")
+    elif kind == "wheel-not-a-zip":
+        (files / "junk-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 cut short")
+    elif kind == "not-a-wheel-name":
+        (files / "notawheel.whl").write_bytes(b"x")
+    elif kind == "files-is-a-file":
+        shutil.rmtree(files)
+        files.write_text("x")
+    return index
+
+
+#: (name, arguments with {index}, {afile}, {recipes}, {bad_recipes}, {bad_config},
+#:  {cache}, {sdists} placeholders, broken index kind or None, exit code, text in stderr)
+BROKEN = [
+    ("rebuild, corrupt sidecar", "index rebuild --index {index}", "sidecar-not-utf8", 0,
+     "warning: quarantined filler"),
+    ("rebuild, foreign sidecar", "index rebuild --index {index}", "sidecar-not-a-record", 0,
+     "sidecar record is not a JSON object"),
+    ("rebuild, corrupt wheel", "index rebuild --index {index}", "wheel-not-a-zip", 0,
+     "warning: quarantined junk-1.0-py3-none-any.whl"),
+    ("rebuild, not a wheel name", "index rebuild --index {index}", "not-a-wheel-name", 0,
+     "not a valid wheel file name"),
+    ("rebuild, files/ a file", "index rebuild --index {index}", "files-is-a-file", 9,
+     "publish error: cannot list the index's"),
+    ("rebuild, index under a file", "index rebuild --index {afile}/index", None, 9,
+     "publish error: cannot rebuild"),
+    ("consumer-config, corrupt sidecar", "consumer-config --index {index}",
+     "sidecar-not-utf8", 0, "sidecar record is not valid JSON; `wheelforge index rebuild"),
+    ("consumer-config, files/ a file", "consumer-config --index {index}", "files-is-a-file",
+     9, "publish error: cannot list"),
+    ("yank, corrupt sidecar", "yank filler1==0.0.1+cu130 --index {index}",
+     "sidecar-not-utf8", 9, "publish error: files/filler1-0.0.1+cu130"),
+    ("prune, corrupt wheel", "prune --keep 1 --index {index}", "wheel-not-a-zip", 0,
+     "warning: "),
+    ("serve, index under a file", "serve --port 0 --index {afile}/index", None, 9,
+     "is not an index directory"),
+    ("test, files/ a file", "test faultpkg --recipes {recipes} --index {index} "
+     "--cache-dir {cache}", "files-is-a-file", 6, "declares no GPU test"),
+    ("build, corrupt sidecar in files/", "build faultpkg --recipes {recipes} --sources "
+     "{sdists} --index {index} --cache-dir {cache}", "sidecar-not-utf8", 0, "ok publish"),
+    ("build, corrupt wheel in files/", "build faultpkg --recipes {recipes} --sources "
+     "{sdists} --index {index} --cache-dir {cache}", "wheel-not-a-zip", 0, "ok publish"),
+    ("build, files/ a file", "build faultpkg --recipes {recipes} --sources {sdists} "
+     "--index {index} --cache-dir {cache}", "files-is-a-file", 9, "publish error: "),
+    ("build, index a file", "build faultpkg --recipes {recipes} --index {afile}", None, 2,
+     "is a file"),
+    ("build, index under a file", "build faultpkg --recipes {recipes} --sources {sdists} "
+     "--index {afile}/index --cache-dir {cache}", None, 9, "is not a directory"),
+    ("build, cache under a file", "build faultpkg --recipes {recipes} --sources {sdists} "
+     "--index {index} --cache-dir {afile}/cache", "sidecar-not-a-record", 9,
+     "publish error: "),
+    ("build, recipe not UTF-8", "build faultpkg --recipes {bad_recipes}", None, 3,
+     "is not UTF-8 text"),
+    ("build, project file not UTF-8", "build faultpkg --recipes {recipes} --config "
+     "{bad_config}", None, 2, "config error: cannot read"),
+    ("list, recipe not UTF-8", "list --recipes {bad_recipes}", None, 3, "can't decode"),
+    ("show, recipe not UTF-8", "show faultpkg --recipes {bad_recipes}", None, 3,
+     "not UTF-8 text"),
+    ("check, recipe not UTF-8", "check --recipes {bad_recipes}", None, 3, "can't decode"),
+    ("nightly, project file not UTF-8", "nightly --config {bad_config} --recipes {recipes} "
+     "--index {index} --cache-dir {cache}", "sidecar-not-a-record", 2, "not UTF-8 text"),
+    ("prune, project file not UTF-8", "prune --config {bad_config} --index {index}",
+     "sidecar-not-a-record", 2, "config error: cannot read"),
+    ("inspect, not a wheel", "inspect {afile}", None, 8, "verify error: cannot read"),
+]
+
+
+@pytest.mark.parametrize(("args", "broken", "code", "text"),
+                         [pytest.param(*case[1:], id=case[0]) for case in BROKEN])
+def test_no_subcommand_shows_a_traceback_on_broken_inputs(
+        work: Path, recipes: Path, shared_cache: Path, args: str, broken: str | None,
+        code: int, text: str) -> None:
+    afile = work / "afile"
+    afile.write_text("a file, not a directory or a wheel")
+    bad_recipes = work / "bad-recipes"
+    bad_recipes.mkdir(exist_ok=True)
+    (bad_recipes / "faultpkg.yaml").write_bytes(b"name: faultpkg\nsummary: \xff\xfe\n")
+    bad_config = work / "bad-config.yaml"
+    bad_config.write_bytes(b"matrix:\n  recipes: [\xff]\n")
+    index = _broken(work, broken) if broken else work / "broken" / "none"
+    argv = args.format(index=index, afile=afile, recipes=recipes, bad_recipes=bad_recipes,
+                       bad_config=bad_config, cache=shared_cache, sdists=work / "sdists")
+    done = subprocess.run([sys.executable, "-m", "wheelforge", *argv.split()],
+                          env=harness.environ(), capture_output=True, text=True, timeout=120,
+                          cwd=work)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == code, done.stderr[-3000:]
+    assert text in done.stderr, done.stderr[-3000:]
+    if args.startswith("index rebuild") and code == 0:  # what is left is sound
+        assert harness.index_problems(index, work) == []

@@ -469,6 +469,11 @@ def _scan(files: Path, *, strict: bool, sweep: bool, keep_invalid: bool = False)
             entries = list(found)
     except FileNotFoundError:
         return _Listing({}, frozenset())
+    except OSError as exc:  # a file where files/ should be, no permission
+        raise PublishError(f"cannot list the index's {files}", why=exc.strerror or str(exc),
+                           fix=f"{files} must be the directory of the wheels; move what is "
+                               "there away, or point --index at the index directory"
+                           ) from None
     names = frozenset(e.name for e in entries if not e.name.startswith(TMP_PREFIX))
     if sweep and len(names) < len(entries):
         for entry in entries:
