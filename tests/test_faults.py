@@ -9,6 +9,7 @@ fixtures (tests/packages/tinypure), in the managed environment of the user's cac
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
@@ -61,6 +62,32 @@ def _points(work: Path, recipes: Path, cache: Path, template: Path | None) -> in
 
 
 # --------------------------------------------------------------------------- kill points
+
+
+def test_the_checks_catch_a_lying_index(work: Path, populated: Path) -> None:
+    """index_problems, which every trial relies on, sees each kind of lie."""
+    lies = {
+        "a page missing": lambda i: (i / "simple/filler1/index.html").unlink(),
+        "a stale landing page": lambda i: (i / "index.html").write_text("old"),
+        "the marker": lambda i: (i / ".records/_writing").write_text("{}"),
+        "a temp file": lambda i: (i / "simple/.wf-tmp-abc").write_text("x"),
+        "a wheel without its record": lambda i: next((i / "files").glob("*.wf.json")).unlink(),
+        "a key published twice": _duplicate_key,
+    }
+    for what, lie in lies.items():
+        index = work / "lying"
+        shutil.rmtree(index, ignore_errors=True)
+        shutil.copytree(populated, index)
+        lie(index)
+        assert harness.index_problems(index, work), what
+
+
+def _duplicate_key(index: Path) -> None:
+    first, second = sorted((index / "files").glob("*.wf.json"))[:2]
+    record = json.loads(first.read_text())
+    other = json.loads(second.read_text())
+    other["build_key"] = record["build_key"]
+    second.write_text(json.dumps(other))
 
 
 @pytest.mark.parametrize("into", ["empty index", "300 wheels"])
@@ -175,7 +202,7 @@ def test_a_build_started_while_a_nightly_builds_the_same_cell_waits_and_skips(
             nightly.communicate()
     assert nightly.returncode == 0, err[-2000:]
     assert build.returncode == 0, build.stderr[-2000:]
-    assert f"waiting for build key" in build.stderr and f"pid {nightly.pid} (wheelforge " \
+    assert "waiting for build key" in build.stderr and f"pid {nightly.pid} (wheelforge " \
         "nightly" in build.stderr
     assert "already published: slowpkg-0.1.0-py3-none-any.whl" in build.stdout
     compiles = (err + build.stderr).count("==> compile")

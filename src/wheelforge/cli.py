@@ -93,7 +93,8 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     """Build, verify and publish the wheels of recipe NAMES.
 
     Prints the resolved inputs first; at the end, each wheel, its CUDA architectures and the
-    pip command that installs it.
+    pip command that installs it. A build of a build key that another build (or the
+    nightly) is building waits for it, then finds the wheel published and skips.
     """
     from .pipeline import build_one
 

@@ -403,8 +403,12 @@ def _publish_locked(index_dir: Path, wheel: Path, info: _WheelInfo, sha256: str,
 def _check_room(index_dir: Path, wheel: Path | None) -> None:
     """PublishError (nothing written) when the index's filesystem cannot hold the wheel
     and a rewrite of the pages a publish changes (a few times the landing page)."""
+    where = index_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent  # a new index: the filesystem it will be made on
     try:
-        free = os.statvfs(index_dir).f_bavail * os.statvfs(index_dir).f_frsize
+        st = os.statvfs(where)
+        free = st.f_bavail * st.f_frsize
         landing = index_dir / "index.html"
         pages = 4 * landing.stat().st_size if landing.is_file() else 0
     except OSError:
