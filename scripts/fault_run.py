@@ -28,7 +28,8 @@ import harness  # noqa: E402
 
 
 def kills(work: Path, cache: Path, wheels: int, repeat: int, serve: bool) -> int:
-    [recipes] = harness.pure_recipe(work)
+    variants = harness.pure_recipe(work, variants=2)  # two trials at a time
+    recipes = variants[0]
     template = work / "template"
     harness.populate(template, work / "dist", wheels)
     failed = 0
@@ -36,8 +37,8 @@ def kills(work: Path, cache: Path, wheels: int, repeat: int, serve: bool) -> int
         points = harness.count_points(work, recipes, work / "count-index", cache) \
             if base is None else _count_into(work, recipes, base, cache)
         for then in ("build", "serve") if serve else ("build",):
-            trials = [harness.kill_trial(work, recipes, base, cache, at, then=then)
-                      for _ in range(repeat) for at in range(1, points + 1)]
+            trials = harness.kill_trials(work, variants, base, cache,
+                                         list(range(1, points + 1)) * repeat, then=then)
             bad = [t for t in trials if t.problems]
             failed += len(bad)
             print(f"kill points, {label}, next command {then}: {points} points x {repeat}: "
@@ -91,13 +92,21 @@ def disk(work: Path, cache: Path, levels: int) -> int:
           flush=True)
     for r in bad:
         print(f"  {r.free} bytes free: {'; '.join(r.problems)}\n{r.output}")
-    return len(bad)
+    writes = harness.library_fill_sweep(work, levels * 2)
+    wbad = [r for r in writes if r.problems]
+    print(f"full disk at every write of a batch (publish_build, space check off): "
+          f"{len(writes)} fill levels: {sum(r.published for r in writes)} published, "
+          f"{sum(r.code == 9 for r in writes)} PublishError with the index unchanged, "
+          f"{len(wbad)} failed", flush=True)
+    for r in wbad:
+        print(f"  {r.free} bytes free: {'; '.join(r.problems)}\n{r.output}")
+    return len(bad) + len(wbad)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="*", default=["kills", "rounds", "disk"],
-                        choices=["kills", "rounds", "disk"])
+    parser.add_argument("what", nargs="*", metavar="CLASS",
+                        help="kills, rounds or disk (default: all three)")
     parser.add_argument("--wheels", type=int, default=300, help="wheels in the populated index")
     parser.add_argument("--repeat", type=int, default=1, help="trials per kill point")
     parser.add_argument("--no-serve", action="store_true",
@@ -109,6 +118,10 @@ def main() -> None:
                         default=Path(os.environ.get("WHEELFORGE_CACHE",
                                                     Path.home() / ".cache" / "wheelforge")))
     args = parser.parse_args()
+    args.what = args.what or ["kills", "rounds", "disk"]
+    unknown = set(args.what) - {"kills", "rounds", "disk"}
+    if unknown:
+        parser.error(f"unknown class(es) {', '.join(sorted(unknown))}: choose kills, rounds, disk")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="wf-faults-") as tmp:
         work = Path(tmp)

@@ -27,9 +27,8 @@ from conftest import IN_CI
 sys.path.insert(0, str(Path(__file__).parent / "faults"))
 import harness  # noqa: E402
 
-#: Concurrency rounds here; scripts/fault_run.py runs 10 of each (see docs/index.md).
-ROUNDS_ONE_KEY = int(os.environ.get("WF_FAULT_ROUNDS", "4"))
-ROUNDS_MANY_KEYS = int(os.environ.get("WF_FAULT_ROUNDS", "2"))
+#: Concurrency rounds of each case (scripts/fault_run.py --rounds runs more).
+ROUNDS = int(os.environ.get("WF_FAULT_ROUNDS", "10"))
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +37,14 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def recipes(work: Path) -> Path:
-    return harness.pure_recipe(work)[0]
+def variants(work: Path) -> list[Path]:
+    """The fixture recipe twice, with two build keys: two trials run at once."""
+    return harness.pure_recipe(work, variants=2)
+
+
+@pytest.fixture(scope="module")
+def recipes(variants: list[Path]) -> Path:
+    return variants[0]
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +97,13 @@ def _duplicate_key(index: Path) -> None:
 
 @pytest.mark.parametrize("into", ["empty index", "300 wheels"])
 def test_a_build_killed_at_any_fsync_or_rename_of_its_publish_is_finished_by_the_next_build(
-        work: Path, recipes: Path, populated: Path, shared_cache: Path, into: str) -> None:
+        work: Path, variants: list[Path], populated: Path, shared_cache: Path, into: str
+) -> None:
+    recipes = variants[0]
     template = None if into == "empty index" else populated
     points = _points(work, recipes, shared_cache, template)
     assert points >= 20  # the marker, the wheel, .metadata, sidecar, pages, directories
-    trials = [harness.kill_trial(work, recipes, template, shared_cache, at)
-              for at in range(1, points + 1)]
+    trials = harness.kill_trials(work, variants, template, shared_cache, range(1, points + 1))
     assert all(t.killed for t in trials), [t.kill_at for t in trials if not t.killed]
     bad = [f"kill at {t.kill_at}/{points}: {'; '.join(t.problems)}\n{t.output}"
            for t in trials if t.problems]
@@ -105,12 +111,12 @@ def test_a_build_killed_at_any_fsync_or_rename_of_its_publish_is_finished_by_the
 
 
 def test_serves_first_request_finishes_a_killed_publish(
-        work: Path, recipes: Path, populated: Path, shared_cache: Path) -> None:
+        work: Path, variants: list[Path], populated: Path, shared_cache: Path) -> None:
     """`wheelforge serve` is the next command: before it answers, the index is repaired
-    (every fourth kill point here; scripts/fault_run.py does every one)."""
-    points = _points(work, recipes, shared_cache, populated)
-    trials = [harness.kill_trial(work, recipes, populated, shared_cache, at, then="serve")
-              for at in range(1, points + 1, 4)]
+    (every other kill point here; scripts/fault_run.py does every one)."""
+    points = _points(work, variants[0], shared_cache, populated)
+    trials = harness.kill_trials(work, variants, populated, shared_cache,
+                                 range(1, points + 1, 2), then="serve")
     bad = [f"kill at {t.kill_at}: {'; '.join(t.problems)}\n{t.output}"
            for t in trials if t.problems]
     assert not bad, "\n".join(bad)
@@ -155,8 +161,8 @@ def _server(index: Path) -> Iterator[str]:
 def test_eight_builds_of_one_key_publish_one_file(work: Path, shared_cache: Path) -> None:
     dirs = harness.pure_recipe(work, "onekey")
     rounds = [harness.concurrent_round(work, dirs, shared_cache, 8, f"onekey-{r}", name="onekey")
-              for r in range(ROUNDS_ONE_KEY)]
-    assert [r.problems for r in rounds] == [()] * ROUNDS_ONE_KEY
+              for r in range(ROUNDS)]
+    assert [r.problems for r in rounds] == [()] * ROUNDS
     assert all(r.wheels == ("onekey-0.1.0-py3-none-any.whl",) for r in rounds)
 
 
@@ -165,8 +171,8 @@ def test_eight_builds_of_eight_keys_of_one_project_publish_eight_build_numbers(
     dirs = harness.pure_recipe(work, "eightkeys", variants=8)
     rounds = [harness.concurrent_round(work, dirs, shared_cache, 8, f"eightkeys-{r}",
                                        name="eightkeys")
-              for r in range(ROUNDS_MANY_KEYS)]
-    assert [r.problems for r in rounds] == [()] * ROUNDS_MANY_KEYS
+              for r in range(ROUNDS)]
+    assert [r.problems for r in rounds] == [()] * ROUNDS
     expected = ("eightkeys-0.1.0-py3-none-any.whl",
                 *(f"eightkeys-0.1.0-{n}-py3-none-any.whl" for n in range(1, 8)))
     assert all(sorted(r.wheels) == sorted(expected) for r in rounds)

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Sequence
@@ -126,8 +127,16 @@ def tree(root: Path) -> dict[str, bytes | None]:
     return out
 
 
+_CHECKING = threading.Lock()  # index_problems records warnings: one check at a time
+
+
 def index_problems(index: Path, scratch: Path) -> list[str]:
     """Everything that makes ``index`` lie; [] when it holds the invariant."""
+    with _CHECKING:
+        return _index_problems(index, scratch)
+
+
+def _index_problems(index: Path, scratch: Path) -> list[str]:
     from wheelforge import index as wf_index
     from wheelforge._fs import TMP_PREFIX
 
@@ -221,10 +230,10 @@ def populate(index: Path, dist: Path, count: int, name: str = "faultpkg") -> Non
 
 
 def kill_trial(root: Path, recipes: Path, template: Path | None, cache: Path, at: int,
-               then: str = "build") -> Trial:
+               then: str = "build", tag: str = "") -> Trial:
     """Kill a build at its ``at``-th fsync/rename in the index, then run ``then``
     ("build": the same build; "serve": `wheelforge serve` and one request)."""
-    index = root / f"index-{then}-{at}"
+    index = root / f"index-{then}-{at}{tag}"
     shutil.rmtree(index, ignore_errors=True)
     if template is not None:
         shutil.copytree(template, index, symlinks=True)
@@ -305,6 +314,21 @@ def concurrent_round(root: Path, recipe_dirs: Sequence[Path], cache: Path, n: in
             problems.append(f"exit {code}: {err[-1500:]}")
     shutil.rmtree(index, ignore_errors=True)
     return Round(codes, tuple(found), tuple(problems))
+
+
+def kill_trials(root: Path, recipe_dirs: Sequence[Path], template: Path | None, cache: Path,
+                points: Sequence[int], then: str = "build") -> list[Trial]:
+    """:func:`kill_trial` at each of ``points``, as many at a time as there are recipe
+    directories (each of its own build key, so that the trials do not wait for each
+    other's build key lock; each trial has an index of its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def trial(i: int) -> Trial:
+        return kill_trial(root, recipe_dirs[i % len(recipe_dirs)], template, cache,
+                          points[i], then, tag=f"-{i}")
+
+    with ThreadPoolExecutor(max_workers=len(recipe_dirs)) as pool:
+        return list(pool.map(trial, range(len(points))))
 
 
 def summary(trials: Sequence[Trial]) -> str:

@@ -101,7 +101,9 @@ def _changing(index_dir: Path, journal: Mapping[str, Any]) -> Iterator[_Change]:
     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         try:
-            os.write(fd, text.encode())
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data):]
             os.fsync(fd)
         finally:
             os.close(fd)
