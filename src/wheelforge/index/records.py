@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 import zipfile
 import zlib
 from collections.abc import Container
@@ -35,7 +36,7 @@ from .._fs import (
     sha256_file,
     sweep_temp_files,
 )
-from ..errors import PublishError
+from ..errors import IndexWarning, PublishError
 
 API_VERSION = "1.1"
 FILES_DIR = "files"
@@ -358,6 +359,10 @@ def _derive(wheel: Path, *, write: bool) -> WheelRecord:
     if write:
         atomic_write(_metadata_file(wheel), info.metadata)
         atomic_write(_sidecar(wheel), to_json(record))
+        warnings.warn(IndexWarning(
+            f"{wheel} had no record (a file copied in by hand?): published it with a record "
+            "derived from the wheel, without a build target (no channel, no build key)"),
+            stacklevel=2)
     return record
 
 
