@@ -143,7 +143,9 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
 
     A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
     or reused when published. Prints the resolved inputs first; at the end, each wheel, its
-    CUDA architectures and the pip command that installs it.
+    CUDA architectures and the pip command that installs it. A build of a build key that
+    another build (or the nightly) is building waits for it, then finds the wheel published
+    and skips.
     """
     from .pipeline import build_with_companions
 
@@ -182,6 +184,23 @@ def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Fo
 
     return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
                                          url=url, channel=channel), fmt)
+
+
+def _repair_or_warn(index_dir: Path) -> None:
+    """Before a read-only command: finish a change a killed writer left in the index; when
+    the index cannot be written here, say so and go on with the pages as they are."""
+    from . import index
+
+    try:
+        index.repair(index_dir)
+    except WheelforgeError as exc:
+        click.echo(f"warning: {exc.what}: {exc.why}; going on with the pages as they are "
+                   f"({exc.fix})", err=True)
+
+
+def _version_of(wheel: Path) -> str:
+    from packaging.utils import parse_wheel_filename
+    return str(parse_wheel_filename(wheel.name)[1])
 
 
 @cli.command("list")
@@ -380,6 +399,7 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
 
     recipe = _book(recipes).load(name)
     index_dir = _existing_index(index_dir)
+    _repair_or_warn(index_dir)
     interp = project_python(python) or find_python("python3", "the default interpreter")
     mirrors = dict(resolve(git_mirrors=git_mirrors).git_mirrors)
     cache = cache_dir or default_cache_dir()
@@ -487,6 +507,7 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
     from . import index
 
     index_dir = _existing_index(index_dir)
+    _repair_or_warn(index_dir)
     limits = index.ServeLimits(idle_timeout=idle_timeout, max_connections=max_connections)
     server = index.make_server(index_dir, host, port, quiet=not log_requests, limits=limits)
     bound_port = server.server_address[1]
@@ -532,6 +553,7 @@ def consumer_config(index_dir: Path | None, channel: str | None, url: str | None
       wheelforge consumer-config --channel cu130-torch2.14 --url http://builder:8765/cu130-torch2.14/simple/
     """
     index_dir = _existing_index(index_dir)
+    _repair_or_warn(index_dir)
     text = _instructions(index_dir, url, channel, fmt)
     for line in text.splitlines():
         if line.startswith("# not pinned: "):
@@ -649,10 +671,16 @@ def _install_signal_handlers() -> None:
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: object = None, line: str | None = None) -> None:
-    """Python warnings of wheelforge's own process: on a line of their own."""
+    """Python warnings of wheelforge's own process: on a line of their own; the index's
+    (a change finished after a crash, a file quarantined) as ``warning: ...`` lines."""
     import warnings
 
+    from .errors import IndexWarning
+
     clear_live()
+    if issubclass(category, IndexWarning):
+        click.echo(f"warning: {message}", err=True)
+        return
     click.echo(warnings.formatwarning(message, category, filename, lineno, line).rstrip(),
                err=True)
 
@@ -661,7 +689,10 @@ def main() -> None:
     import warnings
 
     _install_signal_handlers()
+    from .errors import IndexWarning
+
     warnings.showwarning = _show_warning
+    warnings.simplefilter("always", IndexWarning)  # every one of them
     try:
         try:
             cli.main(standalone_mode=False)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import html
 import json
 import os
@@ -29,7 +28,7 @@ import shutil
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,7 +39,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import __version__, _proc, buildenv, config, index, pipeline, toolchain
-from ._fs import atomic_copy, atomic_write, locked
+from ._fs import atomic_copy, atomic_write, locked, owned_lock
 from ._log import Reporter
 from .errors import ToolchainError, WheelforgeError
 from .matrix import Cell, Matrix, cells
@@ -159,25 +158,6 @@ def resolve_python(entry: str | None, relative_to: Path, default: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- running
-
-
-@contextlib.contextmanager
-def _try_locked(path: Path) -> Iterator[bool]:
-    """Take the lock of ``path`` if it is free (yield True), else yield False at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 def _tail(log: str | None) -> str | None:
@@ -341,7 +321,7 @@ class _Run:
 
 
 def _lock_path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / "locks" / f"{key}.lock"
+    return pipeline.key_lock_path(cache_dir, key)
 
 
 def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Reporter,
@@ -353,6 +333,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     pass their own).
     """
     started_wall, started = datetime.now(timezone.utc), time.monotonic()
+    index.repair(settings.index_dir)  # a change a killed writer left: finished first
     state = _Run(matrix, book, settings, reporter,
                  build or (lambda r, c, rep: pipeline.build_with_companions([r], book, c, rep)[-1]))
     todo = state.companions_first(cells(matrix, state.kinds()))
@@ -371,7 +352,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
                 results[i] = state.skipped(plan, "published")
                 reporter.info(f"{where}: up to date (build key {plan.key[:16]})")
                 continue
-            with _try_locked(_lock_path(settings.cache_dir, plan.key)) as mine:
+            with owned_lock(_lock_path(settings.cache_dir, plan.key), wait=False) as mine:
                 if not mine:
                     reporter.info(f"{where}: another run is building it; taken up last")
                     deferred.append((i, plan))
@@ -381,7 +362,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         for i, plan in deferred:
             assert plan.key is not None
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
-            with locked(_lock_path(settings.cache_dir, plan.key)):
+            with owned_lock(_lock_path(settings.cache_dir, plan.key)):
                 results[i] = state.build_cell(plan)
     except KeyboardInterrupt:
         interrupted = True
@@ -396,7 +377,14 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             index=str(settings.index_dir), interrupted=interrupted,
             results=tuple(results[i] for i in range(len(todo))))
         reports = report_dir or settings.index_dir / REPORTS_DIR
-        write_report(report, reports)
+        inside = os.path.abspath(reports).startswith(os.path.abspath(settings.index_dir) + os.sep)
+        try:
+            # in the index, under its lock: a rebuild sweeps temp files there
+            with locked(settings.index_dir / ".lock") if inside else contextlib.nullcontext():
+                write_report(report, reports)
+        except OSError as exc:
+            raise index.store.disk_error(exc, f"cannot write the nightly report to {reports}"
+                                         ) from None
         _link_from_landing_page(settings.index_dir, reports)
     return report
 
@@ -624,6 +612,7 @@ def prune(index_dir: Path, keep: int, *, dry_run: bool = False) -> PruneResult:
     if keep < 1:
         raise WheelforgeError(f"--keep must be at least 1, got {keep}")
     files = index_dir / index.FILES_DIR
+    index.repair(index_dir)
     records = index.load_records(index_dir)
 
     def metadata(r: index.WheelRecord) -> bytes:

@@ -1,8 +1,10 @@
 """The ordered build steps with typed hand-offs.
 
 fetch -> patch -> preflight -> build key (skip if published) -> build env ->
-compile -> relabel -> verify -> publish.  The work directory is removed after
-a successful publish and kept (and named) after a failure.
+compile -> relabel -> verify -> publish.  A build holds its build key's lock
+(``CACHE/locks/KEY.lock``, the nightly's too) from before the fetch to the end of the
+publish, in a work directory of its own; the directory is removed after a successful
+publish and kept (and named) after a failure.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import json
 import os
 import resource
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import __version__, buildenv, compilecache, doctor, index, toolchain
+from . import __version__, buildenv, compilecache, doctor, index, preflight, toolchain
+from ._fs import owned_lock
 from ._log import Reporter
 from .arch import label as arch_label
 from .buildenv import BuildEnv
@@ -171,8 +175,11 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 
 
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
+    # torch is imported (seconds) only when the wheel depends on what it is
+    torch = recipe.build.kind == "extension" or recipe.build.pin_torch or \
+        bool(recipe.build.local_version)
     if config.python is not None:
-        return buildenv.inspect_env(config.python)
+        return buildenv.inspect_env(config.python, with_torch=torch)
     backend = compilecache.backend() if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
@@ -183,6 +190,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
         pip_args=config.torch_pip_args,
         progress=reporter.info,
         log=log,
+        with_torch=torch,
     )
 
 
@@ -201,6 +209,12 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
             f"preflight found {len(failed)} problem(s); nothing was compiled",
             why="\n" + doctor.render(failed),
             fix="fix the problems above (each line says how); `wheelforge doctor` re-checks")
+
+
+def key_lock_path(cache_dir: Path, key: str) -> Path:
+    """The lock a build of ``key`` holds from before the fetch to the end of its publish
+    (`wheelforge build` and `wheelforge nightly` alike)."""
+    return cache_dir / "locks" / f"{key}.lock"
 
 
 def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
@@ -241,11 +255,12 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     companion_keys = {str(n): companions[n].build_key for n in recipe.companions}
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
-    work = config.work_dir / f"{recipe.name}-{recipe.version}"
+    work: Path | None = None
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log"
+    held = contextlib.ExitStack()  # the build key's lock, from before the fetch to the end
     try:
+        log.parent.mkdir(parents=True, exist_ok=True)
         cuda = None
         with reporter.step("preflight"):
             if extension:
@@ -255,16 +270,24 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             key = build_key(recipe, config, toolchain_identity(recipe, config, cuda),
                             companion_keys)
             reporter.info(f"build key {key[:16]}")
+            preflight.check_writable(config, recipe.name)
+            index.repair(config.index_dir)  # a change a killed writer left: finished first
+
+        def waiting(holder: str) -> None:
+            reporter.info(f"waiting for build key {key[:16]}: another build holds it, "
+                          f"{holder}")
+
+        held.enter_context(owned_lock(key_lock_path(config.cache_dir, key), on_busy=waiting))
         if not config.force:
             done = published_with_key(config.index_dir, key)
             if done is not None:
                 reporter.info(f"already published: {done.filename} (same build key)")
                 return BuildResult(recipe, config.index_dir / "files" / done.filename,
                                    tuple(done.archs), done.channel, key, skipped=True)
-        work = config.work_dir / f"{recipe.name}-{recipe.version}-{key[:12]}"
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        # one directory per run: never shared with, nor removed by, another run
+        work = Path(tempfile.mkdtemp(prefix=f"{recipe.name}-{recipe.version}-{key[:12]}-",
+                                     dir=config.work_dir))
         with reporter.step("fetch source"):
             fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info,
                             git_mirrors=dict(config.git_mirrors))
@@ -316,10 +339,15 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
                 env.torch_major_minor else None
             local = local_label(recipe, env, config)
-            # a name published with another build key gets the next build number
-            tag = next_build_tag(config.index_dir, relabeled_name(raw.name, local))
-            final = relabel(raw, work / "final", local=local, torch_pin=pin,
-                            drop_requires=recipe.build.drop_requires, build_tag=tag, pins=pins)
+
+            def relabeled(tag: str | None) -> Path:
+                return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
+                               drop_requires=recipe.build.drop_requires, build_tag=tag,
+                               pins=pins)
+
+            # a name published with another build key gets the next build number; the
+            # number is decided again under the index lock at the publish
+            final = relabeled(next_build_tag(config.index_dir, relabeled_name(raw.name, local)))
             reporter.info(final.name)
             for cname, cversion in pins.items():
                 reporter.info(f"requires its companion {cname}=={cversion}")
@@ -332,22 +360,43 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         if extension and env.torch_cuda and env.torch_version:
             channel = index.channel_name(env.torch_cuda, env.torch_version)
         with reporter.step(f"publish to {config.index_dir}"):
-            published = index.publish(
-                config.index_dir, final, channel=channel,
+            published = index.publish_build(
+                config.index_dir, final, relabel=relabeled, build_key=key, channel=channel,
                 cuda=env.torch_cuda if extension else None,
                 torch=env.torch_version if extension else None,
-                archs=verified.sass + verified.ptx, build_key=key)
+                archs=verified.sass + verified.ptx, force=config.force)
+            if not published.published:
+                reporter.info(f"already published by another run: {published.path.name} "
+                              "(same build key); nothing written")
+                shutil.rmtree(work, ignore_errors=True)
+                return BuildResult(recipe, published.path, tuple(published.record.archs),
+                                   published.record.channel, key, skipped=True, log=log,
+                                   cache=stats)
             if published.noop:
                 reporter.info("identical file already published")
+            elif published.path.name != final.name:
+                reporter.info(f"published as {published.path.name} (another build took "
+                              f"{final.name} meanwhile)")
     except WheelforgeError as exc:
         if exc.log is None and log.exists():
             exc.log = str(log)
-        exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
+        if work is not None and work.exists():
+            exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
         raise
+    except OSError as exc:  # a full disk, a read-only or unwritable directory
+        err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
+                                          "could not write its files", work or config.work_dir)
+        if work is not None and work.exists():
+            err.fix += f"; work directory kept at {work}"
+        err.log = str(log) if log.exists() else None
+        raise err from None
     except KeyboardInterrupt:
-        reporter.info(f"stopped; nothing was published; work directory kept at {work}; "
-                      f"log {log}")
+        kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
+        logged = f"; log {log}" if log.exists() else ""
+        reporter.info(f"stopped; nothing was published{kept}{logged}")
         raise
+    finally:
+        held.close()
     shutil.rmtree(work, ignore_errors=True)
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
                        cache=stats)

@@ -78,9 +78,21 @@ from .records import (
     to_json,
 )
 from .serve import ServeLimits, make_server
-from .store import load_records, publish, rebuild, remove, set_tested, unyank, yank
+from .store import (
+    BuildPublishResult,
+    load_records,
+    publish,
+    publish_build,
+    rebuild,
+    remove,
+    repair,
+    set_tested,
+    unyank,
+    yank,
+)
 
 __all__ = [
+    "BuildPublishResult",
     "FILES_DIR",
     "HTML_CONTENT_TYPE",
     "JSON_CONTENT_TYPE",
@@ -97,8 +109,10 @@ __all__ = [
     "load_records",
     "make_server",
     "publish",
+    "publish_build",
     "rebuild",
     "remove",
+    "repair",
     "set_tested",
     "to_json",
     "unyank",

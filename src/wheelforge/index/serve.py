@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
@@ -24,14 +25,17 @@ from packaging.utils import (
     canonicalize_name,
 )
 
-from ..errors import ConfigError
+from ..errors import ConfigError, IndexWarning, PublishError
 from .records import (
+    _WRITING,
+    CACHE_DIR,
     HTML_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     METADATA_SUFFIX,
     SIDECAR_SUFFIX,
     SIMPLE_DIR,
 )
+from .store import repair
 
 # --------------------------------------------------------------------------- HTTP server
 
@@ -262,6 +266,8 @@ class IndexServer:
         self.root = root
         self.quiet = quiet
         self.limits = limits
+        self.marker = os.path.join(root, CACHE_DIR, _WRITING)
+        self.unrepairable = False
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -269,6 +275,20 @@ class IndexServer:
         self._done = threading.Event()
         self._done.set()
         self._transports: set[asyncio.WriteTransport] = set()
+
+    def repair(self) -> None:
+        """Before a request: when a writer died half-way (the marker is there and no
+        writer holds the lock), finish its change first, so that no request is answered
+        from an index that lies.  One stat when there is nothing to do."""
+        if not os.path.exists(self.marker):
+            return
+        try:
+            repair(Path(self.root), wait=False)
+        except PublishError as exc:
+            if not self.unrepairable:  # say it once, then serve the valid, older pages
+                self.unrepairable = True
+                warnings.warn(IndexWarning(f"{exc.what} ({exc.why}); serving the pages as "
+                                           f"they are; {exc.fix}"), stacklevel=1)
 
     # ---------------------------------------------------------------- life cycle
 
@@ -401,6 +421,7 @@ class IndexServer:
             await self._error(writer, 400, request, close=True)
             return False
         keep = request.keep_alive
+        self.repair()
         route = _route(self.root, request.target, request.headers.get("accept"))
         if route.status == 301 and route.location is not None:
             await self._send(writer, request, 301, [("Location", route.location),
@@ -491,7 +512,9 @@ def make_server(
     Call ``serve_forever()``; ``server_address`` has the bound port.  Simple
     pages are negotiated on ``Accept`` (PEP 691); nothing outside the index
     root, hidden files or sidecars are served.  Requests are logged to stderr
-    only when ``quiet`` is false.  ``limits`` bounds what one client can hold.
+    only when ``quiet`` is false.  ``limits`` bounds what one client can hold.  A change
+    that a killed writer left half-done is finished (:func:`repair`) before the request
+    that finds it is answered.
     """
     limits = limits or ServeLimits()
     root = os.path.realpath(index_dir)
