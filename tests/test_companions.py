@@ -119,13 +119,13 @@ def test_build_makes_and_then_reuses_the_companion(tmp_path: Path, shared_cache:
     first = subprocess.run(args, capture_output=True, text=True, timeout=1200, env=environ)
     assert first.returncode == 0, first.stdout + first.stderr
     assert first.stdout.splitlines()[:2] == [
-        "published: pureb-0.1.0-py3-none-any.whl  [pure Python]",
-        "published: purea-0.1.0-py3-none-any.whl  [pure Python]"]
-    assert "requires its companion pureb==0.1.0" in first.stderr
-    meta = read_metadata(tmp_path / "index" / "files" / "purea-0.1.0-py3-none-any.whl").decode()
-    assert "Requires-Dist: pureb==0.1.0" in meta
+        "published: pureb-0.1.0+wf-py3-none-any.whl  [pure Python]",
+        "published: purea-0.1.0+wf-py3-none-any.whl  [pure Python]"]
+    assert "requires its companion pureb==0.1.0+wf" in first.stderr
+    meta = read_metadata(tmp_path / "index" / "files" / "purea-0.1.0+wf-py3-none-any.whl").decode()
+    assert "Requires-Dist: pureb==0.1.0+wf" in meta
     again = subprocess.run(args, capture_output=True, text=True, timeout=1200, env=environ)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.splitlines()[:2] == [
-        "already published: pureb-0.1.0-py3-none-any.whl  [pure Python]",
-        "already published: purea-0.1.0-py3-none-any.whl  [pure Python]"]
+        "already published: pureb-0.1.0+wf-py3-none-any.whl  [pure Python]",
+        "already published: purea-0.1.0+wf-py3-none-any.whl  [pure Python]"]
