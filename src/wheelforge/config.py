@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 
+from . import compilecache
 from .arch import Arch, parse_arch_list, torch_arch_list
 from .errors import ConfigError
 
@@ -52,6 +53,7 @@ class BuildConfig:
     sources_dirs: tuple[Path, ...]
     force: bool = False
     origins: tuple[tuple[str, str], ...] = ()
+    compile_cache: compilecache.Settings = compilecache.Settings()
 
     @property
     def arch_list(self) -> str:
@@ -71,6 +73,7 @@ class BuildConfig:
             f"index          {self.index_dir}",
             f"cache          {self.cache_dir}",
             "sources        " + (", ".join(map(str, self.sources_dirs)) or "(network, cache)"),
+            f"compile cache  {self.compile_cache.describe()}  [{self.compile_cache.origin}]",
         ]
 
 
@@ -281,4 +284,5 @@ def resolve(
         sources_dirs=tuple(Path(os.path.abspath(d)) for d in sources_dirs),
         force=force,
         origins=tuple(sorted(origins.items())),
+        compile_cache=compilecache.resolve_settings(project_file, env),
     )
