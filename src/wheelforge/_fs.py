@@ -8,7 +8,9 @@ import hashlib
 import os
 import secrets
 import shutil
-from collections.abc import Container, Iterator
+import sys
+import time
+from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -133,6 +135,68 @@ def locked(path: Path) -> Iterator[None]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+_HELD: dict[str, int] = {}  # the owned locks this process holds: real path -> depth
+
+
+@contextlib.contextmanager
+def owned_lock(path: Path, *, wait: bool = True,
+               on_busy: Callable[[str], None] | None = None) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` that says who holds it; yield True once held.
+
+    The holder writes its pid, start time and command line into the file, so that a
+    process that has to wait can say whom it waits for: ``on_busy`` gets that text
+    before the wait.  ``wait=False`` yields False at once when another process holds
+    it.  Re-entrant within a process (the nightly holds a build key's lock while the
+    build it runs takes the same lock).
+    """
+    real = os.path.realpath(path)
+    if _HELD.get(real):
+        _HELD[real] += 1
+        try:
+            yield True
+        finally:
+            _HELD[real] -= 1
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            if on_busy is not None:
+                on_busy(lock_holder(path))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        command = " ".join(["wheelforge", *sys.argv[1:3]])
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        holder = f"pid {os.getpid()} ({command}) since {since}"
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+        _HELD[real] = 1
+        try:
+            yield True
+        finally:
+            del _HELD[real]
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def lock_holder(path: Path) -> str:
+    """What the holder of an :func:`owned_lock` wrote about itself ("another process"
+    when it wrote nothing readable)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "another process"
 
 
 def sweep_temp_files(directory: Path, *, skip: Container[str] = ()) -> int:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import html
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,7 +37,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import __version__, _proc, buildenv, config, index, pipeline, toolchain
-from ._fs import atomic_write, locked
+from ._fs import atomic_write, owned_lock
 from ._log import Reporter
 from .errors import ToolchainError, WheelforgeError
 from .matrix import Cell, Matrix, cells
@@ -155,25 +154,6 @@ def resolve_python(entry: str | None, relative_to: Path, default: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- running
-
-
-@contextlib.contextmanager
-def _try_locked(path: Path) -> Iterator[bool]:
-    """Take the lock of ``path`` if it is free (yield True), else yield False at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 def _tail(log: str | None, fallback: str) -> str:
@@ -324,7 +304,7 @@ class _Run:
 
 
 def _lock_path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / "locks" / f"{key}.lock"
+    return pipeline.key_lock_path(cache_dir, key)
 
 
 def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Reporter,
@@ -352,7 +332,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
                 results[i] = state.skipped(plan, "published")
                 reporter.info(f"{where}: up to date (build key {plan.key[:16]})")
                 continue
-            with _try_locked(_lock_path(settings.cache_dir, plan.key)) as mine:
+            with owned_lock(_lock_path(settings.cache_dir, plan.key), wait=False) as mine:
                 if not mine:
                     reporter.info(f"{where}: another run is building it; taken up last")
                     deferred.append((i, plan))
@@ -362,7 +342,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         for i, plan in deferred:
             assert plan.key is not None
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
-            with locked(_lock_path(settings.cache_dir, plan.key)):
+            with owned_lock(_lock_path(settings.cache_dir, plan.key)):
                 results[i] = state.build_cell(plan)
     except KeyboardInterrupt:
         interrupted = True

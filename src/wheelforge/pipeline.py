@@ -1,8 +1,10 @@
 """The ordered build steps with typed hand-offs.
 
 fetch -> patch -> preflight -> build key (skip if published) -> build env ->
-compile -> relabel -> verify -> publish.  The work directory is removed after
-a successful publish and kept (and named) after a failure.
+compile -> relabel -> verify -> publish.  A build holds its build key's lock
+(``CACHE/locks/KEY.lock``, the nightly's too) from before the fetch to the end of the
+publish, in a work directory of its own; the directory is removed after a successful
+publish and kept (and named) after a failure.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import json
 import os
 import resource
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import __version__, buildenv, compilecache, doctor, index, toolchain
+from . import __version__, buildenv, compilecache, doctor, index, preflight, toolchain
+from ._fs import owned_lock
 from ._log import Reporter
 from .arch import label as arch_label
 from .buildenv import BuildEnv
@@ -168,14 +172,20 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
             fix="fix the problems above (each line says how); `wheelforge doctor` re-checks")
 
 
+def key_lock_path(cache_dir: Path, key: str) -> Path:
+    """The lock a build of ``key`` holds from before the fetch to the end of its publish
+    (`wheelforge build` and `wheelforge nightly` alike)."""
+    return cache_dir / "locks" / f"{key}.lock"
+
+
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildResult:
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
-    work = config.work_dir / f"{recipe.name}-{recipe.version}"
+    work: Path | None = None
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log"
     try:
+        log.parent.mkdir(parents=True, exist_ok=True)
         cuda = None
         with reporter.step("preflight"):
             if extension:
@@ -184,97 +194,129 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
                 toolchain.check_archs(cuda, config.archs)
             key = build_key(recipe, config, toolchain_identity(recipe, config, cuda))
             reporter.info(f"build key {key[:16]}")
-        if not config.force:
-            done = published_with_key(config.index_dir, key)
-            if done is not None:
-                reporter.info(f"already published: {done.filename} (same build key)")
-                return BuildResult(recipe, config.index_dir / "files" / done.filename,
-                                   tuple(done.archs), done.channel, key, skipped=True)
-        work = config.work_dir / f"{recipe.name}-{recipe.version}-{key[:12]}"
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
-        with reporter.step("fetch source"):
-            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
-            reporter.info(f"{fetched.source.identity} ({fetched.origin})")
-        with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
-            tree = extract(fetched.archive, work / "src")
-            apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
-            for p in recipe.patches:
-                reporter.info(f"applied {p.name}")
-        with reporter.step("build environment"):
-            env = _get_env(recipe, config, reporter, log)
-            reporter.info(env.describe())
-            if extension:
-                assert cuda is not None
-                toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
-                _doctor(config, env, reporter)
-            check_build_requires(tree, env, recipe.build.requires, recipe.name)
-        jobs, threads, why_jobs = jobs_for(config, recipe.name,
-                                           compile_units(tree) if extension else None)
-        if (jobs, threads) != (config.jobs, config.nvcc_threads):
-            reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
-            config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
-        what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
-               f"MAX_JOBS={config.jobs})"
-        with reporter.step(what):
-            def on_line(line: str) -> None:
-                reporter.line(line)
-                m = NINJA_PROGRESS.match(line)
-                if m:
-                    reporter.progress(int(m["done"]), int(m["total"]))
+            preflight.check_writable(config, recipe.name)
 
-            with contextlib.ExitStack() as stack:
-                cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
-                                       reporter)
-                with reporter.heartbeat("building"):
-                    raw = build_wheel(tree=tree, env=env,
-                                      environ=_environment(recipe, config, env, cuda, cache),
-                                      out_dir=work / "dist", log=log, on_line=on_line,
-                                      jobs=config.jobs)
-                stats = _cache_stats(cache, reporter)
-            reporter.info(f"built {raw.name}")
-            if extension and (stats is None or stats.misses > 0):
-                # the largest child (a cicc or cc1plus) so far: the memory one job needs;
-                # a build served from the compile cache compiled nothing and says nothing
-                peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
-                record_gib_per_job(config.cache_dir, recipe.name, peak)
-                reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
-        with reporter.step("post-process wheel"):
-            pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
-                env.torch_major_minor else None
-            local = local_label(recipe, env, config)
-            # a name published with another build key gets the next build number
-            tag = next_build_tag(config.index_dir, relabeled_name(raw.name, local))
-            final = relabel(raw, work / "final", local=local, torch_pin=pin,
-                            drop_requires=recipe.build.drop_requires, build_tag=tag)
-            reporter.info(final.name)
-        with reporter.step("verify"):
-            verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
-            for so, found in verified.archs:
-                reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
-                              f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
-        channel = None
-        if extension and env.torch_cuda and env.torch_version:
-            channel = index.channel_name(env.torch_cuda, env.torch_version)
-        with reporter.step(f"publish to {config.index_dir}"):
-            published = index.publish(
-                config.index_dir, final, channel=channel,
-                cuda=env.torch_cuda if extension else None,
-                torch=env.torch_version if extension else None,
-                archs=verified.sass + verified.ptx, build_key=key)
-            if published.noop:
-                reporter.info("identical file already published")
+        def waiting(holder: str) -> None:
+            reporter.info(f"waiting for build key {key[:16]}: another build holds it, "
+                          f"{holder}")
+
+        with contextlib.ExitStack() as held:
+            held.enter_context(owned_lock(key_lock_path(config.cache_dir, key),
+                                          on_busy=waiting))
+            if not config.force:
+                done = published_with_key(config.index_dir, key)
+                if done is not None:
+                    reporter.info(f"already published: {done.filename} (same build key)")
+                    return BuildResult(recipe, config.index_dir / "files" / done.filename,
+                                       tuple(done.archs), done.channel, key, skipped=True)
+            config.work_dir.mkdir(parents=True, exist_ok=True)
+            # one directory per run: never shared with, nor removed by, another run
+            work = Path(tempfile.mkdtemp(prefix=f"{recipe.name}-{recipe.version}-{key[:12]}-",
+                                         dir=config.work_dir))
+            result = _build_in(work, recipe, config, reporter, key, log, cuda)
     except WheelforgeError as exc:
         if exc.log is None and log.exists():
             exc.log = str(log)
-        exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
+        if work is not None and work.exists():
+            exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
         raise
     except KeyboardInterrupt:
-        reporter.info(f"stopped; nothing was published; work directory kept at {work}; "
-                      f"log {log}")
+        kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
+        logged = f"; log {log}" if log.exists() else ""
+        reporter.info(f"stopped; nothing was published{kept}{logged}")
         raise
     shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _build_in(work: Path, recipe: Recipe, config: BuildConfig, reporter: Reporter, key: str,
+              log: Path, cuda: toolchain.Cuda | None) -> BuildResult:
+    """The build of ``recipe`` in its work directory, from the fetch to the publish."""
+    extension = recipe.build.kind == "extension"
+    with reporter.step("fetch source"):
+        fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
+        reporter.info(f"{fetched.source.identity} ({fetched.origin})")
+    with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
+        tree = extract(fetched.archive, work / "src")
+        apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
+        for p in recipe.patches:
+            reporter.info(f"applied {p.name}")
+    with reporter.step("build environment"):
+        env = _get_env(recipe, config, reporter, log)
+        reporter.info(env.describe())
+        if extension:
+            assert cuda is not None
+            toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
+            _doctor(config, env, reporter)
+        check_build_requires(tree, env, recipe.build.requires, recipe.name)
+    jobs, threads, why_jobs = jobs_for(config, recipe.name,
+                                       compile_units(tree) if extension else None)
+    if (jobs, threads) != (config.jobs, config.nvcc_threads):
+        reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
+        config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
+    what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
+           f"MAX_JOBS={config.jobs})"
+    with reporter.step(what):
+        def on_line(line: str) -> None:
+            reporter.line(line)
+            m = NINJA_PROGRESS.match(line)
+            if m:
+                reporter.progress(int(m["done"]), int(m["total"]))
+
+        with contextlib.ExitStack() as stack:
+            cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
+                                   reporter)
+            with reporter.heartbeat("building"):
+                raw = build_wheel(tree=tree, env=env,
+                                  environ=_environment(recipe, config, env, cuda, cache),
+                                  out_dir=work / "dist", log=log, on_line=on_line,
+                                  jobs=config.jobs)
+            stats = _cache_stats(cache, reporter)
+        reporter.info(f"built {raw.name}")
+        if extension and (stats is None or stats.misses > 0):
+            # the largest child (a cicc or cc1plus) so far: the memory one job needs;
+            # a build served from the compile cache compiled nothing and says nothing
+            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
+            record_gib_per_job(config.cache_dir, recipe.name, peak)
+            reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
+    with reporter.step("post-process wheel"):
+        pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
+            env.torch_major_minor else None
+        local = local_label(recipe, env, config)
+
+        def relabeled(tag: str | None) -> Path:
+            return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
+                           drop_requires=recipe.build.drop_requires, build_tag=tag)
+
+        # a name published with another build key gets the next build number; the number
+        # is decided again under the index lock at the publish
+        final = relabeled(next_build_tag(config.index_dir, relabeled_name(raw.name, local)))
+        reporter.info(final.name)
+    with reporter.step("verify"):
+        verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
+        for so, found in verified.archs:
+            reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
+                          f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
+    channel = None
+    if extension and env.torch_cuda and env.torch_version:
+        channel = index.channel_name(env.torch_cuda, env.torch_version)
+    with reporter.step(f"publish to {config.index_dir}"):
+        published = index.publish_build(
+            config.index_dir, final, relabel=relabeled, build_key=key, channel=channel,
+            cuda=env.torch_cuda if extension else None,
+            torch=env.torch_version if extension else None,
+            archs=verified.sass + verified.ptx, force=config.force)
+        if not published.published:
+            reporter.info(f"already published by another run: {published.path.name} "
+                          "(same build key); nothing written")
+            return BuildResult(recipe, published.path, tuple(published.record.archs),
+                               published.record.channel, key, skipped=True, log=log,
+                               cache=stats)
+        if published.noop:
+            reporter.info("identical file already published")
+        elif published.path.name != final.name:
+            reporter.info(f"published as {published.path.name} (another build took "
+                          f"{final.name} meanwhile)")
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
                        cache=stats)
 

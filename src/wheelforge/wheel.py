@@ -126,12 +126,12 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
     return "\n".join(out) + sep + body
 
 
-def _rewrite_build(text: str, build_tag: str) -> str:
-    """The WHEEL file with its ``Build`` field set to ``build_tag``."""
+def _rewrite_build(text: str, build_tag: str | None) -> str:
+    """The WHEEL file with its ``Build`` field set to ``build_tag`` (None: no field)."""
     lines = [line for line in text.splitlines() if not line.startswith("Build:")]
     while lines and not lines[-1].strip():
         lines.pop()
-    return "\n".join([*lines, f"Build: {build_tag}"]) + "\n"
+    return "\n".join([*lines, *([f"Build: {build_tag}"] if build_tag else [])]) + "\n"
 
 
 def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None) -> str:
@@ -159,7 +159,7 @@ def relabel(
     build, and installers prefer the highest.
     """
     info = inspect_wheel(path)
-    base = str(info.version)
+    base = info.version.public  # as relabeled_name has it
     new_version = f"{base}+{local}" if local else base
     dist_name = info.dist_info[: -len(".dist-info")].rsplit("-", 1)[0]
     new_dist_info = f"{dist_name}-{new_version}.dist-info"
@@ -179,7 +179,7 @@ def relabel(
                 if rel == "METADATA":
                     data = _rewrite_metadata(data.decode("utf-8"), new_version, torch_pin,
                                              drop_requires).encode("utf-8")
-                elif rel == "WHEEL" and build_tag:
+                elif rel == "WHEEL" and (build_tag or b"\nBuild:" in data):
                     data = _rewrite_build(data.decode("utf-8"), build_tag).encode("utf-8")
             new = zipfile.ZipInfo(name, date_time=zi.date_time)
             new.external_attr = zi.external_attr
@@ -207,3 +207,11 @@ def relabel(
         zf.writestr(rzi, record.getvalue())
     os.replace(tmp, final)
     return final
+
+
+def retag(path: Path, out_dir: Path, build_tag: str | None) -> Path:
+    """A copy of a wheel with another build number (PEP 427 build tag), its version and
+    requirements unchanged: the file name, the WHEEL file's ``Build`` field and RECORD."""
+    info = inspect_wheel(path)
+    return relabel(path, out_dir, local=info.version.local or "", torch_pin=None,
+                   build_tag=build_tag)

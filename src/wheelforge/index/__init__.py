@@ -78,9 +78,20 @@ from .records import (
     to_json,
 )
 from .serve import make_server
-from .store import load_records, publish, rebuild, remove, set_tested, unyank, yank
+from .store import (
+    BuildPublishResult,
+    load_records,
+    publish,
+    publish_build,
+    rebuild,
+    remove,
+    set_tested,
+    unyank,
+    yank,
+)
 
 __all__ = [
+    "BuildPublishResult",
     "FILES_DIR",
     "HTML_CONTENT_TYPE",
     "JSON_CONTENT_TYPE",
@@ -96,6 +107,7 @@ __all__ = [
     "load_records",
     "make_server",
     "publish",
+    "publish_build",
     "rebuild",
     "remove",
     "set_tested",

@@ -8,8 +8,8 @@ import gc
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from .records import (
     _sidecar,
     _sort_key,
     _sweep_and_scan,
+    _WheelInfo,
     to_json,
 )
 
@@ -140,63 +141,195 @@ def publish(
     """
     index_dir, wheel = Path(index_dir), Path(wheel)
     arch_list = _validate_target(channel, cuda, torch, archs)
+    info, sha256 = _prepare(wheel)
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        return _publish_locked(index_dir, wheel, info, sha256, (channel, cuda, torch, arch_list,
+                                                                 build_key))
+
+
+def _prepare(wheel: Path) -> tuple[_WheelInfo, str]:
+    """The wheel's name and METADATA checked, and its sha256 (before the lock is taken)."""
     if not wheel.is_file():
         raise PublishError(f"{wheel} does not exist", fix="publish the wheel the build produced")
-    info = _inspect_wheel(wheel)
-    sha256 = sha256_file(wheel)
+    return _inspect_wheel(wheel), sha256_file(wheel)
+
+
+_Target = tuple[str | None, str | None, str | None, tuple[str, ...], str | None]
+
+
+def _publish_locked(index_dir: Path, wheel: Path, info: _WheelInfo, sha256: str,
+                    target: _Target) -> PublishResult:
+    """publish(), the caller holding the index lock (and having recovered the index)."""
+    channel, cuda, torch, arch_list, build_key = target
     files = index_dir / FILES_DIR
     dest = files / wheel.name
     existing: WheelRecord | None = None
+    listing = _scan(files, strict=False, sweep=True)
+    if dest.is_file():
+        if sha256_file(dest) != sha256:
+            raise PublishError(
+                f"{wheel.name} is already published with different contents",
+                why="a different file with that name is already published; "
+                    "published files are immutable",
+                fix="bump the build (version or build tag) and publish the new file, "
+                    "or yank the published version",
+            )
+        if _sidecar(dest).is_file():
+            existing = _load_record(files, dest.name, check_size=False)
+            if _has_target(existing) or target == (None, None, None, (), None):
+                _check_same_target(existing, *target)
+                return PublishResult(path=dest, record=existing, noop=True)
+            # a record without a build target, as rebuild derives it for a wheel whose
+            # publish was interrupted before its sidecar: complete it below
+        # else the wheel is there without its sidecar: finish that interrupted publish
+    record = WheelRecord(
+        filename=wheel.name,
+        project=info.project,
+        version=str(info.version),
+        sha256=sha256,
+        size=wheel.stat().st_size,
+        requires_python=info.requires_python,
+        upload_time=_now(),
+        channel=channel,
+        cuda=cuda,
+        torch=torch,
+        archs=arch_list,
+        build_key=build_key,
+        metadata_sha256=hashlib.sha256(info.metadata).hexdigest(),
+        summary=info.summary,
+    )
+    if existing is not None:  # keep its upload time, yank and test result
+        record = replace(existing, channel=channel, cuda=cuda, torch=torch, archs=arch_list,
+                         build_key=build_key)
+    with _changing(index_dir):
+        if not dest.is_file():
+            atomic_copy(wheel, dest)
+        atomic_write(_metadata_file(dest), info.metadata)
+        atomic_write(_sidecar(dest), to_json(record))  # the record last: it commits
+        names = listing.groups.setdefault(info.project, [])
+        if dest.name not in names:
+            names.append(dest.name)
+        _sync(index_dir, listing, {info.project: {dest.name: record}}, full=False)
+    return PublishResult(path=dest, record=record, noop=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildPublishResult:
+    """What :func:`publish_build` did.
+
+    ``published`` is False when the build key was found already published (by another
+    run, or by an earlier build): nothing was written and ``path``/``record`` describe
+    that earlier wheel.  Else ``path`` is the wheel now in ``files/`` (``noop`` when the
+    same bytes with the same target were there already).
+    """
+
+    path: Path
+    record: WheelRecord
+    published: bool
+    noop: bool = False
+
+
+Relabel = Callable[[str | None], Path]
+
+
+def publish_build(
+    index_dir: Path,
+    wheel: Path,
+    *,
+    build_key: str,
+    channel: str | None,
+    cuda: str | None,
+    torch: str | None,
+    archs: Sequence[str],
+    relabel: Relabel | None = None,
+    force: bool = False,
+) -> BuildPublishResult:
+    """Publish the wheel of one build, every decision taken under the index lock.
+
+    In one critical section of the index lock: an interrupted change is finished; the
+    records of the wheel's project are searched for ``build_key`` (found: nothing is
+    written, ``published=False``); the build number is chosen (none when no published
+    wheel has this name, version and tags, else one more than the highest, PEP 427);
+    the wheel is published under that name.  ``wheel`` is the verified wheel as built,
+    with any build number; when the number chosen is another, ``relabel(build_tag)``
+    must return the same wheel under that build number (default:
+    :func:`wheelforge.wheel.retag` into a directory beside ``wheel``).  ``force`` (a
+    ``wheelforge build --force``) publishes even when the key is published: under the
+    next build number, unless the same bytes are there.
+
+    N concurrent calls with one build key publish one file; calls with different keys
+    for the same version publish distinct build numbers.
+    """
+    index_dir, wheel = Path(index_dir), Path(wheel)
+    arch_list = _validate_target(channel, cuda, torch, archs)
+    info, sha256 = _prepare(wheel)
+    target: _Target = (channel, cuda, torch, arch_list, build_key)
+    files = index_dir / FILES_DIR
     with locked(index_dir / LOCK_FILE):
         _recover(index_dir)
-        listing = _scan(files, strict=False, sweep=True)
-        if dest.is_file():
-            if sha256_file(dest) != sha256:
+        listing = _scan(files, strict=False, sweep=False)
+        found = None if force else _find_build_key(files, listing.groups.get(info.project, []),
+                                                    build_key)
+        if found is not None:
+            return BuildPublishResult(path=files / found.filename, record=found, published=False)
+        tag = _build_tag(files, listing.groups.get(info.project, []), wheel, sha256)
+        if tag != _tag_of(wheel.name):
+            wheel = (relabel or _default_relabel(wheel))(tag)
+            if _tag_of(wheel.name) != tag:
                 raise PublishError(
-                    f"{wheel.name} is already published with different contents",
-                    why="a different file with that name is already published; "
-                        "published files are immutable",
-                    fix="bump the build (version or build tag) and publish the new file, "
-                        "or yank the published version",
-                )
-            if _sidecar(dest).is_file():
-                existing = _load_record(files, dest.name, check_size=False)
-                target = (channel, cuda, torch, arch_list, build_key)
-                if _has_target(existing) or target == (None, None, None, (), None):
-                    _check_same_target(existing, *target)
-                    return PublishResult(path=dest, record=existing, noop=True)
-                # a record without a build target, as rebuild derives it for a wheel whose
-                # publish was interrupted before its sidecar: complete it below
-            # else the wheel is there without its sidecar: finish that interrupted publish
-        record = WheelRecord(
-            filename=wheel.name,
-            project=info.project,
-            version=str(info.version),
-            sha256=sha256,
-            size=wheel.stat().st_size,
-            requires_python=info.requires_python,
-            upload_time=_now(),
-            channel=channel,
-            cuda=cuda,
-            torch=torch,
-            archs=arch_list,
-            build_key=build_key,
-            metadata_sha256=hashlib.sha256(info.metadata).hexdigest(),
-            summary=info.summary,
-        )
-        if existing is not None:  # keep its upload time, yank and test result
-            record = replace(existing, channel=channel, cuda=cuda, torch=torch, archs=arch_list,
-                             build_key=build_key)
-        with _changing(index_dir):
-            if not dest.is_file():
-                atomic_copy(wheel, dest)
-            atomic_write(_metadata_file(dest), info.metadata)
-            atomic_write(_sidecar(dest), to_json(record))  # the record last: it commits
-            names = listing.groups.setdefault(info.project, [])
-            if dest.name not in names:
-                names.append(dest.name)
-            _sync(index_dir, listing, {info.project: {dest.name: record}}, full=False)
-    return PublishResult(path=dest, record=record, noop=False)
+                    f"relabel gave {wheel.name}, not a wheel with build number {tag}",
+                    fix="make the relabel callable apply the build tag it is given")
+            info, sha256 = _prepare(wheel)
+        result = _publish_locked(index_dir, wheel, info, sha256, target)
+    return BuildPublishResult(path=result.path, record=result.record, published=True,
+                              noop=result.noop)
+
+
+def _tag_of(filename: str) -> str | None:
+    build = parse_wheel_filename(filename)[2]
+    return f"{build[0]}{build[1]}" if build else None
+
+
+def _find_build_key(files: Path, names: Iterable[str], build_key: str) -> WheelRecord | None:
+    """The record among ``names`` (wheels of one project) with ``build_key``, read-only."""
+    for name in sorted(names):
+        with contextlib.suppress(OSError, PublishError):
+            record = _read_sidecar(_sidecar(files / name))
+            if record.build_key == build_key and record.filename == name:
+                return record
+    return None
+
+
+def _build_tag(files: Path, names: Iterable[str], wheel: Path, sha256: str) -> str | None:
+    """The build number under which ``wheel`` is published: its own when a file of that
+    name holds the same bytes (publish completes or no-ops), else none when no wheel of
+    this name, version and tags is published, else the highest number plus one."""
+    try:
+        project, version, _build, tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise PublishError(f"{wheel.name} is not a valid wheel file name", why=str(exc)) from None
+    same = files / wheel.name
+    if same.is_file() and sha256_file(same) == sha256:
+        return _tag_of(wheel.name)
+    taken = []
+    for name in names:
+        try:
+            other = parse_wheel_filename(name)
+        except InvalidWheelFilename:
+            continue
+        if (other[0], other[1], other[3]) == (project, version, tags):
+            taken.append(other[2][0] if other[2] else 0)
+    return str(max(taken) + 1) if taken else None
+
+
+def _default_relabel(wheel: Path) -> Relabel:
+    from ..wheel import retag
+
+    def relabel(tag: str | None) -> Path:
+        return retag(wheel, wheel.parent / f"build-{tag}", tag)
+
+    return relabel
 
 
 def _has_target(record: WheelRecord) -> bool:
