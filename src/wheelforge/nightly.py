@@ -359,6 +359,10 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         reports = report_dir or settings.index_dir / REPORTS_DIR
         write_report(report, reports)
         _link_from_landing_page(settings.index_dir, reports)
+        from .fanout import record_durations  # the plan orders cells by these
+
+        record_durations(settings.cache_dir, [(todo[i], r.duration_s) for i, r in
+                                              results.items() if r.status == "built"])
     return report
 
 
