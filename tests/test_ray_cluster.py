@@ -10,7 +10,6 @@ publishes: every cell built exactly once, one index, one report.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
