@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import make_wheel
+from conftest import IN_CI, make_wheel
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
 from wheelforge import fanout
 from wheelforge.errors import ConfigError
@@ -218,3 +218,50 @@ def test_options_before_a_subcommand_are_refused(tmp_path: Path) -> None:
     res = wheelforge("nightly", "--jobs", "2", "plan", cwd=tmp_path, env=clean_env())
     assert res.returncode == 2
     assert "put them after it: wheelforge nightly plan --jobs" in res.stderr
+
+
+# --------------------------------------------------------------------------- GitHub Actions
+
+
+def test_the_fanout_workflow_validates_and_runs_the_three_parts() -> None:
+    import re
+    import shlex
+    import subprocess
+
+    import yaml
+
+    from test_nightly import EXAMPLES, _linter
+    from wheelforge.cli import cli
+
+    workflow = EXAMPLES / "github-actions" / "nightly-fanout.yml"
+    data = yaml.safe_load(workflow.read_text())
+    jobs = data["jobs"]
+    assert set(jobs) == {"plan", "build", "publish"}
+    assert "fromJSON(needs.plan.outputs.matrix)" in jobs["build"]["strategy"]["matrix"]
+    assert jobs["build"]["strategy"]["fail-fast"] is False
+    assert jobs["publish"]["concurrency"]["group"] and \
+        jobs["publish"]["concurrency"]["cancel-in-progress"] is False
+    assert jobs["plan"]["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
+    # every wheelforge command line of the workflow parses with the real CLI
+    commands = []
+    for job in jobs.values():
+        for step in job["steps"]:
+            for line in re.sub(r"\\\n\s*", "", step.get("run", "")).splitlines():
+                if "wheelforge nightly" in line or "wheelforge prune" in line:
+                    commands.append(shlex.split(line.strip())[1:])
+    assert [c[:2] for c in commands] == [["nightly", "plan"], ["nightly", "run"],
+                                         ["nightly", "publish"], ["prune", "--index"]]
+    for argv in commands:  # an unknown option raises NoSuchOption
+        group = cli.commands[argv[0]]
+        if argv[0] == "nightly":
+            group.commands[argv[1]].make_context(argv[1], argv[2:],  # type: ignore[attr-defined]
+                                                 resilient_parsing=True)
+        else:
+            group.make_context(argv[0], argv[1:], resilient_parsing=True)
+    linter = _linter()
+    if linter is None:
+        if IN_CI:
+            pytest.fail("actionlint (or check-jsonschema) is required under CI=true")
+        pytest.skip("neither actionlint nor check-jsonschema is installed")
+    res = subprocess.run([*linter, str(workflow)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
