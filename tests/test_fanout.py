@@ -9,7 +9,9 @@ stage refused before anything is published.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -210,8 +212,19 @@ def test_a_tampered_stage_publishes_nothing(tmp_path: Path, shared_cache: Path) 
     assert res.returncode != 0
     assert "is not the wheel its record describes" in res.stderr
     assert "Traceback" not in res.stderr
-    assert not list((tmp_path / "index" / "files").glob("*.whl")) if (
-        tmp_path / "index" / "files").exists() else True
+    # a record rewritten to match another project's wheel: still refused
+    other = make_wheel(tmp_path / "evil", {"torch/__init__.py": ""}, name="torch",
+                       version="9.9")
+    wheel.unlink()
+    shutil.copy(other, stage / other.name)
+    record = json.loads((stage / "cell.json").read_text())
+    record["wheel"] = other.name
+    record["sha256"] = hashlib.sha256(other.read_bytes()).hexdigest()
+    (stage / "cell.json").write_text(json.dumps(record))
+    res = _publish(tmp_path, stage)
+    assert res.returncode != 0
+    assert "not a wheel of purea 0.1.0" in res.stderr, res.stderr
+    assert not list((tmp_path / "index").rglob("*.whl"))
 
 
 def test_options_before_a_subcommand_are_refused(tmp_path: Path) -> None:

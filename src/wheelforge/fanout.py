@@ -41,6 +41,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
 from . import __version__, index, nightly, pipeline
 from ._fs import atomic_write, locked
 from ._log import Reporter
@@ -414,15 +417,21 @@ def load_stage(stage: Path) -> StageRecord:
         raise _bad(path, str(exc)) from exc
     if not isinstance(data, dict) or data.get("schema") != STAGE_SCHEMA:
         raise _bad(path, f"expected a mapping with schema {STAGE_SCHEMA}")
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _bad(path, f"{key} must be a string, got {type(value).__name__}")
+        return value
+
     try:
         record = StageRecord(
             cell=_planned(data["cell"], str(path)), status=str(data["status"]),
             host=str(data["host"]), duration_s=float(data["duration_s"]),
-            wheel=data.get("wheel"), sha256=data.get("sha256"), channel=data.get("channel"),
-            cuda=data.get("cuda"), torch=data.get("torch"),
+            wheel=text("wheel"), sha256=text("sha256"), channel=text("channel"),
+            cuda=text("cuda"), torch=text("torch"),
             archs=tuple(str(a) for a in data.get("archs") or ()),
-            note=str(data.get("note") or ""), error=data.get("error"),
-            log_tail=data.get("log_tail"), wheelforge=str(data.get("wheelforge", "")))
+            note=str(data.get("note") or ""), error=text("error"),
+            log_tail=text("log_tail"), wheelforge=str(data.get("wheelforge", "")))
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(path, f"it lacks or mistypes {exc}") from exc
     if record.status not in ("built", "failed"):
@@ -432,6 +441,17 @@ def load_stage(stage: Path) -> StageRecord:
         if not isinstance(name, str) or os.path.basename(name) != name or \
                 not name.endswith(".whl") or name.startswith("."):
             raise _bad(path, f"its wheel {name!r} is not a wheel file name")
+        try:
+            project, version, _build, _tags = parse_wheel_filename(name)
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            raise _bad(path, f"its wheel {name!r} is not a valid wheel file name") from exc
+        if project != canonicalize_name(record.cell.recipe) or \
+                version.public != Version(record.cell.version).public:
+            raise PublishError(
+                f"the stage {stage} holds {name}, not a wheel of {record.cell.recipe} "
+                f"{record.cell.version}",
+                why="a stage may only publish the wheel of its own cell",
+                fix="run the cell again; never edit a stage by hand")
         wheel = stage / name
         if not wheel.is_file():
             raise PublishError(f"the stage {stage} lacks its wheel {name}",
