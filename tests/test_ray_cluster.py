@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import servers
-from conftest import IN_CI
+from conftest import IN_CI, tinyext_project
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
 from wheelforge import fanout, rayexec
 
@@ -124,3 +124,27 @@ def test_a_cluster_without_builders_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(Exception, match="no node of the Ray cluster offers"):
         rayexec._check_capacity(FakeRay, plan, None)
+
+
+@pytest.mark.nvcc
+def test_the_cuda_fixture_builds_on_a_ray_node(tmp_path: Path, nvcc: str,
+                                               cluster: tuple[str, list[Path]]) -> None:
+    address, caches = cluster
+    tinyext_project(tmp_path)
+    pure_project(tmp_path, "purea")
+    write_matrix(tmp_path, ["tinyext", "purea"], [{"spec": "torch==2.14.1", "cuda": "13.0"}],
+                 ["12.0"])
+    res = wheelforge("nightly", "--executor", "ray", "--ray-address", address, "--jobs", "1",
+                     "--config", tmp_path / "wheelforge.yaml", "--recipes",
+                     tmp_path / "recipes", "--sources", tmp_path / "sdists", "--index",
+                     tmp_path / "index", "--cache-dir", tmp_path / "driver-cache", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    report = json.loads((tmp_path / "index" / "reports" / "nightly-latest.json").read_text())
+    cells = {c["recipe"]: c for c in report["cells"]}
+    assert {r: c["status"] for r, c in cells.items()} == {"tinyext": "built", "purea": "built"}
+    assert cells["tinyext"]["archs_found"] == ["sm_120"]
+    assert cells["tinyext"]["note"].startswith("compile cache: ")
+    assert any(str(c) in cells["tinyext"]["note"] for c in caches)
+    wheels = sorted(p.name for p in (tmp_path / "index" / "files").glob("*.whl"))
+    assert len(wheels) == 2 and wheels[0] == "purea-0.1.0-py3-none-any.whl"
+    assert wheels[1].startswith("tinyext-0.1.0+cu130torch2.14sm120-cp3"), wheels
