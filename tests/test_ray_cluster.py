@@ -148,3 +148,10 @@ def test_the_cuda_fixture_builds_on_a_ray_node(tmp_path: Path, nvcc: str,
     wheels = sorted(p.name for p in (tmp_path / "index" / "files").glob("*.whl"))
     assert len(wheels) == 2 and wheels[0] == "purea-0.1.0-py3-none-any.whl"
     assert wheels[1].startswith("tinyext-0.1.0+cu130torch2.14sm120-cp3"), wheels
+
+
+def test_an_address_nobody_answers_is_refused_at_once() -> None:
+    port = servers.free_port()  # nothing listens there
+    with pytest.raises(Exception, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        rayexec._probe(f"127.0.0.1:{port}")
+    rayexec._probe("auto")  # left to Ray, which answers at once

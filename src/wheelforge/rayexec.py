@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -112,6 +113,7 @@ def _write_stage(files: dict[str, bytes], stage: Path) -> None:
 def _connected(address: str | None, reporter: Reporter) -> Iterator[Any]:
     ray = _ray()
     where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    _probe(where)
     try:
         ray.init(address=where, log_to_driver=False, logging_level="warning")
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -123,6 +125,21 @@ def _connected(address: str | None, reporter: Reporter) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def _probe(address: str) -> None:
+    """A HOST:PORT that does not answer is refused at once: ray.init would retry it for
+    many minutes without a word."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", or a ray:// client address: Ray's own checks answer quickly
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), 5).close()
+    except OSError as exc:
+        raise ConfigError(f"no Ray cluster answers at {address}",
+                          why=f"connecting to its head's port: {exc.strerror or exc}",
+                          fix="start the head (ray start --head --port PORT) or pass the "
+                              "right --ray-address HOST:PORT") from exc
 
 
 def _check_capacity(ray: Any, plan: fanout.Plan, jobs: int | None) -> None:
