@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -35,7 +34,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,9 +62,12 @@ __all__ = [
     "load_plan",
     "load_stage",
     "make_plan",
+    "plan_to_json",
     "publish",
     "record_durations",
     "run_cell",
+    "select",
+    "stage_dirs",
     "write_plan",
 ]
 
@@ -569,17 +571,4 @@ def stage_dirs(roots: Iterable[Path]) -> list[Path]:
             raise ConfigError(f"{root} is not a stage directory", fix="pass the directories "
                               "that `wheelforge nightly run --stage-dir` filled")
         out.extend(sorted(p.parent for p in root.rglob(RECORD) if ".index" not in p.parts))
-    return out
-
-
-def run_plan(plan: Plan, run: Callable[[PlannedCell, Path], StageRecord], stage_root: Path
-             ) -> list[Path]:
-    """Run every planned cell with ``run(cell, stage)`` (in-process), one stage each."""
-    out = []
-    for c in plan.cells:
-        stage = stage_root / f"cell-{c.id}"
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(stage)
-        run(c, stage)
-        out.append(stage)
     return out
