@@ -34,7 +34,7 @@ from packaging.version import Version
 
 from wheelforge import _fs, index
 from wheelforge._fs import TMP_PREFIX
-from wheelforge.errors import PublishError
+from wheelforge.errors import IndexWarning, PublishError
 from wheelforge.index import _markup, _writes, pages, records, store
 
 CU130 = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1"}
@@ -759,8 +759,13 @@ def test_publish_reads_only_the_published_projects_records(
     assert hashed == ["demo_pkg-1.1-py3-none-any.whl"]
     assert len(json.loads((root / "simple/demo-pkg/index.json").read_text())["files"]) == 2
     assert len(json.loads((root / "simple/other/index.json").read_text())["files"]) == 3
-    with pytest.raises(PublishError, match="not valid JSON"):
+    with pytest.warns(IndexWarning, match="not valid JSON"):
         index.rebuild(root)  # the truth is the sidecars: rebuild reads them all
+    # ... and moves the wheels whose record is corrupt out of files/, saying so
+    assert sorted(p.name for p in (root / ".quarantine").glob("*.whl")) == [
+        f"other-{v}-py3-none-any.whl" for v in ("1.0", "1.1", "1.2")]
+    assert not (root / "simple/other").exists()
+    assert "other" not in (root / "simple/index.html").read_text()
 
 
 @pytest.mark.parametrize("damage", [

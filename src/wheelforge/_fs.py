@@ -137,6 +137,28 @@ def locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def try_locked(path: Path, *, wait: bool) -> Iterator[bool]:
+    """:func:`locked`, or with ``wait=False`` yield False at once when it is held."""
+    if wait:
+        with locked(path):
+            yield True
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 _HELD: dict[str, int] = {}  # the owned locks this process holds: real path -> depth
 
 

@@ -148,11 +148,14 @@ def managed_env(
     pip_args: Sequence[str] = (),
     progress: Progress | None = None,
     log: Path | None = None,
+    with_torch: bool = True,
 ) -> BuildEnv:
     """Return the cached venv for (interpreter, torch), creating it if needed.
 
     One environment serves every recipe built with the same interpreter and
     torch; a recipe's extra requirements are installed into it when missing.
+    ``with_torch=False`` (a pure recipe that neither pins torch nor names it in its
+    local version) skips importing torch when an existing environment is reused.
     """
     say = progress or (lambda _m: None)
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
@@ -161,7 +164,7 @@ def managed_env(
     with locked(cache_dir / "envs" / f"{key}.lock"):
         if (root / MARKER).is_file() and python.exists():
             say(f"reusing build environment {root}")
-            env = inspect_env(python, managed=True)
+            env = inspect_env(python, managed=True, with_torch=with_torch)
         else:
             if root.exists():
                 shutil.rmtree(root)
@@ -184,7 +187,7 @@ def managed_env(
         if missing:
             say(f"installing {', '.join(missing)} into the build environment")
             _pip_install(python, [*pip_args, torch_req, *missing], say, log)
-            env = inspect_env(python, managed=True)
+            env = inspect_env(python, managed=True, with_torch=with_torch)
         return env
 
 

@@ -94,7 +94,8 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     """Build, verify and publish the wheels of recipe NAMES.
 
     Prints the resolved inputs first; at the end, each wheel, its CUDA architectures and the
-    pip command that installs it.
+    pip command that installs it. A build of a build key that another build (or the
+    nightly) is building waits for it, then finds the wheel published and skips.
     """
     from .pipeline import build_one
 
@@ -121,6 +122,18 @@ def build(names: tuple[str, ...], arch: str | None, python: Path | None, torch: 
     click.echo(f"install: pip install --extra-index-url {simple} {pins}")
     click.echo("  (settings that a public index cannot override: wheelforge consumer-config "
                f"--index {config.index_dir})")
+
+
+def _repair_or_warn(index_dir: Path) -> None:
+    """Before a read-only command: finish a change a killed writer left in the index; when
+    the index cannot be written here, say so and go on with the pages as they are."""
+    from . import index
+
+    try:
+        index.repair(index_dir)
+    except WheelforgeError as exc:
+        click.echo(f"warning: {exc.what}: {exc.why}; going on with the pages as they are "
+                   f"({exc.fix})", err=True)
 
 
 def _version_of(wheel: Path) -> str:
@@ -260,6 +273,7 @@ def test(name: str, index_dir: Path, python: Path | None, sources_dirs: tuple[Pa
     from .gputest import run_test
 
     recipe = _book(recipes).load(name)
+    _repair_or_warn(index_dir)
     interp = python or Path(_shutil.which("python3") or sys.executable)
     cache = cache_dir or default_cache_dir()
     log = cache / "logs" / f"test-{recipe.name}-{_time.strftime('%Y%m%dT%H%M%S')}.log"
@@ -343,6 +357,7 @@ def serve(index_dir: Path, host: str, port: int, log_requests: bool) -> None:
     """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated)."""
     from . import index
 
+    _repair_or_warn(index_dir)
     server = index.make_server(index_dir, host, port, quiet=not log_requests)
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
@@ -367,6 +382,7 @@ def consumer_config(index_dir: Path, channel: str | None, url: str | None, fmt: 
     has the same names at higher versions (no dependency confusion)."""
     from . import consumer, index
 
+    _repair_or_warn(index_dir)
     records = consumer.newest(index.load_records(index_dir), channel)
     if not records:
         raise click.ClickException(f"{index_dir} holds no wheels"
@@ -681,8 +697,29 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGALRM, on_alarm)
 
 
+def _show_warnings() -> None:
+    """The index's warnings (a change finished after a crash, a file quarantined) as
+    ``warning: ...`` lines on stderr, every one of them."""
+    import warnings
+
+    from .errors import IndexWarning
+
+    default = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: object,
+             **kwargs: object) -> None:
+        if issubclass(category, IndexWarning):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            default(message, category, *args, **kwargs)  # type: ignore[arg-type]
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", IndexWarning)
+
+
 def main() -> None:
     _install_signal_handlers()
+    _show_warnings()
     try:
         try:
             cli.main(standalone_mode=False)

@@ -86,8 +86,9 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
         path = candidate
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path}", why=str(exc), fix="fix the file") from exc
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}", why=str(exc),
+                          fix="fix the file (YAML, saved as UTF-8)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping")
     defaults = data.get("defaults", {}) or {}

@@ -86,6 +86,12 @@ class IncompatibleGpuError(WheelforgeError):
     label = "incompatible GPU"
 
 
+class IndexWarning(UserWarning):
+    """Something the index did on its own that its users must hear about: an interrupted
+    change finished or rolled back, a file quarantined.  The CLI prints it as
+    ``warning: ...`` on stderr."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, SIGTERM or --timeout: raised in the main thread, like KeyboardInterrupt, so
     that every ``finally`` runs (child process groups stopped, locks released)."""

@@ -280,8 +280,9 @@ def retention_keep(path: Path | None) -> int:
         return DEFAULT_KEEP
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read {path}", why=str(exc)) from exc
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}", why=str(exc),
+                          fix="fix the file (YAML, saved as UTF-8)") from None
     if not isinstance(data, dict) or data.get("matrix") is None:
         return DEFAULT_KEEP
     return parse_matrix(data, path).keep

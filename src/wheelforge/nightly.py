@@ -37,7 +37,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import __version__, _proc, buildenv, config, index, pipeline, toolchain
-from ._fs import atomic_write, owned_lock
+from ._fs import atomic_write, locked, owned_lock
 from ._log import Reporter
 from .errors import ToolchainError, WheelforgeError
 from .matrix import Cell, Matrix, cells
@@ -315,6 +315,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     (:func:`pipeline.build_one`; tests pass their own).
     """
     started_wall, started = datetime.now(timezone.utc), time.monotonic()
+    index.repair(settings.index_dir)  # a change a killed writer left: finished first
     state = _Run(matrix, book, settings, reporter, build or pipeline.build_one)
     todo = cells(matrix, state.kinds())
     results: dict[int, CellResult] = {}
@@ -357,7 +358,14 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             index=str(settings.index_dir), interrupted=interrupted,
             results=tuple(results[i] for i in range(len(todo))))
         reports = report_dir or settings.index_dir / REPORTS_DIR
-        write_report(report, reports)
+        inside = os.path.abspath(reports).startswith(os.path.abspath(settings.index_dir) + os.sep)
+        try:
+            # in the index, under its lock: a rebuild sweeps temp files there
+            with locked(settings.index_dir / ".lock") if inside else contextlib.nullcontext():
+                write_report(report, reports)
+        except OSError as exc:
+            raise index.store.disk_error(exc, f"cannot write the nightly report to {reports}"
+                                         ) from None
         _link_from_landing_page(settings.index_dir, reports)
         from .fanout import record_durations  # the plan orders cells by these
 
@@ -561,6 +569,7 @@ def prune(index_dir: Path, keep: int, *, dry_run: bool = False) -> PruneResult:
     if keep < 1:
         raise WheelforgeError(f"--keep must be at least 1, got {keep}")
     files = index_dir / index.FILES_DIR
+    index.repair(index_dir)
     records = index.load_records(index_dir)
 
     def metadata(r: index.WheelRecord) -> bytes:

@@ -141,8 +141,11 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 
 
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
+    # torch is imported (seconds) only when the wheel depends on what it is
+    torch = recipe.build.kind == "extension" or recipe.build.pin_torch or \
+        bool(recipe.build.local_version)
     if config.python is not None:
-        return buildenv.inspect_env(config.python)
+        return buildenv.inspect_env(config.python, with_torch=torch)
     backend = config.compile_cache.backend if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
@@ -153,6 +156,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
         pip_args=config.torch_pip_args,
         progress=reporter.info,
         log=log,
+        with_torch=torch,
     )
 
 
@@ -184,6 +188,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
     work: Path | None = None
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log"
+    held = contextlib.ExitStack()  # the build key's lock, from before the fetch to the end
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         cuda = None
@@ -195,128 +200,129 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> BuildR
             key = build_key(recipe, config, toolchain_identity(recipe, config, cuda))
             reporter.info(f"build key {key[:16]}")
             preflight.check_writable(config, recipe.name)
+            index.repair(config.index_dir)  # a change a killed writer left: finished first
 
         def waiting(holder: str) -> None:
             reporter.info(f"waiting for build key {key[:16]}: another build holds it, "
                           f"{holder}")
 
-        with contextlib.ExitStack() as held:
-            held.enter_context(owned_lock(key_lock_path(config.cache_dir, key),
-                                          on_busy=waiting))
-            if not config.force:
-                done = published_with_key(config.index_dir, key)
-                if done is not None:
-                    reporter.info(f"already published: {done.filename} (same build key)")
-                    return BuildResult(recipe, config.index_dir / "files" / done.filename,
-                                       tuple(done.archs), done.channel, key, skipped=True)
-            config.work_dir.mkdir(parents=True, exist_ok=True)
-            # one directory per run: never shared with, nor removed by, another run
-            work = Path(tempfile.mkdtemp(prefix=f"{recipe.name}-{recipe.version}-{key[:12]}-",
-                                         dir=config.work_dir))
-            result = _build_in(work, recipe, config, reporter, key, log, cuda)
+        held.enter_context(owned_lock(key_lock_path(config.cache_dir, key), on_busy=waiting))
+        if not config.force:
+            done = published_with_key(config.index_dir, key)
+            if done is not None:
+                reporter.info(f"already published: {done.filename} (same build key)")
+                return BuildResult(recipe, config.index_dir / "files" / done.filename,
+                                   tuple(done.archs), done.channel, key, skipped=True)
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        # one directory per run: never shared with, nor removed by, another run
+        work = Path(tempfile.mkdtemp(prefix=f"{recipe.name}-{recipe.version}-{key[:12]}-",
+                                     dir=config.work_dir))
+        with reporter.step("fetch source"):
+            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
+            reporter.info(f"{fetched.source.identity} ({fetched.origin})")
+        with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
+            tree = extract(fetched.archive, work / "src")
+            apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
+            for p in recipe.patches:
+                reporter.info(f"applied {p.name}")
+        with reporter.step("build environment"):
+            env = _get_env(recipe, config, reporter, log)
+            reporter.info(env.describe())
+            if extension:
+                assert cuda is not None
+                toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
+                _doctor(config, env, reporter)
+            check_build_requires(tree, env, recipe.build.requires, recipe.name)
+        jobs, threads, why_jobs = jobs_for(config, recipe.name,
+                                           compile_units(tree) if extension else None)
+        if (jobs, threads) != (config.jobs, config.nvcc_threads):
+            reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
+            config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
+        what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
+               f"MAX_JOBS={config.jobs})"
+        with reporter.step(what):
+            def on_line(line: str) -> None:
+                reporter.line(line)
+                m = NINJA_PROGRESS.match(line)
+                if m:
+                    reporter.progress(int(m["done"]), int(m["total"]))
+
+            with contextlib.ExitStack() as stack:
+                cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
+                                       reporter)
+                with reporter.heartbeat("building"):
+                    raw = build_wheel(tree=tree, env=env,
+                                      environ=_environment(recipe, config, env, cuda, cache),
+                                      out_dir=work / "dist", log=log, on_line=on_line,
+                                      jobs=config.jobs)
+                stats = _cache_stats(cache, reporter)
+            reporter.info(f"built {raw.name}")
+            if extension and (stats is None or stats.misses > 0):
+                # the largest child (a cicc or cc1plus) so far: the memory one job needs;
+                # a build served from the compile cache compiled nothing and says nothing
+                peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
+                record_gib_per_job(config.cache_dir, recipe.name, peak)
+                reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
+        with reporter.step("post-process wheel"):
+            pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
+                env.torch_major_minor else None
+            local = local_label(recipe, env, config)
+
+            def relabeled(tag: str | None) -> Path:
+                return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
+                               drop_requires=recipe.build.drop_requires, build_tag=tag)
+
+            # a name published with another build key gets the next build number; the
+            # number is decided again under the index lock at the publish
+            final = relabeled(next_build_tag(config.index_dir, relabeled_name(raw.name, local)))
+            reporter.info(final.name)
+        with reporter.step("verify"):
+            verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
+            for so, found in verified.archs:
+                reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
+                              f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
+        channel = None
+        if extension and env.torch_cuda and env.torch_version:
+            channel = index.channel_name(env.torch_cuda, env.torch_version)
+        with reporter.step(f"publish to {config.index_dir}"):
+            published = index.publish_build(
+                config.index_dir, final, relabel=relabeled, build_key=key, channel=channel,
+                cuda=env.torch_cuda if extension else None,
+                torch=env.torch_version if extension else None,
+                archs=verified.sass + verified.ptx, force=config.force)
+            if not published.published:
+                reporter.info(f"already published by another run: {published.path.name} "
+                              "(same build key); nothing written")
+                shutil.rmtree(work, ignore_errors=True)
+                return BuildResult(recipe, published.path, tuple(published.record.archs),
+                                   published.record.channel, key, skipped=True, log=log,
+                                   cache=stats)
+            if published.noop:
+                reporter.info("identical file already published")
+            elif published.path.name != final.name:
+                reporter.info(f"published as {published.path.name} (another build took "
+                              f"{final.name} meanwhile)")
     except WheelforgeError as exc:
         if exc.log is None and log.exists():
             exc.log = str(log)
         if work is not None and work.exists():
             exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
         raise
+    except OSError as exc:  # a full disk, a read-only or unwritable directory
+        err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
+                                          "could not write its files", work or config.work_dir)
+        if work is not None and work.exists():
+            err.fix += f"; work directory kept at {work}"
+        err.log = str(log) if log.exists() else None
+        raise err from None
     except KeyboardInterrupt:
         kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
         logged = f"; log {log}" if log.exists() else ""
         reporter.info(f"stopped; nothing was published{kept}{logged}")
         raise
+    finally:
+        held.close()
     shutil.rmtree(work, ignore_errors=True)
-    return result
-
-
-def _build_in(work: Path, recipe: Recipe, config: BuildConfig, reporter: Reporter, key: str,
-              log: Path, cuda: toolchain.Cuda | None) -> BuildResult:
-    """The build of ``recipe`` in its work directory, from the fetch to the publish."""
-    extension = recipe.build.kind == "extension"
-    with reporter.step("fetch source"):
-        fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info)
-        reporter.info(f"{fetched.source.identity} ({fetched.origin})")
-    with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
-        tree = extract(fetched.archive, work / "src")
-        apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
-        for p in recipe.patches:
-            reporter.info(f"applied {p.name}")
-    with reporter.step("build environment"):
-        env = _get_env(recipe, config, reporter, log)
-        reporter.info(env.describe())
-        if extension:
-            assert cuda is not None
-            toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
-            _doctor(config, env, reporter)
-        check_build_requires(tree, env, recipe.build.requires, recipe.name)
-    jobs, threads, why_jobs = jobs_for(config, recipe.name,
-                                       compile_units(tree) if extension else None)
-    if (jobs, threads) != (config.jobs, config.nvcc_threads):
-        reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
-        config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
-    what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
-           f"MAX_JOBS={config.jobs})"
-    with reporter.step(what):
-        def on_line(line: str) -> None:
-            reporter.line(line)
-            m = NINJA_PROGRESS.match(line)
-            if m:
-                reporter.progress(int(m["done"]), int(m["total"]))
-
-        with contextlib.ExitStack() as stack:
-            cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
-                                   reporter)
-            with reporter.heartbeat("building"):
-                raw = build_wheel(tree=tree, env=env,
-                                  environ=_environment(recipe, config, env, cuda, cache),
-                                  out_dir=work / "dist", log=log, on_line=on_line,
-                                  jobs=config.jobs)
-            stats = _cache_stats(cache, reporter)
-        reporter.info(f"built {raw.name}")
-        if extension and (stats is None or stats.misses > 0):
-            # the largest child (a cicc or cc1plus) so far: the memory one job needs;
-            # a build served from the compile cache compiled nothing and says nothing
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
-            record_gib_per_job(config.cache_dir, recipe.name, peak)
-            reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
-    with reporter.step("post-process wheel"):
-        pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
-            env.torch_major_minor else None
-        local = local_label(recipe, env, config)
-
-        def relabeled(tag: str | None) -> Path:
-            return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
-                           drop_requires=recipe.build.drop_requires, build_tag=tag)
-
-        # a name published with another build key gets the next build number; the number
-        # is decided again under the index lock at the publish
-        final = relabeled(next_build_tag(config.index_dir, relabeled_name(raw.name, local)))
-        reporter.info(final.name)
-    with reporter.step("verify"):
-        verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
-        for so, found in verified.archs:
-            reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
-                          f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
-    channel = None
-    if extension and env.torch_cuda and env.torch_version:
-        channel = index.channel_name(env.torch_cuda, env.torch_version)
-    with reporter.step(f"publish to {config.index_dir}"):
-        published = index.publish_build(
-            config.index_dir, final, relabel=relabeled, build_key=key, channel=channel,
-            cuda=env.torch_cuda if extension else None,
-            torch=env.torch_version if extension else None,
-            archs=verified.sass + verified.ptx, force=config.force)
-        if not published.published:
-            reporter.info(f"already published by another run: {published.path.name} "
-                          "(same build key); nothing written")
-            return BuildResult(recipe, published.path, tuple(published.record.archs),
-                               published.record.channel, key, skipped=True, log=log,
-                               cache=stats)
-        if published.noop:
-            reporter.info("identical file already published")
-        elif published.path.name != final.name:
-            reporter.info(f"published as {published.path.name} (another build took "
-                          f"{final.name} meanwhile)")
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
                        cache=stats)
 

@@ -69,17 +69,25 @@ def free_space(path: Path, needed: int, what: str) -> None:
 
 
 def expected_wheel_size(index_dir: Path, recipe: str) -> int:
-    """The size of the largest published wheel of ``recipe``, 0 when none is published."""
-    from packaging.utils import canonicalize_name
-
-    from . import index
+    """The size of the largest published wheel of ``recipe``, 0 when none is published
+    (file names and sizes only: no record is read)."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
     wanted = canonicalize_name(recipe)
+    largest = 0
     try:
-        records = index.load_records(index_dir)
-    except (OSError, PublishError):
+        with os.scandir(Path(index_dir) / "files") as found:
+            for entry in found:
+                if not entry.name.endswith(".whl"):
+                    continue
+                try:
+                    if parse_wheel_filename(entry.name)[0] == wanted:
+                        largest = max(largest, entry.stat().st_size)
+                except (InvalidWheelFilename, OSError):
+                    continue
+    except OSError:
         return 0
-    return max((r.size for r in records if r.project == wanted), default=0)
+    return largest
 
 
 def check_writable(config: BuildConfig, recipe: str) -> None:

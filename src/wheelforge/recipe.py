@@ -419,6 +419,9 @@ def read_yaml(path: Path, error: type[WheelforgeError], subject: str,
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise error(f"cannot read {subject}", why=str(exc), fix=read_fix) from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{subject} is not UTF-8 text", why=str(exc),
+                    fix="save the file as UTF-8") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

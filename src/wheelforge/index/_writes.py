@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -21,7 +23,16 @@ from .records import (
 )
 
 
-def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
+class PartialWrite(OSError):
+    """A batch write failed after some of its files were renamed into place (the cause is
+    ``__cause__``); a failure that renamed nothing is raised as it is."""
+
+
+#: What is written: the bytes, or a file whose contents are copied (a wheel).
+Data = bytes | Path
+
+
+def _write_all(items: Sequence[tuple[Path, Data]]) -> None:
     """Atomic writes of many files, skipping those whose bytes are unchanged.
 
     The atomic_write protocol, for many files at once: each file is written to a
@@ -30,6 +41,9 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
     follows a link to a page that is not there yet (a crash before that leaves only
     temp files, which the next writer sweeps); then the directories are fsynced, and
     the parents of the directories made here, so that the renames are durable too.
+    Everything that needs space is written before the first rename: a full disk, a
+    quota or a read-only filesystem fails the batch with nothing renamed and no temp
+    file left.  A failure after the first rename is raised as :class:`PartialWrite`.
 
     The writes run in threads, in chunks of consecutive items: an fsync mostly waits
     for the disk, and the threads overlap those waits (and share the kernel's work of
@@ -42,16 +56,14 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
     if not chunks:
         return
     with ThreadPoolExecutor(max_workers=min(_WRITE_THREADS, len(chunks))) as pool:
-        futures = [pool.submit(_write_temps, chunk) for chunk in chunks]
+        made: list[str] = []  # appended to by every thread
+        futures = [pool.submit(_write_temps, chunk, made) for chunk in chunks]
         wait(futures)
         written: list[tuple[str, str]] = []  # (temp file, target), in items order
-        made: list[str] = []
         errors = [e for e in (f.exception() for f in futures) if e is not None]
         for future in futures:
             if future.exception() is None:
-                temps, directories = future.result()
-                written += temps
-                made += directories
+                written += future.result()
         renamed = 0
         try:
             if errors:
@@ -59,9 +71,14 @@ def _write_all(items: Sequence[tuple[Path, bytes]]) -> None:
             for tmp, path in written:
                 os.replace(tmp, path)
                 renamed += 1
-        except BaseException:
+        except BaseException as exc:
             for tmp, _path in written[renamed:]:
                 discard(tmp)
+            if renamed and isinstance(exc, OSError):
+                raise PartialWrite(exc.errno, exc.strerror, exc.filename) from exc
+            for directory in sorted(made, reverse=True):  # nothing renamed: undo the mkdirs
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
             raise
         durable = {os.path.dirname(path) for _tmp, path in written}
         durable.update(os.path.dirname(d) for d in made)
@@ -77,12 +94,11 @@ def _chunked(items: Sequence[_T]) -> list[Sequence[_T]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _write_temps(items: Sequence[tuple[Path, bytes]]) -> tuple[list[tuple[str, str]], list[str]]:
+def _write_temps(items: Sequence[tuple[Path, Data]], made: list[str]) -> list[tuple[str, str]]:
     """Write each item whose bytes changed to a durable temp file beside its target,
-    making the directory when needed; return the (temp file, target) pairs and the
-    directories made.  On failure, the temp files written so far are removed."""
+    making the directory when needed (appended to ``made``); return the (temp file,
+    target) pairs.  On failure, the temp files written so far are removed."""
     written: list[tuple[str, str]] = []
-    made: list[str] = []
     ready: set[str] = set()
     try:
         for target, data in items:
@@ -94,16 +110,22 @@ def _write_temps(items: Sequence[tuple[Path, bytes]]) -> tuple[list[tuple[str, s
                 make_dirs(directory, made)
                 ready.add(directory)
             with temp_file(directory) as (f, tmp):
-                f.write(data)
+                if isinstance(data, Path):
+                    with open(data, "rb") as source:
+                        shutil.copyfileobj(source, f, 1 << 20)
+                else:
+                    f.write(data)
             written.append((tmp, path))
     except BaseException:
         for tmp, _path in written:
             discard(tmp)
         raise
-    return written, made
+    return written
 
 
-def _unchanged(path: str, data: bytes) -> bool:
+def _unchanged(path: str, data: Data) -> bool:
+    if isinstance(data, Path):
+        return False
     try:
         return os.stat(path).st_size == len(data) and read_file(path) == data
     except OSError:

@@ -27,6 +27,7 @@ from ._markup import (
     _quote,
 )
 from ._writes import (
+    Data,
     _write_all,
 )
 from .landing import (
@@ -43,6 +44,8 @@ from .records import (
     NIGHTLY_REPORT,
     REPORTS_DIR,
     SIMPLE_DIR,
+    BadRecord,
+    BadRecords,
     WheelRecord,
     _is_pure,
     _Listing,
@@ -211,11 +214,13 @@ def _project_entries(
     listing: _Listing,
     *,
     full: bool,
+    bad: dict[str, str] | None = None,
 ) -> tuple[list[_Entry], bool]:
     """The project's entries, sorted, and whether they differ from the cache.
 
     Records come from ``updated``, else the cache, else the sidecar; ``full``
-    ignores the cache.
+    ignores the cache.  A wheel whose record cannot be read or derived (a corrupt
+    sidecar, a file that is not a wheel) is left out and named in ``bad``, with why.
     """
     cached = [] if full else _load_cache(index_dir, project)
     wanted = set(names)
@@ -230,9 +235,18 @@ def _project_entries(
         if record is None:
             try:
                 _parsed(name)  # the fast scan may have let a stray name through
-            except InvalidWheelFilename:
+            except InvalidWheelFilename as exc:
+                if bad is None:
+                    continue
+                bad[name] = f"not a valid wheel file name ({exc})"
                 continue
-            record = _load_record(files, name, check_size=full, present=listing.names)
+            try:
+                record = _load_record(files, name, check_size=full, present=listing.names)
+            except BadRecord as exc:
+                if bad is None:
+                    raise
+                bad[name] = exc.reason
+                continue
         fresh.append(_entry(record))
     if full:
         return sorted(fresh, key=_entry_key), True
@@ -349,6 +363,7 @@ def _sync(
     updated: Mapping[NormalizedName, Mapping[str, WheelRecord]],
     *,
     full: bool,
+    first: Sequence[tuple[Path, Data]] = (),
 ) -> None:
     """Bring caches and pages in line with ``listing`` (the wheels in files/).
 
@@ -357,6 +372,11 @@ def _sync(
     regenerate the root pages and the landing page (each written only when its
     bytes change).  ``full``: reload every project from the sidecars and
     remove pages that no wheel supports any more.
+
+    ``first`` (a publish's wheel, ``.metadata`` and sidecar) is written in the same
+    batch, renamed before every page: a full disk fails the whole change before
+    anything is renamed.  Raises :class:`BadRecords`, before writing anything, when
+    wheels in the listing have a record that cannot be read or derived.
     """
     groups = listing.groups
     old = {} if full else _load_summary(index_dir)
@@ -364,9 +384,12 @@ def _sync(
     entries: dict[NormalizedName, list[_Entry]] = {}
     caches: list[tuple[Path, bytes]] = []
 
+    bad: dict[str, str] = {}
+
     def load(project: NormalizedName) -> list[_Entry]:
         found, changed = _project_entries(
-            index_dir, project, groups[project], updated.get(project, {}), listing, full=full
+            index_dir, project, groups[project], updated.get(project, {}), listing, full=full,
+            bad=bad,
         )
         if changed:
             caches.append((_cache_file(index_dir, project), _cache_bytes(project, found)))
@@ -417,12 +440,15 @@ def _sync(
     wheels = sum(len(names) for names in groups.values())
     report = (index_dir / REPORTS_DIR / NIGHTLY_REPORT).is_file()
     landing = _landing_page(rows, sorted(new_channels), wheels, report).encode()
-    # caches, then project pages, then the roots that link to them, then the landing page
-    _write_all([*caches, *pages, *roots, (index_dir / "index.html", landing)])
+    if bad:
+        raise BadRecords(bad)
+    # the published files, caches, then project pages, then the roots that link to them,
+    # the landing page, and last the summary (an interrupted batch leaves the marker, and
+    # the next change rebuilds everything)
+    _write_all([*first, *caches, *pages, *roots, (index_dir / "index.html", landing),
+                (index_dir / CACHE_DIR / _SUMMARY_FILE, _summary_bytes(summary))])
     for directory in removals:
         _remove_pages(directory)
-    # last: if anything above was interrupted, the next run sees stale digests and redoes it
-    _write_all([(index_dir / CACHE_DIR / _SUMMARY_FILE, _summary_bytes(summary))])
 
 
 def _stale_pages(

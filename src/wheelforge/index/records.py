@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 import zipfile
 import zlib
 from collections.abc import Container
@@ -35,7 +36,7 @@ from .._fs import (
     sha256_file,
     sweep_temp_files,
 )
-from ..errors import PublishError
+from ..errors import IndexWarning, PublishError
 
 API_VERSION = "1.1"
 FILES_DIR = "files"
@@ -358,11 +359,54 @@ def _derive(wheel: Path, *, write: bool) -> WheelRecord:
     if write:
         atomic_write(_metadata_file(wheel), info.metadata)
         atomic_write(_sidecar(wheel), to_json(record))
+        warnings.warn(IndexWarning(
+            f"{wheel} had no record (a file copied in by hand?): published it with a record "
+            "derived from the wheel, without a build target (no channel, no build key)"),
+            stacklevel=2)
     return record
+
+
+class BadRecord(PublishError):
+    """The record of a wheel in files/ cannot be read or derived: a corrupt or foreign
+    sidecar, or a file that is not a readable wheel.  ``reason`` says why."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"files/{name}: {reason}",
+                         fix="`wheelforge index rebuild` moves it to .quarantine/ and lists "
+                             "every other wheel")
+        self.name = name
+        self.reason = reason
+
+
+class BadRecords(Exception):
+    """Raised by a page sync, before it writes anything: these wheels (name -> why) have
+    records that cannot be read or derived."""
+
+    def __init__(self, bad: dict[str, str]):
+        super().__init__(", ".join(sorted(bad)))
+        self.bad = bad
 
 
 def _load_record(files: Path, name: str, *, check_size: bool,
                  present: Container[str] | None = None) -> WheelRecord:
+    """:func:`_load_record_or_raise`; BadRecord when the record is corrupt or the wheel
+    cannot be read."""
+    try:
+        return _load_record_or_raise(files, name, check_size=check_size, present=present)
+    except (BadRecord, ModifiedWheel):
+        raise
+    except PublishError as exc:
+        reason = exc.what.replace(f"{files}{os.sep}", "").replace(f"{name}{SIDECAR_SUFFIX}: ", "")
+        raise BadRecord(name, reason + (f" ({exc.why})" if exc.why else "")) from None
+
+
+class ModifiedWheel(PublishError):
+    """A published wheel whose size is not its record's: refused, not quarantined (the
+    record is sound; the file was changed)."""
+
+
+def _load_record_or_raise(files: Path, name: str, *, check_size: bool,
+                          present: Container[str] | None = None) -> WheelRecord:
     """The sidecar record of the wheel ``files/name``, repaired or derived (the caller
     holds the lock).
 
@@ -390,7 +434,7 @@ def _load_record(files: Path, name: str, *, check_size: bool,
             fix=_REBUILD_FIX,
         )
     if check_size and (size := os.stat(wheel).st_size) != record.size:
-        raise PublishError(
+        raise ModifiedWheel(
             f"{wheel} is {size} bytes, its sidecar says {record.size}",
             why="a published wheel was modified in place; published files are immutable",
             fix="restore the original file, or delete the wheel and its sidecar and publish "
@@ -413,14 +457,16 @@ def _load_record(files: Path, name: str, *, check_size: bool,
 class _Listing:
     groups: dict[NormalizedName, list[str]]  # wheel names by project
     names: frozenset[str]  # every name in files/
+    invalid: tuple[str, ...] = ()  # .whl names that do not parse (a strict scan that keeps them)
 
 
-def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
+def _scan(files: Path, *, strict: bool, sweep: bool, keep_invalid: bool = False) -> _Listing:
     """List ``files/``: wheel names grouped by project; sweeps temp files.
 
     The fast mode takes the project from the text before the first '-' (the
     wheel spec escapes '-' inside names), normalized once per distinct prefix;
-    ``strict`` parses every name and reports those that are not wheels.  Every
+    ``strict`` parses every name and reports those that are not wheels (or, with
+    ``keep_invalid``, returns them in ``invalid``, for quarantine).  Every
     change lists files/ (three files per wheel), hence the comprehensions.
     """
     try:
@@ -428,6 +474,11 @@ def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
             entries = list(found)
     except FileNotFoundError:
         return _Listing({}, frozenset())
+    except OSError as exc:  # a file where files/ should be, no permission
+        raise PublishError(f"cannot list the index's {files}", why=exc.strerror or str(exc),
+                           fix=f"{files} must be the directory of the wheels; move what is "
+                               "there away, or point --index at the index directory"
+                           ) from None
     names = frozenset(e.name for e in entries if not e.name.startswith(TMP_PREFIX))
     if sweep and len(names) < len(entries):
         for entry in entries:
@@ -449,6 +500,8 @@ def _scan(files: Path, *, strict: bool, sweep: bool) -> _Listing:
             by_prefix.setdefault(name.partition("-")[0], []).append(name)
         for prefix, group in by_prefix.items():
             groups.setdefault(canonicalize_name(prefix), []).extend(group)
+    if bad and keep_invalid:
+        return _Listing(groups, names, tuple(sorted(bad)))
     if bad:
         raise PublishError(
             f"{len(bad)} file(s) in {files} are not valid wheel names: {', '.join(sorted(bad))}",
@@ -462,4 +515,4 @@ def _sweep_and_scan(index_dir: Path) -> _Listing:
     """Remove every temp file in the index, and list files/ strictly.  The walk leaves
     out files/, most of the index, because _scan sweeps it."""
     sweep_temp_files(index_dir, skip={FILES_DIR})
-    return _scan(index_dir / FILES_DIR, strict=True, sweep=True)
+    return _scan(index_dir / FILES_DIR, strict=True, sweep=True, keep_invalid=True)

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import urllib.parse
+import warnings
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
@@ -17,14 +18,17 @@ from packaging.utils import (
     canonicalize_name,
 )
 
-from ..errors import PublishError
+from ..errors import IndexWarning, PublishError
 from .records import (
+    _WRITING,
+    CACHE_DIR,
     HTML_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     METADATA_SUFFIX,
     SIDECAR_SUFFIX,
     SIMPLE_DIR,
 )
+from .store import repair
 
 # --------------------------------------------------------------------------- HTTP server
 
@@ -155,9 +159,26 @@ class _IndexServer(http.server.ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], root: str, quiet: bool) -> None:
         self.root = root
         self.quiet = quiet
+        self.marker = os.path.join(root, CACHE_DIR, _WRITING)
+        self.unrepairable = False
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _IndexHandler)
+
+
+    def repair(self) -> None:
+        """Before a request: when a writer died half-way (the marker is there and no
+        writer holds the lock), finish its change first, so that no request is answered
+        from an index that lies.  One stat when there is nothing to do."""
+        if not os.path.exists(self.marker):
+            return
+        try:
+            repair(Path(self.root), wait=False)
+        except PublishError as exc:
+            if not self.unrepairable:  # say it once, then serve the valid, older pages
+                self.unrepairable = True
+                warnings.warn(IndexWarning(f"{exc.what} ({exc.why}); serving the pages as "
+                                           f"they are; {exc.fix}"), stacklevel=1)
 
 
 class _IndexHandler(http.server.BaseHTTPRequestHandler):
@@ -188,6 +209,7 @@ class _IndexHandler(http.server.BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
     def _respond(self, *, head: bool) -> None:
+        self.server.repair()
         route = _route(self.server.root, self.path, self.headers.get("Accept"))
         if route.status == 301 and route.location is not None:
             self.send_response(301)
@@ -224,7 +246,8 @@ def make_server(
     Call ``serve_forever()``; ``server_address`` has the bound port.  Simple
     pages are negotiated on ``Accept`` (PEP 691); nothing outside the index
     root, hidden files or sidecars are served.  Requests are logged to stderr
-    only when ``quiet`` is false.
+    only when ``quiet`` is false.  A change that a killed writer left half-done is
+    finished (:func:`repair`) before the request that finds it is answered.
     """
     root = os.path.realpath(index_dir)
     if not os.path.isdir(root):

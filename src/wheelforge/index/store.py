@@ -4,30 +4,37 @@ and the recovery of an interrupted change.  Every writer holds the index lock.""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
+import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from packaging.utils import (
     InvalidWheelFilename,
+    NormalizedName,
     canonicalize_name,
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
 
 from .._fs import (
-    atomic_copy,
     atomic_write,
+    discard,
     fsync_path,
     locked,
+    read_file,
     sha256_file,
+    try_locked,
 )
-from ..errors import PublishError
+from ..errors import IndexWarning, PublishError
+from ._writes import Data, PartialWrite
 from .pages import (
     _sync,
 )
@@ -41,6 +48,7 @@ from .records import (
     LOCK_FILE,
     METADATA_SUFFIX,
     SIDECAR_SUFFIX,
+    BadRecords,
     PublishResult,
     WheelRecord,
     _derive,
@@ -57,37 +65,210 @@ from .records import (
     _sort_key,
     _sweep_and_scan,
     _WheelInfo,
+    from_json,
     to_json,
 )
+
+QUARANTINE_DIR = ".quarantine"
 
 
 def _marker(index_dir: Path) -> Path:
     return index_dir / CACHE_DIR / _WRITING
 
 
-@contextlib.contextmanager
-def _changing(index_dir: Path) -> Iterator[None]:
-    """Mark the index as being changed for the duration (removed only on success).
+class _Change:
+    """The state of one change: ``dirty`` once anything under a final name has changed
+    (a rollback by simply dropping the marker is then no longer possible)."""
 
-    A marker left behind means a writer died half-way: temp files may lie
-    anywhere and pages may lag behind the sidecars; _recover repairs both.
+    def __init__(self) -> None:
+        self.dirty = False
+
+
+@contextlib.contextmanager
+def _changing(index_dir: Path, journal: Mapping[str, Any]) -> Iterator[_Change]:
+    """Mark the index as being changed for the duration, with a journal of the change.
+
+    The marker ``.records/_writing`` holds ``journal`` (what the change is: enough to
+    finish it) and who made it; it is made durable before anything else is written.
+    It is removed when the change is done, and also when it failed before anything
+    under a final name changed (a full disk fails a batch before its first rename).
+    Any other failure, or a kill, leaves it: the next change (or :func:`repair`)
+    finishes the change from the journal and rebuilds every page.
     """
     marker = _marker(index_dir)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
-    fsync_path(marker.parent)
-    yield
+    text = json.dumps({**journal, "pid": os.getpid(), "started": _now()}, sort_keys=True)
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_path(marker.parent)
+    except OSError:
+        discard(marker)
+        raise
+    change = _Change()
+    try:
+        yield change
+    except PartialWrite:
+        raise
+    except OSError:
+        if not change.dirty:
+            discard(marker)  # nothing changed: the change is rolled back
+        raise
     marker.unlink()
+    fsync_path(marker.parent)
 
 
-def _recover(index_dir: Path) -> None:
-    """After an interrupted change (the marker is there): sweep and rebuild everything."""
-    if not _marker(index_dir).exists():
+def _recover(index_dir: Path) -> bool:
+    """After an interrupted change (the marker is there): finish it from its journal,
+    sweep every temp file and rebuild every page; True when there was one.  The caller
+    holds the lock."""
+    marker = _marker(index_dir)
+    try:
+        text = read_file(marker)
+    except FileNotFoundError:
+        return False
+    try:
+        journal = json.loads(text)
+        if not isinstance(journal, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError):
+        journal = {}  # killed while writing the marker: nothing else was written yet
+    files = index_dir / FILES_DIR
+    who = f"pid {journal.get('pid', '?')}, started {journal.get('started', '?')}"
+    done = "finished"
+    op = journal.get("op")
+    if op == "publish":
+        done = _finish_publish(files, journal)
+    elif op == "update":
+        for name, record_text in journal.get("records", {}).items():
+            if (files / name).is_file() and _sidecar_text(files / name) != record_text:
+                atomic_write(_sidecar(files / name), record_text)
+    elif op == "remove":
+        for name in journal.get("names", []):
+            for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX):
+                discard(files / (name + suffix))
+    listing = _sweep_and_scan(index_dir)
+    _sync_checked(index_dir, listing, {}, full=True, change=_Change())
+    marker.unlink()
+    fsync_path(marker.parent)
+    what = {"publish": f"publish of {journal.get('filename')}", "update": "record update",
+            "remove": f"removal of {', '.join(journal.get('names', []))}",
+            "rebuild": "rebuild"}.get(str(op), "change")
+    warnings.warn(IndexWarning(
+        f"{index_dir}: {done} an interrupted {what} ({who}); every page was rebuilt "
+        "from files/"), stacklevel=2)
+    return True
+
+
+def _finish_publish(files: Path, journal: Mapping[str, Any]) -> str:
+    """Roll an interrupted publish forward when its wheel is in place, else back."""
+    try:
+        record = from_json(journal["record"])
+    except (KeyError, TypeError, PublishError):
+        return "rolled back"
+    dest = files / record.filename
+    if not dest.is_file() or os.stat(dest).st_size != record.size or \
+            sha256_file(dest) != record.sha256:
+        return "rolled back"  # the wheel never reached files/; its temp files are swept
+    metadata = _inspect_wheel(dest).metadata
+    meta = _metadata_file(dest)
+    if not meta.is_file() or read_file(meta) != metadata:
+        atomic_write(meta, metadata)
+    if _sidecar_text(dest) != journal["record"]:
+        atomic_write(_sidecar(dest), journal["record"])
+    return "finished"
+
+
+def _sidecar_text(wheel: Path) -> str | None:
+    try:
+        return read_file(_sidecar(wheel)).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
+def _sync_checked(index_dir: Path, listing: _Listing,
+                  updated: Mapping[NormalizedName, Mapping[str, WheelRecord]], *, full: bool,
+                  change: _Change, first: Sequence[tuple[Path, Data]] = ()) -> None:
+    """:func:`_sync`, quarantining the wheels whose record cannot be read or derived."""
+    if listing.invalid:
+        _quarantine(index_dir, {n: "not a valid wheel file name" for n in listing.invalid},
+                    change)
+        listing = _Listing(listing.groups, listing.names)
+    for _attempt in range(3):
+        try:
+            _sync(index_dir, listing, updated, full=full, first=first)
+        except BadRecords as exc:
+            _quarantine(index_dir, exc.bad, change)
+            listing = _without(listing, exc.bad)
+            continue
+        except PartialWrite:
+            change.dirty = True
+            raise
         return
-    _sync(index_dir, _sweep_and_scan(index_dir), {}, full=True)
-    _marker(index_dir).unlink()
+    raise PublishError(f"the records in {index_dir / FILES_DIR} keep changing",
+                       why="wheels turned unreadable while the pages were generated",
+                       fix="stop whatever is writing into files/, then run `wheelforge index "
+                           "rebuild`")
+
+
+def _without(listing: _Listing, names: Iterable[str]) -> _Listing:
+    gone = set(names)
+    groups = {p: kept for p, ns in listing.groups.items() if (kept := [n for n in ns
+                                                                       if n not in gone])}
+    every = {n + suffix for n in gone for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX)}
+    return _Listing(groups, listing.names - every)
+
+
+def _quarantine(index_dir: Path, bad: Mapping[str, str], change: _Change) -> None:
+    """Move each wheel named in ``bad`` (with its .metadata and sidecar) out of files/
+    into .quarantine/, with a ``.why`` file, and warn: never served, never hidden
+    without a word."""
+    files, shelf = index_dir / FILES_DIR, index_dir / QUARANTINE_DIR
+    shelf.mkdir(exist_ok=True)
+    for name, why in sorted(bad.items()):
+        kept, n = name, 0
+        while any(os.path.lexists(shelf / (kept + s))
+                  for s in ("", METADATA_SUFFIX, SIDECAR_SUFFIX, ".why")):
+            n += 1
+            kept = f"{name}.{n}"
+        atomic_write(shelf / f"{kept}.why", f"{name}: {why}\n")
+        moved = []
+        for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX):
+            if os.path.lexists(files / (name + suffix)):
+                change.dirty = True
+                os.replace(files / (name + suffix), shelf / (kept + suffix))
+                moved.append(name + suffix)
+        warnings.warn(IndexWarning(
+            f"quarantined {', '.join(moved) or name} from {files} to {shelf}: {why}. No page "
+            f"lists it. Repair or delete it there (a sound wheel moved back into files/ is "
+            f"listed again by `wheelforge index rebuild`)"), stacklevel=2)
+    fsync_path(files)
+    fsync_path(shelf)
+
 
 # --------------------------------------------------------------------------- public operations
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _guarded(doing: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Turn an OSError of the decorated writer (whose first argument is the index) into
+    a PublishError that names the path, the cause and the fix."""
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(fn)
+        def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with _index_errors(Path(str(args[0])), doing):
+                return fn(*args, **kwargs)
+        return wrapper
+    return decorate
 
 
 def _validate_target(channel: str | None, cuda: str | None, torch: str | None,
@@ -120,6 +301,7 @@ def _validate_target(channel: str | None, cuda: str | None, torch: str | None,
                                                    for t in re.split(r"(\d+)", a)]))
 
 
+@_guarded("publish into")
 def publish(
     index_dir: Path,
     wheel: Path,
@@ -202,16 +384,45 @@ def _publish_locked(index_dir: Path, wheel: Path, info: _WheelInfo, sha256: str,
     if existing is not None:  # keep its upload time, yank and test result
         record = replace(existing, channel=channel, cuda=cuda, torch=torch, archs=arch_list,
                          build_key=build_key)
-    with _changing(index_dir):
-        if not dest.is_file():
-            atomic_copy(wheel, dest)
-        atomic_write(_metadata_file(dest), info.metadata)
-        atomic_write(_sidecar(dest), to_json(record))  # the record last: it commits
+    record_text = to_json(record)
+    _check_room(index_dir, wheel if not dest.is_file() else None)
+    with _changing(index_dir, {"op": "publish", "filename": dest.name,
+                               "record": record_text}) as change:
+        # one batch: the wheel, its .metadata, its sidecar (the record commits it), then
+        # the pages; nothing is renamed before everything is durable in temp files
+        first: list[tuple[Path, Data]] = [] if dest.is_file() else [(dest, wheel)]
+        first += [(_metadata_file(dest), info.metadata), (_sidecar(dest), record_text.encode())]
         names = listing.groups.setdefault(info.project, [])
         if dest.name not in names:
             names.append(dest.name)
-        _sync(index_dir, listing, {info.project: {dest.name: record}}, full=False)
+        listing = _Listing(listing.groups, listing.names | {
+            dest.name, _metadata_file(dest).name, _sidecar(dest).name})
+        _sync_checked(index_dir, listing, {info.project: {dest.name: record}}, full=False,
+                      change=change, first=first)
     return PublishResult(path=dest, record=record, noop=False)
+
+
+def _check_room(index_dir: Path, wheel: Path | None) -> None:
+    """PublishError (nothing written) when the index's filesystem cannot hold the wheel
+    and a rewrite of the pages a publish changes (a few times the landing page)."""
+    where = index_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent  # a new index: the filesystem it will be made on
+    try:
+        st = os.statvfs(where)
+        free = st.f_bavail * st.f_frsize
+        landing = index_dir / "index.html"
+        pages = 4 * landing.stat().st_size if landing.is_file() else 0
+    except OSError:
+        return
+    needed = (wheel.stat().st_size if wheel is not None else 0) + pages + (256 << 10)
+    if free < needed:
+        raise PublishError(
+            f"not enough free space in {index_dir} to publish",
+            why=f"{free >> 10} KiB free, about {needed >> 10} KiB needed (the wheel and the "
+                "pages it changes); nothing was written",
+            fix=f"free space on the filesystem of {index_dir} (df -h {index_dir}), then run "
+                "the command again")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +444,7 @@ class BuildPublishResult:
 Relabel = Callable[[str | None], Path]
 
 
+@_guarded("publish into")
 def publish_build(
     index_dir: Path,
     wheel: Path,
@@ -303,15 +515,17 @@ def _find_build_key(files: Path, names: Iterable[str], build_key: str) -> WheelR
 
 def _build_tag(files: Path, names: Iterable[str], wheel: Path, sha256: str) -> str | None:
     """The build number under which ``wheel`` is published: its own when a file of that
-    name holds the same bytes (publish completes or no-ops), else none when no wheel of
-    this name, version and tags is published, else the highest number plus one."""
+    name holds the same bytes under a record without a build target (publish completes
+    it), else none when no wheel of this name, version and tags is published, else the
+    highest number plus one (also for the same bytes under another build key: a
+    reproducible build of other inputs)."""
     try:
         project, version, _build, tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
         raise PublishError(f"{wheel.name} is not a valid wheel file name", why=str(exc)) from None
     same = files / wheel.name
-    if same.is_file() and sha256_file(same) == sha256:
-        return _tag_of(wheel.name)
+    if same.is_file() and sha256_file(same) == sha256 and not _targeted(same):
+        return _tag_of(wheel.name)  # publish completes a record derived without a target
     taken = []
     for name in names:
         try:
@@ -321,6 +535,13 @@ def _build_tag(files: Path, names: Iterable[str], wheel: Path, sha256: str) -> s
         if (other[0], other[1], other[3]) == (project, version, tags):
             taken.append(other[2][0] if other[2] else 0)
     return str(max(taken) + 1) if taken else None
+
+
+def _targeted(wheel: Path) -> bool:
+    try:
+        return _has_target(_read_sidecar(_sidecar(wheel)))
+    except (OSError, PublishError):
+        return False
 
 
 def _default_relabel(wheel: Path) -> Relabel:
@@ -360,12 +581,16 @@ def _check_same_target(record: WheelRecord, channel: str | None, cuda: str | Non
         )
 
 
+@_guarded("rebuild")
 def rebuild(index_dir: Path) -> int:
     """Regenerate every page from files/*.whl and the sidecars; return the wheel count."""
     index_dir = Path(index_dir)
-    with locked(index_dir / LOCK_FILE), _changing(index_dir), _no_cycle_collection():
-        listing = _sweep_and_scan(index_dir)
-        _sync(index_dir, listing, {}, full=True)
+    with locked(index_dir / LOCK_FILE), _no_cycle_collection():
+        _recover(index_dir)
+        with _changing(index_dir, {"op": "rebuild"}) as change:
+            listing = _sweep_and_scan(index_dir)
+            _sync_checked(index_dir, listing, {}, full=True, change=change)
+            listing = _scan(index_dir / FILES_DIR, strict=False, sweep=False)
     return sum(len(names) for names in listing.groups.values())
 
 
@@ -390,6 +615,7 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+@_guarded("remove wheels from")
 def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
     """Unpublish wheels; return the names removed (those not published are ignored).
 
@@ -411,8 +637,10 @@ def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
         groups = {p: kept for p, names in listing.groups.items()
                   if (kept := [n for n in names if n not in doomed])}
         gone = {n + suffix for n in doomed for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX)}
-        with _changing(index_dir):
-            _sync(index_dir, _Listing(groups, listing.names - gone), {}, full=True)
+        with _changing(index_dir, {"op": "remove", "names": sorted(doomed)}) as change:
+            _sync_checked(index_dir, _Listing(groups, listing.names - gone), {}, full=True,
+                          change=change)
+            change.dirty = True
             for name in sorted(doomed):
                 for suffix in ("", METADATA_SUFFIX, SIDECAR_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
@@ -421,6 +649,7 @@ def remove(index_dir: Path, filenames: Iterable[str]) -> list[str]:
     return sorted(doomed)
 
 
+@_guarded("update records in")
 def _update_records(
     index_dir: Path, project: str, version: str | None, filename: str | None, change: dict[str, Any]
 ) -> list[WheelRecord]:
@@ -448,14 +677,19 @@ def _update_records(
                 fix="check the project name and version against the index's landing page",
             )
         updated = {}
-        with _changing(index_dir):
-            for name in matches:
-                record = _load_record(files, name, check_size=False)
-                new = replace(record, **change)
-                if new != record:
-                    atomic_write(_sidecar(files / name), to_json(new))
-                updated[name] = new
-            _sync(index_dir, listing, {normalized: updated}, full=False)
+        first: list[tuple[Path, Data]] = []
+        for name in matches:
+            record = _load_record(files, name, check_size=False)
+            new = replace(record, **change)
+            if new != record:
+                first.append((_sidecar(files / name), to_json(new).encode()))
+            updated[name] = new
+        journal = {"op": "update", "records": {p.name.removesuffix(SIDECAR_SUFFIX):
+                                               data.decode() for p, data in first
+                                               if isinstance(data, bytes)}}
+        with _changing(index_dir, journal) as state:
+            _sync_checked(index_dir, listing, {normalized: updated}, full=False,
+                          change=state, first=first)
     return [updated[n] for n in matches]
 
 
@@ -485,7 +719,9 @@ def set_tested(index_dir: Path, filename: str, tested: Mapping[str, Any] | None)
 def load_records(index_dir: Path) -> list[WheelRecord]:
     """Every published wheel's record (read-only: no lock, nothing written).
 
-    A wheel without a sidecar is described as :func:`rebuild` would derive it.
+    A wheel without a sidecar is described as :func:`rebuild` would derive it.  A wheel
+    whose record cannot be read or derived is left out with an :class:`IndexWarning`
+    (the next rebuild quarantines it).
     """
     files = Path(index_dir) / FILES_DIR
     listing = _scan(files, strict=False, sweep=False)
@@ -499,9 +735,75 @@ def load_records(index_dir: Path) -> list[WheelRecord]:
                     out.append(_read_sidecar(_sidecar(wheel)))
                     continue
             except InvalidWheelFilename:
+                _warn_unlisted(files, name, "not a valid wheel file name")
                 continue
             except FileNotFoundError:
                 pass  # removed since the listing, or a publish is finishing
-            with contextlib.suppress(FileNotFoundError):
+            except PublishError as exc:
+                _warn_unlisted(files, name, exc.what.replace(f"{files}{os.sep}", ""))
+                continue
+            try:
                 out.append(_derive(wheel, write=False))
+            except FileNotFoundError:
+                pass
+            except PublishError as exc:
+                _warn_unlisted(files, name, exc.what)
     return sorted(out, key=lambda r: (r.project, *_sort_key(r)))
+
+
+def _warn_unlisted(files: Path, name: str, why: str) -> None:
+    warnings.warn(IndexWarning(
+        f"{files / name} is left out: {why}; `wheelforge index rebuild --index "
+        f"{files.parent}` quarantines it"), stacklevel=3)
+
+
+def repair(index_dir: Path, *, wait: bool = True) -> bool:
+    """Finish or roll back a change that a killed writer left in ``index_dir`` (see
+    :func:`_recover`); True when there was one.  Cheap when there is none (one stat).
+
+    ``wait=False`` gives up at once (False) when a writer holds the lock: that writer is
+    alive and finishes its own change.  PublishError when the index cannot be written
+    (a read-only copy): its pages are then the ones before the interrupted change,
+    which are valid, but may lag behind files/.
+    """
+    index_dir = Path(index_dir)
+    if not _marker(index_dir).exists():
+        return False
+    with _index_errors(index_dir, "finish the interrupted change in"), \
+            try_locked(index_dir / LOCK_FILE, wait=wait) as mine:
+        return mine and _recover(index_dir)
+
+
+@contextlib.contextmanager
+def _index_errors(index_dir: Path, doing: str) -> Iterator[None]:
+    """An OSError (a full disk, a read-only filesystem, no permission, a file where a
+    directory should be) as a PublishError naming the path, the cause and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        raise disk_error(exc, f"cannot {doing} {index_dir}", index_dir) from None
+
+
+def disk_error(exc: OSError, what: str, where: Path | None = None) -> PublishError:
+    """``exc`` as a PublishError: ``what`` failed, the path (``where`` when the error
+    names none) and the cause, and the fix."""
+    import errno
+
+    path = exc.filename or where or "?"
+    cause = exc.strerror or str(exc)
+    fixes = {
+        errno.ENOSPC: f"free space on the filesystem of {path} (df -h), then run the "
+                      "command again",
+        errno.EDQUOT: f"free space within your disk quota for {path}, then run the command "
+                      "again",
+        errno.EROFS: "remount the filesystem read-write, or use another directory",
+        errno.EACCES: f"give this user write access to {path}, or use another directory",
+        errno.EPERM: f"give this user write access to {path}, or use another directory",
+        errno.ENOTDIR: f"a file stands where a directory belongs on the path {path}: move "
+                       "it away, or use another directory",
+        errno.EEXIST: f"a file stands where a directory belongs: {path}; move it away",
+        errno.EISDIR: f"a directory stands where a file belongs: {path}; move it away",
+    }
+    fix = fixes.get(exc.errno or 0, "check the path and its filesystem, then run the command "
+                                    "again")
+    return PublishError(what, why=f"{path}: {cause}; nothing was left half-written", fix=fix)
