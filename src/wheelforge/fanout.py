@@ -358,6 +358,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     host = f"{socket.gethostname()}:{settings.cache_dir}"  # the builder: host and cache
 
     def failed(exc: WheelforgeError, log: str | None = None) -> StageRecord:
+        shutil.rmtree(private, ignore_errors=True)
         return _write_stage(stage, StageRecord(
             cell=planned, status="failed", host=host,
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
