@@ -277,3 +277,31 @@ def test_the_fanout_workflow_validates_and_runs_the_three_parts() -> None:
         pytest.skip("neither actionlint nor check-jsonschema is installed")
     res = subprocess.run([*linter, str(workflow)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_plan_puts_the_longest_first_and_the_never_timed_before(tmp_path: Path) -> None:
+    from wheelforge import nightly
+    from wheelforge._log import Reporter
+    from wheelforge.matrix import load_matrix
+    from wheelforge.recipe import RecipeBook
+
+    names = ["purea", "pureb", "purec"]
+    _project(tmp_path, names)
+    book = RecipeBook(tmp_path / "recipes", tmp_path / "patches")
+    matrix = load_matrix(tmp_path / "wheelforge.yaml", known_recipes=book.names())
+    pin = TorchPin(spec="torch==2.14.1", cuda="13.0")
+    fanout.record_durations(tmp_path / "cache", [
+        (Cell(recipe="purea", python=None, torch=pin, archs=None), 10.0),
+        (Cell(recipe="pureb", python=None, torch=pin, archs=None), 50.0)])
+    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache")
+    plan = fanout.make_plan(matrix, book, settings, reporter=Reporter())
+    assert [(c.recipe, c.estimate_s) for c in plan.cells] == [
+        ("purec", None), ("pureb", 50.0), ("purea", 10.0)]
+    assert not (tmp_path / "index").exists()  # planning writes nothing
+    again = fanout.load_plan(_written(plan, tmp_path / "plan.json"))
+    assert again.cells == plan.cells
+
+
+def _written(plan: fanout.Plan, path: Path) -> Path:
+    fanout.write_plan(plan, path)
+    return path
