@@ -136,6 +136,7 @@ class StageRecord:
     note: str = ""
     error: str | None = None
     log_tail: str | None = None
+    log: str | None = None  # the build log where the builder keeps it (a copy: build.log)
     wheelforge: str = __version__
 
 
@@ -362,7 +363,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         return _write_stage(stage, StageRecord(
             cell=planned, status="failed", host=host,
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
-            log_tail=nightly._tail(log, exc.why or exc.what)), log)
+            log_tail=nightly._tail(log, exc.why or exc.what), log=log), log)
 
     if p.error is not None:
         return failed(p.error)
@@ -397,7 +398,8 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         cell=planned, status="built", host=host,
         duration_s=round(time.monotonic() - started, 3), wheel=record.filename,
         sha256=record.sha256, channel=record.channel, cuda=record.cuda, torch=record.torch,
-        archs=tuple(record.archs), note=str(cache) if cache else "")
+        archs=tuple(record.archs), note=str(cache) if cache else "",
+        log=str(log) if log else None)
     shutil.rmtree(private, ignore_errors=True)
     return _write_stage(stage, out, str(log) if log else None)
 
@@ -434,7 +436,8 @@ def load_stage(stage: Path) -> StageRecord:
             cuda=text("cuda"), torch=text("torch"),
             archs=tuple(str(a) for a in data.get("archs") or ()),
             note=str(data.get("note") or ""), error=text("error"),
-            log_tail=text("log_tail"), wheelforge=str(data.get("wheelforge", "")))
+            log_tail=text("log_tail"), log=text("log"),
+            wheelforge=str(data.get("wheelforge", "")))
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(path, f"it lacks or mistypes {exc}") from exc
     if record.status not in ("built", "failed"):
@@ -533,17 +536,23 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
     return report
 
 
-def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
-                 reporter: Reporter) -> CellResult:
+def _publish_stage(c: PlannedCell, stage: Path, r: StageRecord,
+                   index_dir: Path) -> index.BuildPublishResult:
+    """The stage's wheel into the index, every decision under the index lock."""
     assert r.wheel is not None
     wheel = stage / r.wheel
     with tempfile.TemporaryDirectory(prefix="wf-retag-") as tmp:
         def relabeled(tag: str | None) -> Path:
             return retag(wheel, Path(tmp) / (tag or "0"), tag)
 
-        done = index.publish_build(index_dir, wheel, build_key=c.build_key, channel=r.channel,
+        return index.publish_build(index_dir, wheel, build_key=c.build_key, channel=r.channel,
                                    cuda=r.cuda, torch=r.torch, archs=r.archs,
                                    relabel=relabeled)
+
+
+def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
+                 reporter: Reporter) -> CellResult:
+    done = _publish_stage(c, stage, r, index_dir)
     if not done.published:
         reporter.info(f"{c.label}: already published as {done.path.name}; nothing written")
         return _result(c, "skipped", duration_s=r.duration_s, wheel=done.path.name,
@@ -551,8 +560,39 @@ def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
                        note="published already (a retried job, or another publisher)")
     reporter.info(f"{c.label}: published {done.path.name} (built on {r.host})")
     return _result(c, "built", duration_s=r.duration_s, wheel=done.path.name,
-                   archs_found=_sass(r.archs), log=None,
+                   archs_found=_sass(r.archs), log=r.log,
                    note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
+
+
+def run_and_publish(state: nightly._Run, plan: nightly._Plan) -> CellResult:
+    """One cell of the in-process nightly, through the same two parts as on many
+    builders: run it into a stage (:func:`run_cell`), publish the stage
+    (:func:`index.publish_build` under the index lock).  The caller holds the cell's
+    build-key lock."""
+    assert plan.recipe is not None and plan.config is not None and plan.key is not None
+    cell = plan.cell
+    cuda = state.find_cuda() if plan.recipe.build.kind == "extension" else None
+    planned = PlannedCell(
+        id=-1, recipe=cell.recipe, version=str(plan.recipe.version), python=cell.python,
+        torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
+        archs=cell.archs, build_key=plan.key,
+        toolchain=pipeline.toolchain_identity(plan.recipe, plan.config, cuda))
+    root = state.settings.cache_dir / "stage"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{cell.recipe}-", dir=root) as tmp:
+        stage = Path(tmp) / "stage"
+        r = run_cell(planned, state.matrix, state.book, state.settings, stage,
+                     reporter=state.reporter, build=state.build)
+        if r.status == "failed":
+            state.reporter.info(f"FAILED {cell.label}")
+            return state.result(plan, "failed", error=r.error, log=r.log,
+                                log_tail=r.log_tail)
+        done = _publish_stage(planned, stage, r, state.settings.index_dir)
+    if not done.published:
+        state.published[plan.key] = done.record
+        return state.skipped(plan, "published by another run meanwhile")
+    return state.result(plan, "built", wheel=done.path.name, archs_found=_sass(r.archs),
+                        log=r.log, note=r.note)
 
 
 def _sass(archs: Iterable[str]) -> tuple[str, ...]:

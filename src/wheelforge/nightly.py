@@ -291,16 +291,9 @@ class _Run:
         if found is not None:
             self.published[plan.key] = found
             return self.skipped(plan, "published by another run meanwhile")
-        try:
-            if plan.recipe.build.kind == "extension":
-                self.check_torch_cuda(plan)
-            res = self.build(plan.recipe, plan.config, self.reporter)
-        except WheelforgeError as exc:
-            return self.failed(plan, exc)
-        log, cache = getattr(res, "log", None), getattr(res, "cache", None)
-        return self.result(plan, "skipped" if res.skipped else "built", wheel=res.wheel.name,
-                           archs_found=res.sass, log=str(log) if log else None,
-                           note=str(cache) if cache else "")
+        from .fanout import run_and_publish  # the parts of `nightly run` and `publish`
+
+        return run_and_publish(self, plan)
 
 
 def _lock_path(cache_dir: Path, key: str) -> Path:
