@@ -3,7 +3,9 @@
 :func:`run` walks the cells of the ``matrix:`` in wheelforge.yaml.  A cell whose
 build key is already published is skipped before any environment is created or
 anything is compiled; the others are built one after another by
-:func:`pipeline.build_one`, and a failure is recorded and the run goes on.  Each build
+:func:`pipeline.build_one`, each into a stage and published from it by the parts of
+:mod:`fanout` (``nightly run`` and ``nightly publish``), and a failure is recorded and
+the run goes on.  Each build
 holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index again once
 it holds it, so two nightly runs on one index never build a cell twice: a cell that
 another run is building is put back and taken up last, when that run has published it.
