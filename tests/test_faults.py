@@ -408,3 +408,47 @@ def test_no_subcommand_shows_a_traceback_on_broken_inputs(
     assert text in done.stderr, done.stderr[-3000:]
     if args.startswith("index rebuild") and code == 0:  # what is left is sound
         assert harness.index_problems(index, work) == []
+
+
+@pytest.mark.parametrize("command", [
+    ["yank", "faultpkg==0.0.30", "--reason", "bad"],
+    ["index", "rebuild"],
+    ["prune", "--keep", "1"],
+])
+def test_other_writers_killed_part_way_are_finished_by_a_read_only_command(
+        work: Path, populated: Path, command: list[str]) -> None:
+    """yank, rebuild (of an index whose pages were deleted) and prune (remove, then
+    rebuild) killed at spread points; the next command is consumer-config, which repairs
+    before it reads."""
+    if command == ["index", "rebuild"]:
+        damaged = work / "no-pages"
+        shutil.rmtree(damaged, ignore_errors=True)
+        shutil.copytree(populated, damaged)
+        shutil.rmtree(damaged / "simple")
+        (damaged / "index.html").unlink()
+        populated = damaged
+    points = harness.count_command(populated, work, command)
+    assert points > 3
+    spread = sorted({1, 2, points // 3, points // 2, points - 1, points})
+    tag = command[0] + (command[1] if command[0] == "index" else "")
+    outcomes = [harness.kill_command(populated, work, command, at, ["consumer-config"], tag)
+                for at in spread]
+    assert all(killed for killed, _ in outcomes)
+    bad = [f"kill at {at}/{points}: {problems}" for at, (_, problems) in zip(spread, outcomes,
+                                                                               strict=True)
+           if problems]
+    assert not bad, "\n".join(bad)
+
+
+def test_repair_sweeps_a_report_temp_file_left_by_a_killed_nightly(work: Path,
+                                                                   populated: Path) -> None:
+    from wheelforge import index
+
+    root = work / "index-report"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(populated, root)
+    (root / "reports").mkdir()
+    (root / "reports" / ".wf-tmp-0123456789ab").write_text("half a report")
+    assert index.repair(root) is True
+    assert harness.index_problems(root, work) == []
+    assert index.repair(root) is False  # one stat and one scandir when there is nothing

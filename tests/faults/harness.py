@@ -497,3 +497,35 @@ def _judge(index: Path, before: dict[str, bytes | None], code: int, text: str,
     else:
         problems.append(f"exit {code}, neither 0 nor 9")
     return problems
+
+
+def kill_command(index_template: Path, root: Path, argv_tail: Sequence[str], at: int,
+                 then: Sequence[str], tag: str) -> tuple[bool, list[str]]:
+    """Kill `wheelforge ARGV_TAIL --index INDEX` at its ``at``-th fsync/rename in a copy
+    of the template, run `wheelforge THEN --index INDEX`, and check the index; returns
+    (killed, problems)."""
+    index = root / f"index-cmd-{tag}-{at}"
+    shutil.rmtree(index, ignore_errors=True)
+    shutil.copytree(index_template, index)
+    head = [sys.executable, "-m", "wheelforge"]
+    killed = run([*head, *argv_tail, "--index", str(index)], killer_env(index, at))
+    nxt = run([*head, *then, "--index", str(index)], environ())
+    problems = index_problems(index, root)
+    if nxt.returncode != 0 or "Traceback" in nxt.stderr:
+        problems.append(f"`wheelforge {' '.join(then)}` exited {nxt.returncode}: "
+                        f"{nxt.stderr[-1500:]}")
+    shutil.rmtree(index, ignore_errors=True)
+    return killed.returncode == -signal.SIGKILL, problems
+
+
+def count_command(index_template: Path, root: Path, argv_tail: Sequence[str]) -> int:
+    index = root / "index-cmd-count"
+    shutil.rmtree(index, ignore_errors=True)
+    shutil.copytree(index_template, index)
+    counter = root / "count-cmd"
+    counter.unlink(missing_ok=True)
+    done = run([sys.executable, "-m", "wheelforge", *argv_tail, "--index", str(index)],
+               killer_env(index, 0, counter))
+    assert done.returncode == 0, done.stderr[-2000:]
+    shutil.rmtree(index)
+    return int(counter.read_text()) if counter.exists() else 0

@@ -25,6 +25,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .._fs import (
+    TMP_PREFIX,
     atomic_write,
     discard,
     fsync_path,
@@ -47,6 +48,7 @@ from .records import (
     FILES_DIR,
     LOCK_FILE,
     METADATA_SUFFIX,
+    REPORTS_DIR,
     SIDECAR_SUFFIX,
     BadRecords,
     PublishResult,
@@ -767,11 +769,27 @@ def repair(index_dir: Path, *, wait: bool = True) -> bool:
     which are valid, but may lag behind files/.
     """
     index_dir = Path(index_dir)
-    if not _marker(index_dir).exists():
+    if not _marker(index_dir).exists() and not _report_temps(index_dir):
         return False
     with _index_errors(index_dir, "finish the interrupted change in"), \
             try_locked(index_dir / LOCK_FILE, wait=wait) as mine:
-        return mine and _recover(index_dir)
+        if not mine:
+            return False
+        swept = False
+        for temp in _report_temps(index_dir):  # a nightly killed writing its report
+            discard(temp)
+            swept = True
+        return _recover(index_dir) or swept
+
+
+def _report_temps(index_dir: Path) -> list[Path]:
+    """Temp files in ``reports/`` (the nightly writes its reports there under the index
+    lock, outside any change)."""
+    try:
+        with os.scandir(index_dir / REPORTS_DIR) as found:
+            return [Path(e.path) for e in found if e.name.startswith(TMP_PREFIX)]
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager
