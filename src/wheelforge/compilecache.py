@@ -33,6 +33,20 @@ Two backends, both binary wheels on PyPI installed into the managed build env:
     CUDA unit.  ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1`` drops nvcc's
     ``-MD -MF``, which sccache cannot cache.
 
+**Shared (remote) storage.**  ``compile-cache: {remote: redis://HOST:PORT}`` in
+wheelforge.yaml (or ``WHEELFORGE_COMPILE_CACHE_REMOTE``) gives every builder the same
+ccache remote storage (``redis://``, ``redis+unix:``, ``http(s)://`` e.g. a WebDAV
+location) behind its local cache; ``read-only: true`` (or
+``WHEELFORGE_COMPILE_CACHE_READ_ONLY=1``) reads it without writing, for builders whose
+objects must not be trusted (pull requests).  So that builders whose cache roots lie at
+different paths hit, ``CCACHE_BASEDIR`` holds the source tree *and* the build
+environment (the ``-I .../site-packages/torch/include`` paths; several base directories
+need ccache >= 4.12, the managed environments get 4.14.2) and ``compiler_check`` is
+``content`` (the default ``mtime`` misses between identical compilers installed at
+different times).  The CUDA toolkit is left out of the base directories: it sits at the
+same absolute path on most builders (``/usr/local/cuda``), and a path relative to a work
+directory whose depth differs between hosts would miss where the absolute one hits.
+
 Cached objects are the compiler's own output for the same preprocessed input and
 flags; only debug-info paths (already different in every per-key work directory) can
 differ, so the cache is not part of the build key.
@@ -59,17 +73,22 @@ from .errors import ConfigError, ToolchainError
 
 __all__ = [
     "BACKENDS",
+    "ENV_READ_ONLY",
+    "ENV_REMOTE",
     "ENV_SWITCH",
     "OFF_ENVIRONMENT",
     "REQUIREMENTS",
     "Backend",
     "CacheStats",
     "CompileCache",
+    "Settings",
     "backend",
     "cache_environment",
     "find_tool",
     "parse_ccache_log",
     "parse_sccache_stats",
+    "redact",
+    "resolve_settings",
     "session",
     "stats",
 ]
@@ -83,7 +102,16 @@ ENV_SWITCH = "WHEELFORGE_COMPILE_CACHE"
 DEFAULT_BACKEND: Backend = "ccache"
 #: The environment of a build without the cache: torch must not wrap compilers itself.
 OFF_ENVIRONMENT: Mapping[str, str] = {"TORCH_NO_COMPILER_WRAPPER": "1"}
+#: ``WHEELFORGE_COMPILE_CACHE_REMOTE``: the shared storage every builder reads (and writes).
+ENV_REMOTE = "WHEELFORGE_COMPILE_CACHE_REMOTE"
+#: ``WHEELFORGE_COMPILE_CACHE_READ_ONLY``: 1 to read the shared storage without writing.
+ENV_READ_ONLY = "WHEELFORGE_COMPILE_CACHE_READ_ONLY"
+#: The section of wheelforge.yaml.
+FILE_SECTION = "compile-cache"
+_FILE_KEYS = ("backend", "remote", "read-only")
+_REMOTE_SCHEMES = ("redis://", "redis+unix:", "http://", "https://")
 _OFF = frozenset({"0", "off", "false", "no", "none"})
+_ON = frozenset({"1", "on", "true", "yes"})
 #: An sccache server left behind by a killed build exits after this long without requests.
 SCCACHE_IDLE_TIMEOUT_S = 1800
 _UDS_MAX = 100  # sun_path holds 108 bytes on Linux
@@ -97,10 +125,15 @@ class CacheStats:
     hits: int
     misses: int
     detail: tuple[str, ...] = ()
+    remote_hits: int = 0  # of ``hits``, those served by the shared storage
+    remote_errors: int = 0  # units for which the shared storage could not be reached
 
     def __str__(self) -> str:
-        text = (f"compile cache: {self.hits} hit{'' if self.hits == 1 else 's'}, "
+        remote = f" ({self.remote_hits} remote)" if self.remote_hits else ""
+        text = (f"compile cache: {self.hits} hit{'' if self.hits == 1 else 's'}{remote}, "
                 f"{self.misses} miss{'' if self.misses == 1 else 'es'}")
+        if self.remote_errors:
+            text += f", remote storage unreachable for {self.remote_errors} unit(s)"
         return text + (f" ({', '.join(self.detail)})" if self.detail else "")
 
 
@@ -116,18 +149,138 @@ class CompileCache:
         return stats(self)
 
 
-def backend(environ: Mapping[str, str] | None = None) -> Backend | None:
-    """The backend ``WHEELFORGE_COMPILE_CACHE`` selects (default ccache); None when off."""
-    env = os.environ if environ is None else environ
-    value = env.get(ENV_SWITCH, "").strip().lower()
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The compile cache every build of this configuration uses.
+
+    ``backend`` None: off.  ``remote``: ccache remote storage URL shared by all builders;
+    ``read_only``: read it, never write it.  ``origin``: where the values came from.
+    """
+
+    backend: Backend | None = DEFAULT_BACKEND
+    remote: str | None = None
+    read_only: bool = False
+    origin: str = "default"
+
+    def describe(self) -> str:
+        if self.backend is None:
+            return "off"
+        if self.remote is None:
+            return f"{self.backend}, local"
+        return (f"{self.backend}, local + remote {redact(self.remote)}"
+                + (" (read-only)" if self.read_only else ""))
+
+
+def redact(url: str) -> str:
+    """``url`` without a password (``redis://:secret@host`` -> ``redis://:***@host``)."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    auth, _, host = rest.partition("@")
+    user = auth.split(":", 1)[0]
+    return f"{head}://{user}:***@{host}"
+
+
+def _parse_backend(value: str, where: str) -> Backend | None:
+    value = value.strip().lower()
     if not value:
         return DEFAULT_BACKEND
     if value in _OFF:
         return None
     if value not in BACKENDS:
-        raise ConfigError(f"{ENV_SWITCH}={value!r} is not a compile cache",
+        raise ConfigError(f"{where}={value!r} is not a compile cache",
                           fix=f"use one of {', '.join(BACKENDS)}, or off")
     return value  # type: ignore[return-value]  # checked against BACKENDS just above
+
+
+def backend(environ: Mapping[str, str] | None = None) -> Backend | None:
+    """The backend ``WHEELFORGE_COMPILE_CACHE`` selects (default ccache); None when off."""
+    env = os.environ if environ is None else environ
+    return _parse_backend(env.get(ENV_SWITCH, ""), ENV_SWITCH)
+
+
+def _flag(value: object, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF or not text:
+        return False
+    raise ConfigError(f"{where}={value!r} is not a yes/no value", fix="use 1 or 0 (true/false)")
+
+
+def _check_remote(url: str, where: str) -> str:
+    url = url.strip()
+    if not url.startswith(_REMOTE_SCHEMES) or "|" in url or any(c.isspace() for c in url):
+        raise ConfigError(
+            f"{where}: {redact(url)!r} is not a compile cache storage URL",
+            why="ccache's remote storage takes redis://HOST[:PORT], redis+unix:/PATH or "
+                "http(s)://HOST[:PORT]/PATH (e.g. a WebDAV location), without attributes",
+            fix="correct the URL; read-only access is its own setting (read-only: true)")
+    return url
+
+
+def _file_section(project_file: Path | None) -> tuple[dict[str, Any], str]:
+    import yaml
+
+    path = project_file or Path("wheelforge.yaml")
+    if not path.is_file():
+        return {}, ""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}", why=str(exc), fix="fix the file") from exc
+    section = data.get(FILE_SECTION) if isinstance(data, dict) else None
+    if section is None:
+        return {}, str(path)
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: {FILE_SECTION} must be a mapping",
+                          fix="e.g. compile-cache: {remote: \"redis://cache:6379\"}")
+    unknown = sorted(str(k) for k in section if k not in _FILE_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) under {FILE_SECTION}: {', '.join(unknown)}",
+                          fix=f"allowed: {', '.join(_FILE_KEYS)}")
+    return section, str(path)
+
+
+def resolve_settings(project_file: Path | None = None,
+                     environ: Mapping[str, str] | None = None) -> Settings:
+    """The compile cache settings: defaults, then ``compile-cache:`` of the project file
+    (./wheelforge.yaml when None), then the environment.  ConfigError on a bad value."""
+    env = os.environ if environ is None else environ
+    section, path = _file_section(project_file)
+    chosen: Backend | None = DEFAULT_BACKEND
+    remote: str | None = None
+    read_only = False
+    origins: list[str] = []
+    if "backend" in section:
+        chosen = _parse_backend(str(section["backend"] or ""), f"{path}: {FILE_SECTION}.backend")
+        origins.append(path)
+    if section.get("remote"):
+        remote = _check_remote(str(section["remote"]), f"{path}: {FILE_SECTION}.remote")
+        origins.append(path)
+    if "read-only" in section:
+        read_only = _flag(section["read-only"], f"{path}: {FILE_SECTION}.read-only")
+    if env.get(ENV_SWITCH, "").strip():
+        chosen = _parse_backend(env[ENV_SWITCH], ENV_SWITCH)
+        origins.append(ENV_SWITCH)
+    if env.get(ENV_REMOTE, "").strip():
+        remote = _check_remote(env[ENV_REMOTE], ENV_REMOTE)
+        origins.append(ENV_REMOTE)
+    if env.get(ENV_READ_ONLY, "").strip():
+        read_only = _flag(env[ENV_READ_ONLY], ENV_READ_ONLY)
+        origins.append(ENV_READ_ONLY)
+    if remote is not None and chosen == "sccache":
+        raise ConfigError(
+            "the shared compile cache needs ccache, the backend is sccache",
+            why="sccache 0.16 hashes the absolute source path into its CUDA steps (cicc, "
+                "cudafe++), so CUDA units never hit on another builder",
+            fix=f"use the ccache backend (unset {ENV_SWITCH}), or drop the remote storage")
+    if remote is None:
+        read_only = False
+    return Settings(backend=chosen, remote=remote, read_only=read_only,
+                    origin=", ".join(dict.fromkeys(origins)) or "default")
 
 
 def find_tool(name: Backend, env_bin: Path) -> Path | None:
@@ -172,13 +325,16 @@ def _scratch(cache_dir: Path, suffix: str) -> Path:
 
 def cache_environment(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEND,
                       nvcc: Path | None = None, base_dir: Path | None = None,
-                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+                      environ: Mapping[str, str] | None = None,
+                      env_root: Path | None = None, remote: str | None = None,
+                      read_only: bool = False) -> dict[str, str]:
     """The variables that route a build's compilers through the cache.
 
     ``nvcc``: the CUDA compiler to wrap (no PYTORCH_NVCC without it); ``base_dir``: the
-    source tree, taken out of paths before hashing.  Pure: it writes only the compiler
-    wrapper script, starts nothing.  ToolchainError when the tool is not in ``env_bin``
-    nor on PATH.
+    source tree, taken out of paths before hashing, as is ``env_root`` (the build
+    environment) for ccache; ``remote``/``read_only``: ccache's shared storage.  Pure: it
+    writes only the compiler wrapper script, starts nothing.  ToolchainError when the tool
+    is not in ``env_bin`` nor on PATH.
     """
     env = os.environ if environ is None else environ
     tool = find_tool(backend, env_bin)
@@ -196,9 +352,13 @@ def cache_environment(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFA
             "CCACHE_DIR": str(cache_dir / "ccache"),
             "CCACHE_NOHASHDIR": "1",
             "CCACHE_STATSLOG": str(_scratch(cache_dir, ".stats")),
+            "CCACHE_COMPILERCHECK": "content",
         })
-        if base_dir is not None:
-            out["CCACHE_BASEDIR"] = str(base_dir)
+        bases = [str(d) for d in (base_dir, env_root) if d is not None]
+        if bases:
+            out["CCACHE_BASEDIR"] = os.pathsep.join(bases)  # several: ccache >= 4.12
+        if remote is not None:
+            out["CCACHE_REMOTE_STORAGE"] = remote + ("|read-only" if read_only else "")
     else:
         out.update({
             "SCCACHE_DIR": str(cache_dir / "sccache"),
@@ -239,21 +399,33 @@ _CCACHE_MISSES = ("cache_miss",)
 
 def parse_ccache_log(text: str) -> CacheStats:
     """CacheStats from a ccache stats log: ``# <input>`` then one counter per line."""
-    hits = misses = 0
+    hits = misses = remote = errors = 0
     detail: list[str] = []
     unit: str | None = None
+    counters: set[str] = set()
+
+    def close() -> None:
+        nonlocal hits, misses, remote, errors
+        name = os.path.basename(unit or "?")
+        if counters & set(_CCACHE_HITS):
+            hits += 1
+            far = "remote_storage_hit" in counters
+            remote += far
+            detail.append(f"{name} {'remote hit' if far else 'hit'}")
+        elif counters & set(_CCACHE_MISSES):
+            misses += 1
+            detail.append(f"{name} miss")
+        errors += bool(counters & {"remote_storage_error", "remote_storage_timeout"})
+        counters.clear()
+
     for line in [*text.splitlines(), "# "]:
         if line.startswith("# "):
+            close()
             unit = line[2:].strip() or None
             continue
-        counter = line.strip()
-        if counter in _CCACHE_HITS:
-            hits += 1
-            detail.append(f"{os.path.basename(unit or '?')} hit")
-        elif counter in _CCACHE_MISSES:
-            misses += 1
-            detail.append(f"{os.path.basename(unit or '?')} miss")
-    return CacheStats(hits=hits, misses=misses, detail=tuple(detail))
+        counters.add(line.strip())
+    return CacheStats(hits=hits, misses=misses, detail=tuple(detail), remote_hits=remote,
+                      remote_errors=errors)
 
 
 def stats(cache: CompileCache) -> CacheStats:
@@ -274,7 +446,8 @@ def stats(cache: CompileCache) -> CacheStats:
 @contextlib.contextmanager
 def session(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEND,
             nvcc: Path | None, base_dir: Path | None,
-            log: Path | None = None) -> Iterator[CompileCache]:
+            log: Path | None = None, env_root: Path | None = None,
+            remote: str | None = None, read_only: bool = False) -> Iterator[CompileCache]:
     """The compile cache of one build, from zero; cleaned up afterwards.
 
     sccache: a private server is started (its errors go to ``<log>.sccache``), zeroed,
@@ -283,7 +456,8 @@ def session(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEN
     not start: the caller may build without the cache.
     """
     environ = cache_environment(env_bin, cache_dir, backend=backend, nvcc=nvcc,
-                                base_dir=base_dir)
+                                base_dir=base_dir, env_root=env_root, remote=remote,
+                                read_only=read_only)
     tool = find_tool(backend, env_bin)
     assert tool is not None
     cache = CompileCache(backend=backend, tool=tool, environ=environ)

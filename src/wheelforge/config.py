@@ -19,6 +19,7 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from . import compilecache
 from ._yaml import read_yaml
 from .arch import Arch, parse_arch_list, torch_arch_list
 from .errors import ConfigError
@@ -59,6 +60,7 @@ class BuildConfig:
     origins: tuple[tuple[str, str], ...] = ()
     #: git URL -> local mirror (a bundle file or a repository); never the network for these
     git_mirrors: tuple[tuple[str, Path], ...] = ()
+    compile_cache: compilecache.Settings = compilecache.Settings()
 
     @property
     def arch_list(self) -> str:
@@ -80,6 +82,7 @@ class BuildConfig:
             "sources        " + (", ".join(map(str, self.sources_dirs)) or "(network, cache)"),
             *(f"git mirror     {url} -> {path}  [{self.origin('git-mirror:' + url)}]"
               for url, path in self.git_mirrors),
+            f"compile cache  {self.compile_cache.describe()}  [{self.compile_cache.origin}]",
         ]
 
 
@@ -369,6 +372,7 @@ def resolve(
         gib_per_job=gib_per_job,
         origins=tuple(sorted(origins.items())),
         git_mirrors=tuple(mirrors.items()),
+        compile_cache=compilecache.resolve_settings(project_file, env),
     )
 
 

@@ -40,7 +40,7 @@ __all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix",
 #: Builds kept per project and channel when the matrix names no retention.
 DEFAULT_KEEP = 5
 
-_TOP_KEYS = ("defaults", "matrix")
+_TOP_KEYS = ("defaults", "matrix", "compile-cache")
 _MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention")
 _TORCH_KEYS = ("spec", "cuda", "pip-args")
 _RETENTION_KEYS = ("keep",)

@@ -3,11 +3,12 @@
 :func:`run` walks the cells of the ``matrix:`` in wheelforge.yaml.  A cell whose
 build key is already published is skipped before any environment is created or
 anything is compiled; the others are built one after another by
-:func:`pipeline.build_with_companions` (a recipe's companions first), and a failure is
-recorded and the run goes on.  Each build holds a lock per build key
-(``CACHE/locks/KEY.lock``) and checks the index again once it holds it, so two nightly
-runs on one index never build a cell twice: a cell that another run is building is put
-back and taken up last, when that run has published it.
+:func:`pipeline.build_with_companions` (a recipe's companions built or reused first),
+each into a stage and published from it by the parts of :mod:`fanout` (``nightly run``
+and ``nightly publish``), and a failure is recorded and the run goes on.  Each build
+holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index again once
+it holds it, so two nightly runs on one index never build a cell twice: a cell that
+another run is building is put back and taken up last, when that run has published it.
 
 Every run writes ``nightly-<UTC time>.json`` and ``.html`` to the report directory
 (``<index>/reports/`` unless told otherwise), and ``nightly-latest.json``/``.html``.
@@ -308,16 +309,9 @@ class _Run:
         if found is not None:
             self.published[plan.key] = found
             return self.skipped(plan, "published by another run meanwhile")
-        try:
-            if plan.recipe.build.kind == "extension":
-                self.check_torch_cuda(plan)
-            res = self.build(plan.recipe, plan.config, self.reporter)
-        except WheelforgeError as exc:
-            return self.failed(plan, exc)
-        log, cache = getattr(res, "log", None), getattr(res, "cache", None)
-        return self.result(plan, "skipped" if res.skipped else "built", wheel=res.wheel.name,
-                           archs_found=res.sass, log=str(log) if log else None,
-                           note=str(cache) if cache else "")
+        from .fanout import run_and_publish  # the parts of `nightly run` and `publish`
+
+        return run_and_publish(self, plan)
 
 
 def _lock_path(cache_dir: Path, key: str) -> Path:
@@ -386,6 +380,10 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             raise index.store.disk_error(exc, f"cannot write the nightly report to {reports}"
                                          ) from None
         _link_from_landing_page(settings.index_dir, reports)
+        from .fanout import record_durations  # the plan orders cells by these
+
+        record_durations(settings.cache_dir, [(todo[i], r.duration_s) for i, r in
+                                              results.items() if r.status == "built"])
     return report
 
 

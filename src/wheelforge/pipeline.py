@@ -180,7 +180,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
         bool(recipe.build.local_version)
     if config.python is not None:
         return buildenv.inspect_env(config.python, with_torch=torch)
-    backend = compilecache.backend() if recipe.build.kind == "extension" else None
+    backend = config.compile_cache.backend if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
         config.cache_dir,
@@ -407,17 +407,20 @@ def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
                    reporter: Reporter) -> compilecache.CompileCache | None:
     """The compile cache of this build (see compilecache), or None: turned off, nothing
     to compile, or the tool missing from an as-is environment."""
-    backend = compilecache.backend()
+    settings = config.compile_cache
+    backend = settings.backend
     if not extension or backend is None:
         return None
     try:
         cache = stack.enter_context(compilecache.session(
             env.bin_dir, config.cache_dir, backend=backend,
-            nvcc=cuda.nvcc if cuda else None, base_dir=tree, log=log))
+            nvcc=cuda.nvcc if cuda else None, base_dir=tree, log=log,
+            env_root=env.bin_dir.parent, remote=settings.remote,
+            read_only=settings.read_only))
     except WheelforgeError as exc:
         reporter.info(f"WARN compile cache off: {exc.what}" + (f" ({exc.fix})" if exc.fix else ""))
         return None
-    reporter.info(f"compile cache: {backend} ({cache.tool})")
+    reporter.info(f"compile cache: {settings.describe()} ({cache.tool})")
     return cache
 
 

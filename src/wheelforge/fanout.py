@@ -1,0 +1,615 @@
+"""The nightly in three parts, for engines that run one job per cell.
+
+``plan``
+    The cells whose build key is not published, longest first (from the durations
+    recorded in ``CACHE/stats/durations.json``; a cell never timed goes first), as a
+    plan file, and as the ``strategy.matrix`` of a GitHub Actions job (through
+    ``fromJSON``).  A matrix holds at most 256 jobs: above that, the cells are packed
+    into 256 batches of about equal estimated time (longest first onto the least loaded
+    batch), each job building its batch one cell after another.
+``run`` one cell
+    On a builder, without touching the index: the build key is computed again from the
+    builder's recipe, patches and toolchain and must equal the plan's (else the cell is
+    refused: a wheel from another toolchain would be published under the plan's key);
+    the cell is built and verified into a private index inside its stage directory,
+    and the stage keeps the verified wheel (version and local label final, no build
+    number), its record ``cell.json`` (build key, toolchain, archs, channel, the compile
+    cache line, the builder) and the build log.  A failed cell leaves a record too.
+``publish``
+    The single writer: each stage's wheel is checked against its record and the plan,
+    then :func:`index.publish_build` decides under the index lock: a build key already
+    published is skipped (a retried job is a no-op), else the build number is chosen and
+    the wheel is retagged with it and published.  The nightly report lists every cell of
+    the plan: built, skipped, failed, or not run (no stage came back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from . import __version__, index, nightly, pipeline
+from ._fs import atomic_write, locked
+from ._log import Reporter
+from .errors import ConfigError, PublishError, ToolchainError, WheelforgeError
+from .matrix import Cell, Matrix, TorchPin, cells
+from .nightly import CellResult, NightlyReport, Settings
+from .recipe import RecipeBook
+from .wheel import retag
+
+__all__ = [
+    "GITHUB_MATRIX_LIMIT",
+    "Plan",
+    "PlannedCell",
+    "StageRecord",
+    "estimate",
+    "github_matrix",
+    "load_plan",
+    "load_stage",
+    "make_plan",
+    "plan_to_json",
+    "publish",
+    "record_durations",
+    "run_cell",
+    "select",
+    "stage_dirs",
+    "write_plan",
+]
+
+PLAN_SCHEMA = 1
+STAGE_SCHEMA = 1
+#: GitHub Actions runs at most 256 jobs per matrix.
+GITHUB_MATRIX_LIMIT = 256
+RECORD = "cell.json"
+LOG = "build.log"
+DURATIONS = "durations.json"
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedCell:
+    """One cell to build: the matrix entries it comes from and the key it must have."""
+
+    id: int  # its position in the matrix's cells: stable from night to night
+    recipe: str
+    version: str
+    python: str | None  # the matrix entry (None: the interpreter wheelforge runs on)
+    torch: str
+    cuda: str
+    pip_args: tuple[str, ...]
+    archs: str | None
+    build_key: str
+    toolchain: Mapping[str, str]
+    estimate_s: float | None = None
+    peak_gib: float | None = None  # memory of one compile job in the last build
+
+    @property
+    def cell(self) -> Cell:
+        return Cell(recipe=self.recipe, python=self.python,
+                    torch=TorchPin(spec=self.torch, cuda=self.cuda, pip_args=self.pip_args),
+                    archs=self.archs)
+
+    @property
+    def label(self) -> str:
+        return self.cell.label
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    created: str
+    config: str
+    index: str
+    cells: tuple[PlannedCell, ...]  # longest first
+    done: tuple[CellResult, ...] = ()  # up to date (skipped) or failed while planning
+    wheelforge: str = __version__
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRecord:
+    """``cell.json`` of a stage directory."""
+
+    cell: PlannedCell
+    status: str  # "built" or "failed"
+    host: str
+    duration_s: float
+    wheel: str | None = None
+    sha256: str | None = None
+    channel: str | None = None
+    cuda: str | None = None
+    torch: str | None = None  # the torch version installed in the build environment
+    archs: tuple[str, ...] = ()
+    note: str = ""
+    error: str | None = None
+    log_tail: str | None = None
+    log: str | None = None  # the build log where the builder keeps it (a copy: build.log)
+    wheelforge: str = __version__
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------- durations
+
+
+def _signature(cell: Cell) -> str:
+    return "|".join([cell.recipe, cell.python or "", cell.torch.spec, cell.archs or "pure"])
+
+
+def _durations(cache_dir: Path) -> dict[str, float]:
+    try:
+        data = json.loads((cache_dir / "stats" / DURATIONS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+
+
+def record_durations(cache_dir: Path, timed: Iterable[tuple[Cell, float]]) -> None:
+    """Remember how long cells took to build (the last build of each counts)."""
+    timed = list(timed)
+    if not timed:
+        return
+    path = cache_dir / "stats" / DURATIONS
+    with locked(cache_dir / "stats" / f"{DURATIONS}.lock"):
+        data = _durations(cache_dir)
+        data.update({_signature(c): round(s, 1) for c, s in timed})
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def estimate(durations: Mapping[str, float], cell: Cell) -> float | None:
+    """The cell's last duration; else the mean of the recipe's cells for that arch set,
+    else of all its cells; None when the recipe was never timed."""
+    if (found := durations.get(_signature(cell))) is not None:
+        return found
+    parts = [(k.split("|"), v) for k, v in durations.items()]
+    same_recipe = [(p, v) for p, v in parts if len(p) == 4 and p[0] == cell.recipe]
+    same_archs = [v for p, v in same_recipe if p[3] == (cell.archs or "pure")]
+    for values in (same_archs, [v for _, v in same_recipe]):
+        if values:
+            return sum(values) / len(values)
+    return None
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
+              reporter: Reporter) -> Plan:
+    """The cells of the matrix whose build key is not published, longest first."""
+    state = nightly._Run(matrix, book, settings, reporter, pipeline.build_one)
+    durations = _durations(settings.cache_dir)
+    todo: list[PlannedCell] = []
+    done: list[CellResult] = []
+    for i, cell in enumerate(cells(matrix, state.kinds())):
+        p = state.plan(cell)
+        if p.error is not None:
+            done.append(state.failed(p, p.error))
+            continue
+        assert p.key is not None and p.recipe is not None and p.config is not None
+        if p.key in state.published:
+            done.append(state.skipped(p, "published"))
+            continue
+        cuda = state.find_cuda() if p.recipe.build.kind == "extension" else None
+        todo.append(PlannedCell(
+            id=i, recipe=cell.recipe, version=str(p.recipe.version), python=cell.python,
+            torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
+            archs=cell.archs, build_key=p.key,
+            toolchain=pipeline.toolchain_identity(p.recipe, p.config, cuda),
+            estimate_s=estimate(durations, cell),
+            peak_gib=_peak(settings.cache_dir, cell.recipe)))
+    todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
+    return Plan(created=_now(), config=str(matrix.path), index=str(settings.index_dir),
+                cells=tuple(todo), done=tuple(done))
+
+
+def _peak(cache_dir: Path, recipe: str) -> float | None:
+    from .config import recorded_gib_per_job
+
+    return recorded_gib_per_job(cache_dir, recipe)
+
+
+def plan_to_json(plan: Plan) -> str:
+    data = dataclasses.asdict(plan)
+    data = {"schema": PLAN_SCHEMA, **data}
+    return json.dumps(data, indent=2) + "\n"
+
+
+def write_plan(plan: Plan, path: Path) -> None:
+    atomic_write(path, plan_to_json(plan))
+
+
+def _bad(path: Path | str, why: str) -> ConfigError:
+    return ConfigError(f"{path} is not a wheelforge plan or stage record", why=why,
+                       fix="pass the plan.json that `wheelforge nightly plan` wrote and the "
+                           "stage directories that `wheelforge nightly run` filled")
+
+
+def _planned(data: Any, where: str) -> PlannedCell:
+    if not isinstance(data, dict):
+        raise _bad(where, "a cell is not a mapping")
+    try:
+        cell = PlannedCell(
+            id=int(data["id"]), recipe=str(data["recipe"]), version=str(data["version"]),
+            python=None if data["python"] is None else str(data["python"]),
+            torch=str(data["torch"]), cuda=str(data["cuda"]),
+            pip_args=tuple(str(a) for a in data["pip_args"]),
+            archs=None if data["archs"] is None else str(data["archs"]),
+            build_key=str(data["build_key"]),
+            toolchain={str(k): str(v) for k, v in dict(data["toolchain"]).items()},
+            estimate_s=None if data.get("estimate_s") is None else float(data["estimate_s"]),
+            peak_gib=None if data.get("peak_gib") is None else float(data["peak_gib"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
+    if not _KEY.match(cell.build_key):
+        raise _bad(where, f"cell {cell.id}: {cell.build_key!r} is not a build key")
+    return cell
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _bad(path, str(exc)) from exc
+    if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+        raise _bad(path, f"expected a mapping with schema {PLAN_SCHEMA}")
+    planned = tuple(_planned(c, str(path)) for c in data.get("cells") or [])
+    ids = [c.id for c in planned]
+    if len(set(ids)) != len(ids):
+        raise _bad(path, "two cells have the same id")
+    done = []
+    for r in data.get("done") or []:
+        try:
+            done.append(CellResult(**{**r, "pip_args": tuple(r.get("pip_args") or ()),
+                                      "archs_found": tuple(r.get("archs_found") or ())}))
+        except TypeError as exc:
+            raise _bad(path, f"a planned result is malformed: {exc}") from exc
+    return Plan(created=str(data.get("created", "")), config=str(data.get("config", "")),
+                index=str(data.get("index", "")), cells=planned, done=tuple(done),
+                wheelforge=str(data.get("wheelforge", "")))
+
+
+def github_matrix(plan: Plan, limit: int = GITHUB_MATRIX_LIMIT) -> dict[str, Any]:
+    """``{"include": [{"cells": "ID ...", "name": ...}]}`` for ``strategy.matrix``.
+
+    One job per cell up to ``limit`` cells; above, ``limit`` jobs, each a batch of cells
+    balanced by estimated time (a cell never timed counts as the longest timed one)."""
+    if limit < 1:
+        raise ConfigError(f"the matrix limit must be at least 1, got {limit}")
+    if len(plan.cells) <= limit:
+        return {"include": [{"cells": str(c.id), "name": _short(c)} for c in plan.cells]}
+    known = [c.estimate_s for c in plan.cells if c.estimate_s is not None]
+    unknown = max(known, default=1.0)
+    batches: list[tuple[float, list[PlannedCell]]] = [(0.0, []) for _ in range(limit)]
+    for c in plan.cells:  # longest first already: LPT onto the least loaded batch
+        i = min(range(limit), key=lambda j: (batches[j][0], j))
+        load, members = batches[i]
+        members.append(c)
+        batches[i] = (load + (c.estimate_s if c.estimate_s is not None else unknown), members)
+    return {"include": [
+        {"cells": " ".join(str(c.id) for c in members),
+         "name": f"batch {n} of {limit}: {len(members)} cells, ~{load / 60:.0f} min"}
+        for n, (load, members) in enumerate(batches, 1)]}
+
+
+def _short(c: PlannedCell) -> str:
+    if c.archs is None:
+        return f"{c.recipe} (pure)"
+    return f"{c.recipe} {c.python or 'python'} {c.torch} cu{c.cuda} sm {c.archs}"
+
+
+def select(plan: Plan, ids: Sequence[str]) -> list[PlannedCell]:
+    """The plan's cells named by ``ids`` (each value may hold several, space or comma
+    separated, as a batch of the GitHub matrix does)."""
+    by_id = {c.id: c for c in plan.cells}
+    out = []
+    for value in ids:
+        for part in re.split(r"[\s,]+", value.strip()):
+            if not part:
+                continue
+            if not part.isdigit() or int(part) not in by_id:
+                raise ConfigError(f"the plan has no cell {part!r} to build",
+                                  why=f"its cells are {', '.join(map(str, sorted(by_id)))}"
+                                  if by_id else "it has no cells (all are up to date)",
+                                  fix="pass a cell id from the plan's matrix")
+            out.append(by_id[int(part)])
+    return out
+
+
+# --------------------------------------------------------------------------- run a cell
+
+
+def _identity_difference(mine: Mapping[str, str], planned: Mapping[str, str]) -> str:
+    diffs = [f"{k} {mine.get(k, '(none)')!r} here, {planned.get(k, '(none)')!r} in the plan"
+             for k in sorted({*mine, *planned}) if mine.get(k) != planned.get(k)]
+    return "; ".join(diffs)
+
+
+def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: Settings,
+             stage: Path, *, reporter: Reporter,
+             build: nightly.Builder | None = None) -> StageRecord:
+    """Build and verify one planned cell into the stage directory ``stage`` (created,
+    must be empty); the index is never touched.  Returns the record written; a failure
+    is a record with status failed (and an error), not an exception."""
+    started = time.monotonic()
+    if stage.exists() and any(stage.iterdir()):
+        raise ConfigError(f"the stage directory {stage} is not empty",
+                          fix="give each cell a fresh stage directory")
+    stage.mkdir(parents=True, exist_ok=True)
+    private = stage / ".index"
+    local = dataclasses.replace(settings, index_dir=private)
+    state = nightly._Run(matrix, book, local, reporter, build or pipeline.build_one)
+    p = state.plan(planned.cell)
+    host = f"{socket.gethostname()}:{settings.cache_dir}"  # the builder: host and cache
+
+    def failed(exc: WheelforgeError, log: str | None = None) -> StageRecord:
+        shutil.rmtree(private, ignore_errors=True)
+        return _write_stage(stage, StageRecord(
+            cell=planned, status="failed", host=host,
+            duration_s=round(time.monotonic() - started, 3), error=exc.render(),
+            log_tail=nightly._tail(log, exc.why or exc.what), log=log), log)
+
+    if p.error is not None:
+        return failed(p.error)
+    assert p.recipe is not None and p.config is not None and p.key is not None
+    if p.key != planned.build_key:
+        cuda = state.find_cuda() if p.recipe.build.kind == "extension" else None
+        mine = pipeline.toolchain_identity(p.recipe, p.config, cuda)
+        diff = _identity_difference(mine, planned.toolchain)
+        return failed(ToolchainError(
+            f"refusing to build {planned.label}: this builder's build key "
+            f"{p.key[:16]} is not the plan's {planned.build_key[:16]}",
+            why=(f"the builder's toolchain differs from the planner's: {diff}" if diff else
+                 "the recipe, its patches or the wheelforge version differ from the "
+                 "planner's checkout"),
+            fix="run the cell on a builder with the plan's toolchain (same nvcc, Python and "
+                "torch pin) and the same checkout, or plan again"))
+    try:
+        if p.recipe.build.kind == "extension":
+            state.check_torch_cuda(p)
+        res = state.build(p.recipe, p.config, reporter)
+    except WheelforgeError as exc:
+        return failed(exc, exc.log)
+    record = next((r for r in index.load_records(private) if r.build_key == p.key), None)
+    if record is None:
+        return failed(WheelforgeError(f"the build of {planned.label} published nothing",
+                                      why="no wheel with its build key in the stage's index"))
+    wheel = private / index.FILES_DIR / record.filename
+    shutil.move(wheel, stage / record.filename)
+    log = getattr(res, "log", None)
+    cache = getattr(res, "cache", None)
+    out = StageRecord(
+        cell=planned, status="built", host=host,
+        duration_s=round(time.monotonic() - started, 3), wheel=record.filename,
+        sha256=record.sha256, channel=record.channel, cuda=record.cuda, torch=record.torch,
+        archs=tuple(record.archs), note=str(cache) if cache else "",
+        log=str(log) if log else None)
+    shutil.rmtree(private, ignore_errors=True)
+    return _write_stage(stage, out, str(log) if log else None)
+
+
+def _write_stage(stage: Path, record: StageRecord, log: str | None) -> StageRecord:
+    if log and Path(log).is_file():
+        shutil.copyfile(log, stage / LOG)
+    data = {"schema": STAGE_SCHEMA, **dataclasses.asdict(record)}
+    atomic_write(stage / RECORD, json.dumps(data, indent=2) + "\n")
+    return record
+
+
+def load_stage(stage: Path) -> StageRecord:
+    """A stage directory's record, checked: its wheel is there, is a plain file name and
+    has the recorded sha256."""
+    path = stage / RECORD
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _bad(path, str(exc)) from exc
+    if not isinstance(data, dict) or data.get("schema") != STAGE_SCHEMA:
+        raise _bad(path, f"expected a mapping with schema {STAGE_SCHEMA}")
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _bad(path, f"{key} must be a string, got {type(value).__name__}")
+        return value
+
+    try:
+        record = StageRecord(
+            cell=_planned(data["cell"], str(path)), status=str(data["status"]),
+            host=str(data["host"]), duration_s=float(data["duration_s"]),
+            wheel=text("wheel"), sha256=text("sha256"), channel=text("channel"),
+            cuda=text("cuda"), torch=text("torch"),
+            archs=tuple(str(a) for a in data.get("archs") or ()),
+            note=str(data.get("note") or ""), error=text("error"),
+            log_tail=text("log_tail"), log=text("log"),
+            wheelforge=str(data.get("wheelforge", "")))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(path, f"it lacks or mistypes {exc}") from exc
+    if record.status not in ("built", "failed"):
+        raise _bad(path, f"status {record.status!r} is neither built nor failed")
+    if record.status == "built":
+        name = record.wheel
+        if not isinstance(name, str) or os.path.basename(name) != name or \
+                not name.endswith(".whl") or name.startswith("."):
+            raise _bad(path, f"its wheel {name!r} is not a wheel file name")
+        try:
+            project, version, _build, _tags = parse_wheel_filename(name)
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            raise _bad(path, f"its wheel {name!r} is not a valid wheel file name") from exc
+        if project != canonicalize_name(record.cell.recipe) or \
+                version.public != Version(record.cell.version).public:
+            raise PublishError(
+                f"the stage {stage} holds {name}, not a wheel of {record.cell.recipe} "
+                f"{record.cell.version}",
+                why="a stage may only publish the wheel of its own cell",
+                fix="run the cell again; never edit a stage by hand")
+        wheel = stage / name
+        if not wheel.is_file():
+            raise PublishError(f"the stage {stage} lacks its wheel {name}",
+                               why="the artifact is incomplete",
+                               fix="run the cell again (its job), then publish")
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        if digest != record.sha256:
+            raise PublishError(f"{wheel} is not the wheel its record describes",
+                               why=f"sha256 {digest[:16]}, the record says "
+                                   f"{str(record.sha256)[:16]}",
+                               fix="run the cell again; never edit a stage by hand")
+    return record
+
+
+# --------------------------------------------------------------------------- publish
+
+
+def _result(c: PlannedCell, status: nightly.CellStatus, **kw: Any) -> CellResult:
+    return CellResult(recipe=c.recipe, version=c.version, python=c.python or "", torch=c.torch,
+                      cuda=c.cuda, pip_args=c.pip_args, archs=c.archs, status=status,
+                      build_key=c.build_key, **kw)
+
+
+def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
+            report_dir: Path | None = None,
+            started: float | None = None) -> NightlyReport:
+    """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
+    nightly report (every cell of the plan; a planned cell without a stage is "not
+    run").  A stage that does not belong to the plan, or whose wheel does not match its
+    record, is an error before anything is published."""
+    t0 = time.monotonic() if started is None else started
+    by_id = {c.id: c for c in plan.cells}
+    loaded: dict[int, list[tuple[Path, StageRecord]]] = {}
+    for stage in stages:
+        rec = load_stage(stage)
+        mine = by_id.get(rec.cell.id)
+        if mine is None or mine.build_key != rec.cell.build_key:
+            raise PublishError(
+                f"the stage {stage} ({rec.cell.label}) is not a cell of this plan",
+                why=f"plan {plan.created} has no cell {rec.cell.id} with build key "
+                    f"{rec.cell.build_key[:16]}",
+                fix="publish the stages of one plan with that plan")
+        loaded.setdefault(rec.cell.id, []).append((stage, rec))
+    results: list[CellResult] = list(plan.done)
+    timed: list[tuple[Cell, float]] = []
+    for c in plan.cells:
+        got = loaded.get(c.id, [])
+        built = [(s, r) for s, r in got if r.status == "built"]
+        if not got:
+            results.append(_result(c, "not run", note="no stage came back from its job"))
+            continue
+        if not built:
+            r = got[-1][1]
+            reporter.info(f"FAILED {c.label} on {r.host}")
+            results.append(_result(c, "failed", duration_s=r.duration_s, error=r.error,
+                                   log_tail=r.log_tail, note=f"on {r.host}",
+                                   log=str(got[-1][0] / LOG)
+                                   if (got[-1][0] / LOG).is_file() else None))
+            continue
+        stage, r = built[0]  # a retried job staged it twice: the first is published
+        timed.append((c.cell, r.duration_s))
+        try:
+            results.append(_publish_one(c, stage, r, settings.index_dir, reporter))
+        except WheelforgeError as exc:
+            reporter.info(f"FAILED to publish {c.label}: {exc.what}")
+            results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
+                                   log_tail=exc.why or exc.what, note=f"on {r.host}"))
+    record_durations(settings.cache_dir, timed)
+    report = NightlyReport(
+        started=plan.created or _now(), finished=_now(),
+        duration_s=round(time.monotonic() - t0, 3), config=plan.config,
+        index=str(settings.index_dir), results=tuple(results))
+    reports = report_dir or settings.index_dir / nightly.REPORTS_DIR
+    nightly.write_report(report, reports)
+    nightly._link_from_landing_page(settings.index_dir, reports)
+    return report
+
+
+def _publish_stage(c: PlannedCell, stage: Path, r: StageRecord,
+                   index_dir: Path) -> index.BuildPublishResult:
+    """The stage's wheel into the index, every decision under the index lock."""
+    assert r.wheel is not None
+    wheel = stage / r.wheel
+    with tempfile.TemporaryDirectory(prefix="wf-retag-") as tmp:
+        def relabeled(tag: str | None) -> Path:
+            return retag(wheel, Path(tmp) / (tag or "0"), tag)
+
+        return index.publish_build(index_dir, wheel, build_key=c.build_key, channel=r.channel,
+                                   cuda=r.cuda, torch=r.torch, archs=r.archs,
+                                   relabel=relabeled)
+
+
+def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
+                 reporter: Reporter) -> CellResult:
+    done = _publish_stage(c, stage, r, index_dir)
+    if not done.published:
+        reporter.info(f"{c.label}: already published as {done.path.name}; nothing written")
+        return _result(c, "skipped", duration_s=r.duration_s, wheel=done.path.name,
+                       archs_found=tuple(done.record.archs),
+                       note="published already (a retried job, or another publisher)")
+    reporter.info(f"{c.label}: published {done.path.name} (built on {r.host})")
+    return _result(c, "built", duration_s=r.duration_s, wheel=done.path.name,
+                   archs_found=_sass(r.archs), log=r.log,
+                   note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
+
+
+def run_and_publish(state: nightly._Run, plan: nightly._Plan) -> CellResult:
+    """One cell of the in-process nightly, through the same two parts as on many
+    builders: run it into a stage (:func:`run_cell`), publish the stage
+    (:func:`index.publish_build` under the index lock).  The caller holds the cell's
+    build-key lock."""
+    assert plan.recipe is not None and plan.config is not None and plan.key is not None
+    cell = plan.cell
+    cuda = state.find_cuda() if plan.recipe.build.kind == "extension" else None
+    planned = PlannedCell(
+        id=-1, recipe=cell.recipe, version=str(plan.recipe.version), python=cell.python,
+        torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
+        archs=cell.archs, build_key=plan.key,
+        toolchain=pipeline.toolchain_identity(plan.recipe, plan.config, cuda))
+    root = state.settings.cache_dir / "stage"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{cell.recipe}-", dir=root) as tmp:
+        stage = Path(tmp) / "stage"
+        r = run_cell(planned, state.matrix, state.book, state.settings, stage,
+                     reporter=state.reporter, build=state.build)
+        if r.status == "failed":
+            state.reporter.info(f"FAILED {cell.label}")
+            return state.result(plan, "failed", error=r.error, log=r.log,
+                                log_tail=r.log_tail)
+        done = _publish_stage(planned, stage, r, state.settings.index_dir)
+    if not done.published:
+        state.published[plan.key] = done.record
+        return state.skipped(plan, "published by another run meanwhile")
+    return state.result(plan, "built", wheel=done.path.name, archs_found=_sass(r.archs),
+                        log=r.log, note=r.note)
+
+
+def _sass(archs: Iterable[str]) -> tuple[str, ...]:
+    return tuple(a for a in archs if a.startswith("sm_"))
+
+
+def stage_dirs(roots: Iterable[Path]) -> list[Path]:
+    """Stage directories under ``roots``: a root holding ``cell.json`` is one itself,
+    else each directory below it (at any depth) that holds one, in name order (the
+    artifacts of a workflow run are downloaded into one directory each)."""
+    out: list[Path] = []
+    for root in roots:
+        if (root / RECORD).is_file():
+            out.append(root)
+            continue
+        if not root.is_dir():
+            raise ConfigError(f"{root} is not a stage directory", fix="pass the directories "
+                              "that `wheelforge nightly run --stage-dir` filled")
+        out.extend(sorted(p.parent for p in root.rglob(RECORD) if ".index" not in p.parts))
+    return out
