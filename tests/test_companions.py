@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -107,6 +108,30 @@ def test_nightly_builds_companions_first(tmp_path: Path) -> None:
                          reporter=Reporter(io.StringIO()), build=fake_build(calls))
     assert calls == ["purec", "pureb", "purea"]  # pureb before the recipe that names it
     assert [r.recipe for r in report.results] == calls
+
+
+def test_a_matrix_without_a_companion_is_a_config_error(tmp_path: Path) -> None:
+    """A cell is built in a stage and only its own wheel leaves it: a companion that is not
+    in the matrix would never be published, and the wheel that pins it could not be
+    installed. Said before anything is built, for the nightly and for `nightly plan`."""
+    from wheelforge import fanout
+    from wheelforge.errors import ConfigError
+
+    book = companion_book(tmp_path)
+    path = write_matrix(tmp_path, ["purec", "purea"],
+                        [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
+    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
+                                work_dir=tmp_path / "work", project_file=path)
+    calls: list[str] = []
+    with pytest.raises(ConfigError, match="lacks companion recipe") as exc:
+        nightly.run(load_matrix(path, book.names()), book, settings,
+                    reporter=Reporter(io.StringIO()), build=fake_build(calls))
+    assert "pureb (a companion of purea)" in exc.value.what
+    assert exc.value.fix == "add pureb to matrix.recipes"
+    assert calls == []
+    with pytest.raises(ConfigError, match="lacks companion recipe"):
+        fanout.make_plan(load_matrix(path, book.names()), book, settings,
+                         reporter=Reporter(io.StringIO()))
 
 
 def test_build_makes_and_then_reuses_the_companion(tmp_path: Path, shared_cache: Path) -> None:

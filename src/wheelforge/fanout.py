@@ -46,10 +46,11 @@ from packaging.version import InvalidVersion, Version
 from . import __version__, index, nightly, pipeline
 from ._fs import atomic_write, locked
 from ._log import Reporter
+from .config import BuildConfig
 from .errors import ConfigError, PublishError, ToolchainError, WheelforgeError
 from .matrix import Cell, Matrix, TorchPin, cells
 from .nightly import CellResult, NightlyReport, Settings
-from .recipe import RecipeBook
+from .recipe import Recipe, RecipeBook
 from .wheel import retag
 
 __all__ = [
@@ -193,7 +194,8 @@ def estimate(durations: Mapping[str, float], cell: Cell) -> float | None:
 def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
               reporter: Reporter) -> Plan:
     """The cells of the matrix whose build key is not published, longest first."""
-    state = nightly._Run(matrix, book, settings, reporter, pipeline.build_one)
+    state = nightly._Run(matrix, book, settings, reporter, nightly.with_companions(book))
+    state.check_companions()
     durations = _durations(settings.cache_dir)
     todo: list[PlannedCell] = []
     done: list[CellResult] = []
@@ -342,8 +344,8 @@ def _identity_difference(mine: Mapping[str, str], planned: Mapping[str, str]) ->
 
 
 def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: Settings,
-             stage: Path, *, reporter: Reporter,
-             build: nightly.Builder | None = None) -> StageRecord:
+             stage: Path, *, reporter: Reporter, build: nightly.Builder | None = None,
+             share: nightly._Run | None = None) -> StageRecord:
     """Build and verify one planned cell into the stage directory ``stage`` (created,
     must be empty); the index is never touched.  Returns the record written; a failure
     is a record with status failed (and an error), not an exception."""
@@ -354,7 +356,9 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     stage.mkdir(parents=True, exist_ok=True)
     private = stage / ".index"
     local = dataclasses.replace(settings, index_dir=private)
-    state = nightly._Run(matrix, book, local, reporter, build or pipeline.build_one)
+    state = nightly._Run(matrix, book, local, reporter, build or nightly.with_companions(book))
+    if share is not None:  # the in-process nightly's: interpreters and CUDA found once
+        state.pythons, state.cuda, state.recipes = share.pythons, share.cuda, share.recipes
     p = state.plan(planned.cell)
     host = f"{socket.gethostname()}:{settings.cache_dir}"  # the builder: host and cache
 
@@ -363,7 +367,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         return _write_stage(stage, StageRecord(
             cell=planned, status="failed", host=host,
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
-            log_tail=nightly._tail(log, exc.why or exc.what), log=log), log)
+            log_tail=nightly._tail(log), log=log), log)
 
     if p.error is not None:
         return failed(p.error)
@@ -383,6 +387,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     try:
         if p.recipe.build.kind == "extension":
             state.check_torch_cuda(p)
+        _seed_companions(state, p.recipe, p.config, settings.index_dir, private)
         res = state.build(p.recipe, p.config, reporter)
     except WheelforgeError as exc:
         return failed(exc, exc.log)
@@ -402,6 +407,25 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         log=str(log) if log else None)
     shutil.rmtree(private, ignore_errors=True)
     return _write_stage(stage, out, str(log) if log else None)
+
+
+def _seed_companions(state: nightly._Run, recipe: Recipe, config: BuildConfig,
+                     real_index: Path, private: Path) -> None:
+    """Copy the recipe's companions that the real index already holds for this target
+    (same build key) into the stage's private index, so that the cell reuses them
+    instead of building them again.  A builder that cannot see the index builds them in
+    the stage; they are published by their own cells (the matrix must list them:
+    :meth:`nightly._Run.check_companions`)."""
+    for name in recipe.companions:
+        companion = state.book.load(name)
+        cuda = state.find_cuda() if companion.build.kind == "extension" else None
+        key = pipeline.planned_key(companion, config, state.book, cuda)
+        found = pipeline.published_with_key(real_index, key)
+        if found is not None and pipeline.published_with_key(private, key) is None:
+            index.publish(private, real_index / index.FILES_DIR / found.filename,
+                          channel=found.channel, cuda=found.cuda, torch=found.torch,
+                          archs=found.archs, build_key=found.build_key)
+        _seed_companions(state, companion, config, real_index, private)
 
 
 def _write_stage(stage: Path, record: StageRecord, log: str | None) -> StageRecord:
@@ -582,7 +606,7 @@ def run_and_publish(state: nightly._Run, plan: nightly._Plan) -> CellResult:
     with tempfile.TemporaryDirectory(prefix=f"{cell.recipe}-", dir=root) as tmp:
         stage = Path(tmp) / "stage"
         r = run_cell(planned, state.matrix, state.book, state.settings, stage,
-                     reporter=state.reporter, build=state.build)
+                     reporter=state.reporter, build=state.build, share=state)
         if r.status == "failed":
             state.reporter.info(f"FAILED {cell.label}")
             return state.result(plan, "failed", error=r.error, log=r.log,

@@ -42,7 +42,7 @@ from packaging.version import InvalidVersion, Version
 from . import __version__, _proc, buildenv, config, index, pipeline, toolchain
 from ._fs import atomic_copy, atomic_write, locked, owned_lock
 from ._log import Reporter
-from .errors import ToolchainError, WheelforgeError
+from .errors import ConfigError, ToolchainError, WheelforgeError
 from .matrix import Cell, Matrix, cells
 from .recipe import Recipe, RecipeBook
 
@@ -226,6 +226,35 @@ class _Run:
                 return 0  # the cell's plan reports the error
         return sorted(todo, key=depth)
 
+    def check_companions(self) -> None:
+        """Every companion of a matrix recipe is a matrix recipe too: a cell is built in a
+        stage, and only the cell's own wheel leaves it, so a companion is published by its
+        own cells (built first, :meth:`companions_first`)."""
+        missing: dict[str, set[str]] = {}
+
+        def visit(name: str, chain: tuple[str, ...]) -> None:
+            if name in chain:
+                return  # a cycle: the cell's plan reports it
+            try:
+                recipe = self.recipe(name)
+            except WheelforgeError:
+                return  # the cell's plan reports it
+            for c in recipe.companions:
+                if c not in self.matrix.recipes:
+                    missing.setdefault(str(c), set()).add(chain[0] if chain else name)
+                visit(str(c), (*chain, name))
+
+        for name in self.matrix.recipes:
+            visit(name, ())
+        if missing:
+            listed = "; ".join(f"{c} (a companion of {', '.join(sorted(n))})"
+                               for c, n in sorted(missing.items()))
+            raise ConfigError(
+                f"the matrix of {self.matrix.path} lacks companion recipe(s): {listed}",
+                why="a recipe's wheel pins its companions' exact builds, and only the "
+                    "companions' own cells publish them",
+                fix=f"add {', '.join(sorted(missing))} to matrix.recipes")
+
     def kinds(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for name in self.matrix.recipes:
@@ -314,6 +343,12 @@ class _Run:
         return run_and_publish(self, plan)
 
 
+def with_companions(book: RecipeBook) -> Builder:
+    """The cells' builder: :func:`pipeline.build_with_companions` for one recipe (its
+    companions reused when published for the target, else built first)."""
+    return lambda r, c, rep: pipeline.build_with_companions([r], book, c, rep)[-1]
+
+
 def _lock_path(cache_dir: Path, key: str) -> Path:
     return pipeline.key_lock_path(cache_dir, key)
 
@@ -328,8 +363,8 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     """
     started_wall, started = datetime.now(timezone.utc), time.monotonic()
     index.repair(settings.index_dir)  # a change a killed writer left: finished first
-    state = _Run(matrix, book, settings, reporter,
-                 build or (lambda r, c, rep: pipeline.build_with_companions([r], book, c, rep)[-1]))
+    state = _Run(matrix, book, settings, reporter, build or with_companions(book))
+    state.check_companions()
     todo = state.companions_first(cells(matrix, state.kinds()))
     results: dict[int, CellResult] = {}
     deferred: list[tuple[int, _Plan]] = []
