@@ -154,7 +154,7 @@ def test_plan_run_publish_on_pure_cells(tmp_path: Path, shared_cache: Path) -> N
     report = json.loads((tmp_path / "index" / "reports" / "nightly-latest.json").read_text())
     assert sorted(c["status"] for c in report["cells"]) == ["built", "skipped", "skipped"]
     assert sorted(p.name for p in (tmp_path / "index" / "files").glob("*.whl")) == [
-        f"{n}-0.1.0-py3-none-any.whl" for n in names]
+        f"{n}-0.1.0+wf-py3-none-any.whl" for n in names]
     durations = json.loads((tmp_path / "publisher-cache" / "stats" / "durations.json")
                            .read_text())
     assert len(durations) == 3

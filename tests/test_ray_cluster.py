@@ -94,7 +94,7 @@ def test_every_cell_built_once_on_the_cluster_one_index_one_report(
     assert sorted((c["recipe"], c["status"]) for c in report["cells"]) == [
         (n, "built") for n in names]
     assert sorted(p.name for p in (tmp_path / "index" / "files").glob("*.whl")) == [
-        f"{n}-0.1.0-py3-none-any.whl" for n in names]
+        f"{n}-0.1.0+wf-py3-none-any.whl" for n in names]
     # each cell built exactly once, on the builders' own caches, and on both builders
     logs = {c: sorted(p.name for p in (c / "logs").glob("*.log")) for c in caches}
     assert sum(len(v) for v in logs.values()) == len(names), logs
@@ -146,7 +146,7 @@ def test_the_cuda_fixture_builds_on_a_ray_node(tmp_path: Path, nvcc: str,
     assert cells["tinyext"]["note"].startswith("compile cache: ")
     assert any(str(c) in cells["tinyext"]["note"] for c in caches)
     wheels = sorted(p.name for p in (tmp_path / "index" / "files").glob("*.whl"))
-    assert len(wheels) == 2 and wheels[0] == "purea-0.1.0-py3-none-any.whl"
+    assert len(wheels) == 2 and wheels[0] == "purea-0.1.0+wf-py3-none-any.whl"
     assert wheels[1].startswith("tinyext-0.1.0+cu130torch2.14sm120-cp3"), wheels
 
 
