@@ -135,13 +135,13 @@ def test_a_server_running_during_the_crash_repairs_before_its_next_answer(
 
         with urllib.request.urlopen(url + "simple/faultpkg/", timeout=30) as response:
             page = response.read().decode()
-        assert "faultpkg-0.1.0-py3-none-any.whl" in page
+        assert "faultpkg-0.1.0+wf-py3-none-any.whl" in page
     assert harness.index_problems(index, work) == []
 
 
 @contextlib.contextmanager
 def _server(index: Path) -> Iterator[str]:
-    index.mkdir(parents=True, exist_ok=True)
+    (index / "files").mkdir(parents=True, exist_ok=True)  # an empty index: serve reads one
     proc = subprocess.Popen([sys.executable, "-m", "wheelforge", "serve", "--index", str(index),
                              "--port", "0"], env=harness.environ(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -163,7 +163,7 @@ def test_eight_builds_of_one_key_publish_one_file(work: Path, shared_cache: Path
     rounds = [harness.concurrent_round(work, dirs, shared_cache, 8, f"onekey-{r}", name="onekey")
               for r in range(ROUNDS)]
     assert [r.problems for r in rounds] == [()] * ROUNDS
-    assert all(r.wheels == ("onekey-0.1.0-py3-none-any.whl",) for r in rounds)
+    assert all(r.wheels == ("onekey-0.1.0+wf-py3-none-any.whl",) for r in rounds)
 
 
 def test_eight_builds_of_eight_keys_of_one_project_publish_eight_build_numbers(
@@ -173,8 +173,8 @@ def test_eight_builds_of_eight_keys_of_one_project_publish_eight_build_numbers(
                                        name="eightkeys")
               for r in range(ROUNDS)]
     assert [r.problems for r in rounds] == [()] * ROUNDS
-    expected = ("eightkeys-0.1.0-py3-none-any.whl",
-                *(f"eightkeys-0.1.0-{n}-py3-none-any.whl" for n in range(1, 8)))
+    expected = ("eightkeys-0.1.0+wf-py3-none-any.whl",
+                *(f"eightkeys-0.1.0+wf-{n}-py3-none-any.whl" for n in range(1, 8)))
     assert all(sorted(r.wheels) == sorted(expected) for r in rounds)
 
 
@@ -210,10 +210,10 @@ def test_a_build_started_while_a_nightly_builds_the_same_cell_waits_and_skips(
     assert build.returncode == 0, build.stderr[-2000:]
     assert "waiting for build key" in build.stderr and f"pid {nightly.pid} (wheelforge " \
         "nightly" in build.stderr
-    assert "already published: slowpkg-0.1.0-py3-none-any.whl" in build.stdout
+    assert "already published: slowpkg-0.1.0+wf-py3-none-any.whl" in build.stdout
     compiles = (err + build.stderr).count("==> compile")
     assert compiles == 1
-    assert harness.wheels(index) == ["slowpkg-0.1.0-py3-none-any.whl"]
+    assert harness.wheels(index) == ["slowpkg-0.1.0+wf-py3-none-any.whl"]
 
 
 def _wait_for_holder(locks: Path, holder: str, proc: subprocess.Popen[str]) -> None:
@@ -342,8 +342,8 @@ BROKEN = [
      "not a valid wheel file name"),
     ("rebuild, files/ a file", "index rebuild --index {index}", "files-is-a-file", 9,
      "publish error: cannot list the index's"),
-    ("rebuild, index under a file", "index rebuild --index {afile}/index", None, 9,
-     "publish error: cannot rebuild"),
+    ("rebuild, index under a file", "index rebuild --index {afile}/index", None, 2,
+     "config error: no index at"),
     ("consumer-config, corrupt sidecar", "consumer-config --index {index}",
      "sidecar-not-utf8", 0, "sidecar record is not valid JSON; `wheelforge index rebuild"),
     ("consumer-config, files/ a file", "consumer-config --index {index}", "files-is-a-file",
@@ -352,10 +352,10 @@ BROKEN = [
      "sidecar-not-utf8", 9, "publish error: files/filler1-0.0.1+cu130"),
     ("prune, corrupt wheel", "prune --keep 1 --index {index}", "wheel-not-a-zip", 0,
      "warning: "),
-    ("serve, index under a file", "serve --port 0 --index {afile}/index", None, 9,
-     "is not an index directory"),
+    ("serve, index under a file", "serve --port 0 --index {afile}/index", None, 2,
+     "config error: no index at"),
     ("test, files/ a file", "test faultpkg --recipes {recipes} --index {index} "
-     "--cache-dir {cache}", "files-is-a-file", 6, "declares no GPU test"),
+     "--cache-dir {cache}", "files-is-a-file", 3, "declares no GPU test"),
     ("build, corrupt sidecar in files/", "build faultpkg --recipes {recipes} --sources "
      "{sdists} --index {index} --cache-dir {cache}", "sidecar-not-utf8", 0, "ok publish"),
     ("build, corrupt wheel in files/", "build faultpkg --recipes {recipes} --sources "
@@ -370,18 +370,19 @@ BROKEN = [
      "--index {index} --cache-dir {afile}/cache", "sidecar-not-a-record", 9,
      "publish error: "),
     ("build, recipe not UTF-8", "build faultpkg --recipes {bad_recipes}", None, 3,
-     "is not UTF-8 text"),
+     "not UTF-8 (byte 0xff)"),
     ("build, project file not UTF-8", "build faultpkg --recipes {recipes} --config "
-     "{bad_config}", None, 2, "config error: cannot read"),
-    ("list, recipe not UTF-8", "list --recipes {bad_recipes}", None, 3, "can't decode"),
+     "{bad_config}", None, 2, "not UTF-8 (byte 0xff)"),
+    ("list, recipe not UTF-8", "list --recipes {bad_recipes}", None, 3, "not UTF-8"),
     ("show, recipe not UTF-8", "show faultpkg --recipes {bad_recipes}", None, 3,
-     "not UTF-8 text"),
-    ("check, recipe not UTF-8", "check --recipes {bad_recipes}", None, 3, "can't decode"),
+     "not UTF-8 (byte 0xff)"),
+    ("check, recipe not UTF-8", "check --recipes {bad_recipes}", None, 3, "not UTF-8"),
     ("nightly, project file not UTF-8", "nightly --config {bad_config} --recipes {recipes} "
-     "--index {index} --cache-dir {cache}", "sidecar-not-a-record", 2, "not UTF-8 text"),
+     "--index {index} --cache-dir {cache}", "sidecar-not-a-record", 2, "not UTF-8 (byte 0xff)"),
     ("prune, project file not UTF-8", "prune --config {bad_config} --index {index}",
-     "sidecar-not-a-record", 2, "config error: cannot read"),
-    ("inspect, not a wheel", "inspect {afile}", None, 8, "verify error: cannot read"),
+     "sidecar-not-a-record", 2, "not UTF-8 (byte 0xff)"),
+    ("inspect, not a wheel", "inspect {afile}", None, 8,
+     "verify error: afile is not a valid wheel file name"),
 ]
 
 

@@ -299,9 +299,11 @@ class IndexServer:
             if self._stopping:
                 return
             self._done.clear()
+        serving = self._serve()
         try:
-            asyncio.run(self._serve())
+            asyncio.run(serving)
         finally:
+            serving.close()  # a Ctrl-C before the loop ran it: no "never awaited" warning
             with self._lock:
                 self._loop = self._stop = None
             self._done.set()
