@@ -435,7 +435,7 @@ def fill_sweep(root: Path, recipes: Path, cache: Path, levels: int, name: str,
     return out
 
 
-def library_fill_sweep(root: Path, levels: int, top: int = 96 << 10) -> list[Fill]:
+def library_fill_sweep(root: Path, levels: int, top: int = 384 << 10) -> list[Fill]:
     """`index.publish_build` into an index on a tmpfs filled to each level, with the
     free-space check before the publish turned off, so that the writes themselves hit
     ENOSPC at every point: PublishError and the index as it was, or a sound publish."""
