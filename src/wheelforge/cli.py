@@ -513,15 +513,19 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
     try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop
-        click.echo(f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops")
         try:
             text = _instructions(index_dir, f"{url}/simple/", None, "pip")
         except ConfigError as exc:  # an empty index is still served
             text = f"# {exc.what}\n"
-        click.echo("install (per channel: wheelforge consumer-config --channel C "
-                   f"--url {url}/C/simple/):")
-        click.echo(text, nl=False)
-        sys.stdout.flush()
+        banner = (f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops\n"
+                  f"install (per channel: wheelforge consumer-config --channel C "
+                  f"--url {url}/C/simple/):\n{text}")
+
+        def ready() -> None:  # printed once the server answers
+            click.echo(banner, nl=False)
+            sys.stdout.flush()
+
+        server.on_ready = ready
         server.serve_forever()
     except KeyboardInterrupt as exc:
         reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"

@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.parse
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
@@ -266,6 +266,8 @@ class IndexServer:
         self.root = root
         self.quiet = quiet
         self.limits = limits
+        #: called once the event loop serves (``wheelforge serve`` prints its banner there)
+        self.on_ready: Callable[[], None] | None = None
         self.marker = os.path.join(root, CACHE_DIR, _WRITING)
         self.unrepairable = False
         self._lock = threading.Lock()
@@ -325,6 +327,8 @@ class IndexServer:
             if self._stopping:
                 return
             self._loop, self._stop = loop, stop
+        if self.on_ready is not None:  # the loop runs: a Ctrl-C from now on stops it cleanly
+            self.on_ready()
         limit = min(self.limits.max_connections, _fd_budget())
         slots = asyncio.Semaphore(limit)
         clients: set[asyncio.Task[None]] = set()
