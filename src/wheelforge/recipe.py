@@ -391,14 +391,24 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
     )
 
 
-def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
-    where = "verify"
+def _section(p: _Problems, data: Any, where: str,
+             keys: Sequence[str]) -> dict[str, Any] | None:
+    """An optional mapping section: None when absent or not a mapping (said in ``p``),
+    its unknown keys said too."""
     if data is None:
-        return VerifySpec()
+        return None
     if not isinstance(data, dict):
         p.add(where, "must be a mapping")
+        return None
+    p.unknown_keys(where, data, keys)
+    return data
+
+
+def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
+    where = "verify"
+    data = _section(p, data, where, _VERIFY_KEYS)
+    if data is None:
         return VerifySpec()
-    p.unknown_keys(where, data, _VERIFY_KEYS)
     imports = _string_list(p, data, "imports", where)
     for i, mod in enumerate(imports):
         if not _MODULE.match(mod):
@@ -419,12 +429,9 @@ def _limit(raw: Any, count: bool) -> int | None:
 
 def _parse_extract(p: _Problems, data: Any) -> ExtractLimits:
     where = "extract"
+    data = _section(p, data, where, _EXTRACT_KEYS)
     if data is None:
         return ExtractLimits()
-    if not isinstance(data, dict):
-        p.add(where, "must be a mapping")
-        return ExtractLimits()
-    p.unknown_keys(where, data, _EXTRACT_KEYS)
     values: dict[str, int] = {}
     for key in _EXTRACT_KEYS:
         if data.get(key) is None:
@@ -441,12 +448,9 @@ def _parse_extract(p: _Problems, data: Any) -> ExtractLimits:
 
 def _parse_test(p: _Problems, data: Any, tests_dir: Path) -> TestSpec:
     where = "test"
+    data = _section(p, data, where, _TEST_KEYS)
     if data is None:
         return TestSpec()
-    if not isinstance(data, dict):
-        p.add(where, "must be a mapping")
-        return TestSpec()
-    p.unknown_keys(where, data, _TEST_KEYS)
     source_files = _string_list(p, data, "source-files", where)
     for i, f in enumerate(source_files):
         if not _TEST_FILE.match(f) or ".." in f.split("/"):
