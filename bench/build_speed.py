@@ -1,26 +1,33 @@
 #!/usr/bin/env python3
-"""Build speed of causal-conv1d, measured side by side in one run on one machine.
+"""Build speed of a split recipe (causal-conv1d, mamba-ssm), side by side in one run.
 
-  A  upstream's default build: the unpatched sdist (9 architectures under CUDA 13,
-     --threads 4), CUDA_HOME set so that it builds at all
-  B  one architecture, patches 0001-0004 (no split)
-  C  one architecture, the whole series: 0005 splits the backward kernels into as
-     many units as MAX_JOBS can use, 0006 drops debug info from the binding unit, 0007
-     compresses every unit's fatbin
+  A  upstream's default build (9 architectures under CUDA 13, --threads 4), CUDA_HOME
+     set so that it builds at all: causal-conv1d's unpatched sdist; mamba-ssm's pinned
+     commit with only patch 0003 (C++20: torch 2.14's headers refuse C++17)
+  B  one architecture, the series before the split (causal-conv1d 0001-0004,
+     mamba-ssm 0001-0007)
+  C  one architecture, the whole series: causal-conv1d's 0005 splits the backward
+     kernels into as many units as MAX_JOBS can use, 0006 drops debug info from the
+     binding unit, 0007 compresses every unit's fatbin; mamba-ssm's 0008 splits every
+     dispatcher by launch configuration into units sized by MAX_JOBS
 
 Each is a bare build without isolation in wheelforge's managed build environment with
-the same MAX_JOBS: pypa/build's build_wheel hook, as wheelforge builds (default), or
-`pip wheel --no-build-isolation` with --frontend pip (runs setup.py twice).  Prints wall
-time, CPU time (user+sys of all compiler processes), wheel size, the ratios, and where
-each build's time went: before ninja (setup.py, torch's checks), ninja (its longest
-steps), the link, packaging.  On 2 cores A alone takes ~30-40 min.
+the same MAX_JOBS and the recipe's build.env: pypa/build's build_wheel hook, as
+wheelforge builds (default), or `pip wheel --no-build-isolation` with --frontend pip
+(runs setup.py twice).  Prints wall time, CPU time (user+sys of all compiler
+processes), wheel size, the ratios, the load average before and after, and where each
+build's time went: before ninja (setup.py, torch's checks), ninja (its longest steps),
+the link, packaging.  On 2 cores A alone takes ~30-40 min (causal-conv1d) or over an
+hour (mamba-ssm).
 
-    .venv/bin/python bench/build_speed.py [--arch 12.0] [--jobs N] [--builds CBA]
-        [--frontend build|pip] [--python PATH] [--sources DIR] [--keep DIR]
+    .venv/bin/python bench/build_speed.py [--recipe causal-conv1d|mamba-ssm]
+        [--arch 12.0] [--jobs N] [--builds CBA] [--frontend build|pip] [--python PATH]
+        [--sources DIR] [--git-mirror URL=PATH] [--keep DIR]
 
 --python builds with an existing interpreter that has torch (as `wheelforge build
---python` does) instead of the managed environment, and --sources takes the sdist from
-a directory: together they run on a machine without network.  --keep copies the three
+--python` does) instead of the managed environment; --sources takes the sdist from a
+directory and --git-mirror a git source from a bundle or repository (as `wheelforge
+build` does): together they run on a machine without network.  --keep copies the three
 wheels to DIR (to test or inspect them afterwards), with each build's .ninja_log
 (DIR/<build>/ninja_log.txt: every compile step's start and end).
 """
@@ -36,7 +43,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +54,23 @@ from wheelforge.config import cpu_count, resolve  # noqa: E402
 from wheelforge.patch import apply_series  # noqa: E402
 from wheelforge.recipe import RecipeBook  # noqa: E402
 from wheelforge.source import extract, fetch  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Split:
+    first: str  # the first build-speed patch: B is the series before it
+    upstream: tuple[str, ...] = ()  # the patches A needs to build at all
+    env: dict[str, str] = field(default_factory=dict)
+
+
+SPLITS = {
+    "causal-conv1d": Split("0005", env={"CAUSAL_CONV1D_FORCE_BUILD": "TRUE"}),
+    "mamba-ssm": Split("0008", upstream=("0003",)),
+}
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" ({cpu_count()} cores)"
 
 
 @dataclass
@@ -138,6 +162,7 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--recipe", choices=sorted(SPLITS), default="causal-conv1d")
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--builds", default="CBA",
@@ -153,9 +178,18 @@ def main() -> None:
                          "the managed environment")
     ap.add_argument("--sources", type=Path, action="append", default=[],
                     help="directory holding the sdist (no download)")
+    ap.add_argument("--git-mirror", action="append", default=[], metavar="URL=PATH",
+                    help="fetch the git URL from this bundle or repository only")
     ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
     args = ap.parse_args()
-    recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
+    recipe = RecipeBook(REPO / "recipes", REPO / "patches").load(args.recipe)
+    split = SPLITS[args.recipe]
+    mirrors = {}
+    for item in args.git_mirror:
+        url, sep, path = item.partition("=")
+        if not sep:
+            ap.error(f"--git-mirror {item!r}: expected URL=PATH")
+        mirrors[url] = Path(path).absolute()
     config = resolve(arch=args.arch, jobs=args.jobs,
                      environ={k: v for k, v in os.environ.items()
                               if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")})
@@ -165,29 +199,32 @@ def main() -> None:
         env = buildenv.managed_env(config.cache_dir, base_python=config.base_python,
                                    torch_req=config.torch, requirements=recipe.build.requires)
     cuda = toolchain.find_cuda()
-    archive = fetch(recipe, config.cache_dir, sources_dirs=args.sources).archive
-    # B: the series up to the build-speed patches (0005 on)
-    unsplit = [p for p in recipe.patches if p.name < "0005"]
+    archive = fetch(recipe, config.cache_dir, sources_dirs=args.sources,
+                    git_mirrors=mirrors).archive
+    # B: the series up to the build-speed patches; A: only what upstream needs to build
+    unsplit = [p for p in recipe.patches if p.name < split.first]
+    upstream = [p for p in recipe.patches if p.name[:4] in split.upstream]
     # TORCH_NO_COMPILER_WRAPPER: torch would otherwise route compilers through a ccache
     # it finds on PATH, and a cache hit is not a build
     base = dict(os.environ, MAX_JOBS=str(config.jobs), NVCC_THREADS="1",
                 TORCH_NO_COMPILER_WRAPPER="1",
-                CUDA_HOME=str(cuda.home), CAUSAL_CONV1D_FORCE_BUILD="TRUE",
+                CUDA_HOME=str(cuda.home), **dict(recipe.build.env), **split.env,
                 PATH=f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}")
     base.pop("TORCH_CUDA_ARCH_LIST", None)
-    print(f"causal-conv1d {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
+    print(f"{recipe.name} {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="wf-speed-") as tmp:
         t = Path(tmp)
         trees = {}
         for name, patches in (("C split", recipe.patches), ("B one arch", unsplit),
-                              ("A upstream", [])):
+                              ("A upstream", upstream)):
             tree = extract(archive, t / name.split()[0] / "src")
             apply_series(tree, patches, project=recipe.name)
             trees[name] = tree
         one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
         builds = "CB" if args.skip_upstream else args.builds.upper()
+        print(f"load average before: {load()}", flush=True)
         for name in ("C split", "B one arch", "A upstream"):
             if name[0] not in builds:
                 continue
@@ -195,6 +232,7 @@ def main() -> None:
             results.append(build(name, trees[name], env, environ, t / name[0],
                                  args.keep, args.frontend))
     by = {r.name[0]: r for r in results}
+    print(f"load average after: {load()}")
     print()
     print(f"{'build':14} {'wall s':>8} {'cpu s':>8} {'wheel MiB':>10}")
     for r in results:
