@@ -203,3 +203,27 @@ def test_managed_env_pip_gets_timeout_and_retries(tmp_path: Path, serve):
     assert "wheelforge-no-such-project" in info.value.what
     assert " --timeout 30 --retries 5 --retries 1 " in log.read_text().splitlines()[0]
     assert seen == [1, 2]
+
+
+def test_a_git_server_that_stops_sending_is_cut_off(tmp_path: Path, serve):
+    """git over http gets the download's stall limit (GIT_HTTP_LOW_SPEED_LIMIT/_TIME):
+    a server that answers git's first request with a header and then nothing fails the
+    fetch within about stall_timeout, instead of hanging the build."""
+    from test_git_source import recipe_for as git_recipe
+
+    def stall(sock: socket.socket, _n: int) -> None:
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: "
+                     b"application/x-git-upload-pack-advertisement\r\n"
+                     b"Content-Length: 100000\r\n\r\n001e# service=git-upload-pack\n")
+        time.sleep(20)
+
+    url, seen = serve(stall)
+    repo = url.rsplit("/", 1)[0] + "/demo.git"
+    recipe = git_recipe(tmp_path, f"url: '{repo}', commit: {'a' * 40}")
+    start = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        fetch(recipe, tmp_path / "cache", [], limits=NetLimits(stall_timeout=2, retries=0))
+    elapsed = time.monotonic() - start
+    assert info.value.exit_code == 4
+    assert repo in info.value.why and "git fetch failed" in info.value.why
+    assert seen and elapsed < 12, elapsed

@@ -124,7 +124,8 @@ def fetch(
             mirror = mirror_for(src.url, git_mirrors or {})
             origin = f"{mirror} (mirror of {src.url})" if mirror else src.url
             say(f"fetching {origin} at {src.commit[:12]}")
-            return FetchedSource(src, _git_archive(recipe, src, cache_dir, mirror), origin)
+            return FetchedSource(src, _git_archive(recipe, src, cache_dir, mirror,
+                                                   limits or DEFAULT_NET_LIMITS), origin)
         except _Unreachable as exc:
             attempts.append(str(exc))
     where = ", ".join(str(d) for d in sources_dirs) or "none given"
@@ -343,7 +344,7 @@ _GIT_REMOTE_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "GIT_CONFIG_GLOB
 
 
 def _git(args: list[str], cwd: Path | None = None, *, local_only: bool = False,
-         strip: bool = True) -> str:
+         strip: bool = True, limits: NetLimits | None = None) -> str:
     # no GIT_DIR, GIT_OBJECT_DIRECTORY, GIT_TEMPLATE_DIR, ... from the caller; only what
     # says how to reach a remote (ssh, askpass, the user's config file) is kept
     env = {k: v for k, v in os.environ.items()
@@ -353,6 +354,11 @@ def _git(args: list[str], cwd: Path | None = None, *, local_only: bool = False,
         # a mirror is bytes on disk: the user's config (insteadOf, proxies, ...) is not
         # read, and no transport but a local file may be used
         env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_ALLOW_PROTOCOL="file")
+    elif limits is not None:
+        # git over http(s) gives up, as a download does, on a transfer slower than
+        # min_rate bytes a second for stall_timeout seconds (a server that stops sending)
+        env.update(GIT_HTTP_LOW_SPEED_LIMIT=str(max(1, limits.min_rate)),
+                   GIT_HTTP_LOW_SPEED_TIME=str(max(1, round(limits.stall_timeout))))
     config = [a for c in _GIT_CONFIG for a in ("-c", c)]
     out = _proc.run(["git", *config, *args], cwd=cwd, env=env).output
     return out.strip() if strip else out
@@ -367,7 +373,7 @@ def _resolve(repo: Path, rev: str, local_only: bool) -> str | None:
 
 
 def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path,
-                 mirror: Path | None = None) -> Path:
+                 mirror: Path | None = None, limits: NetLimits | None = None) -> Path:
     """Fetch ``src`` (from ``mirror`` when given) into a fresh bare repository, verify the
     commit and its tags, and write the commit's archive and manifest into the cache."""
     dest = cache_path(cache_dir, src)
@@ -391,7 +397,7 @@ def _git_archive(recipe: Recipe, src: GitSource, cache_dir: Path,
             _git(["fetch", "--quiet", "--no-tags", "--no-recurse-submodules",
                   "--no-write-fetch-head", "--", remote,
                   "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"],
-                 repo, local_only=local)
+                 repo, local_only=local, limits=limits)
         except _proc.CommandFailed as exc:
             if local:
                 raise SourceError(f"cannot fetch from the git mirror {mirror}",
