@@ -14,8 +14,8 @@ Prints what it compared and every difference; exits 0 when identical, 1 when not
 Needs `nm` (binutils) and `cuobjdump` (CUDA toolkit: $CUOBJDUMP, on PATH or in
 $CUDA_HOME/bin; a toolkit without it can use the copy Triton ships, e.g.
 CUOBJDUMP=.../site-packages/triton/backends/nvidia/bin/cuobjdump).
-Used to show that patch 0005 of causal-conv1d (the split into several translation
-units) changes the build and nothing else.
+Used to show that patch 0005 of causal-conv1d and patch 0008 of mamba-ssm (the splits
+into several translation units) change the build and nothing else.
 """
 
 from __future__ import annotations
