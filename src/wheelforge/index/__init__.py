@@ -3,8 +3,9 @@ generate PEP 503 / PEP 691 simple pages from what is on disk.
 
 Modules: :mod:`.records` (the sidecar records, wheel inspection, the listing of
 ``files/``), :mod:`.store` (publish, rebuild, remove, yank: the writers, under the
-lock), :mod:`.pages` (the simple pages and their caches), :mod:`.landing` (the page
-for people), :mod:`.serve` (the HTTP server).
+lock), :mod:`.recovery` (the change journal; finishing or rolling back a change a killed
+writer left; quarantine), :mod:`.pages` (the simple pages and their caches),
+:mod:`.landing` (the page for people), :mod:`.serve` (the HTTP server).
 
 Layout of an index directory::
 
@@ -77,6 +78,7 @@ from .records import (
     from_json,
     to_json,
 )
+from .recovery import repair
 from .serve import ServeLimits, make_server
 from .store import (
     BuildPublishResult,
@@ -85,7 +87,6 @@ from .store import (
     publish_build,
     rebuild,
     remove,
-    repair,
     set_tested,
     unyank,
     yank,

@@ -1,11 +1,12 @@
-"""Atomic writes of many files at once (temp file, fsync, rename, directory fsync)."""
+"""Atomic writes of many files at once (temp file, fsync, rename, directory fsync), and
+an OSError of a write as the PublishError that names the path, the cause and the fix."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +18,7 @@ from .._fs import (
     read_file,
     temp_file,
 )
+from ..errors import PublishError
 from .records import (
     _CHUNKS_PER_THREAD,
     _WRITE_THREADS,
@@ -135,3 +137,38 @@ def _unchanged(path: str, data: Data) -> bool:
 def _fsync_all(paths: Iterable[str]) -> None:
     for path in paths:
         fsync_path(path)
+
+
+@contextlib.contextmanager
+def _index_errors(index_dir: Path, doing: str) -> Iterator[None]:
+    """An OSError (a full disk, a read-only filesystem, no permission, a file where a
+    directory should be) as a PublishError naming the path, the cause and the fix."""
+    try:
+        yield
+    except OSError as exc:
+        raise disk_error(exc, f"cannot {doing} {index_dir}", index_dir) from None
+
+
+def disk_error(exc: OSError, what: str, where: Path | None = None) -> PublishError:
+    """``exc`` as a PublishError: ``what`` failed, the path (``where`` when the error
+    names none) and the cause, and the fix."""
+    import errno
+
+    path = exc.filename or where or "?"
+    cause = exc.strerror or str(exc)
+    fixes = {
+        errno.ENOSPC: f"free space on the filesystem of {path} (df -h), then run the "
+                      "command again",
+        errno.EDQUOT: f"free space within your disk quota for {path}, then run the command "
+                      "again",
+        errno.EROFS: "remount the filesystem read-write, or use another directory",
+        errno.EACCES: f"give this user write access to {path}, or use another directory",
+        errno.EPERM: f"give this user write access to {path}, or use another directory",
+        errno.ENOTDIR: f"a file stands where a directory belongs on the path {path}: move "
+                       "it away, or use another directory",
+        errno.EEXIST: f"a file stands where a directory belongs: {path}; move it away",
+        errno.EISDIR: f"a directory stands where a file belongs: {path}; move it away",
+    }
+    fix = fixes.get(exc.errno or 0, "check the path and its filesystem, then run the command "
+                                    "again")
+    return PublishError(what, why=f"{path}: {cause}; nothing was left half-written", fix=fix)

@@ -35,7 +35,7 @@ from .records import (
     SIDECAR_SUFFIX,
     SIMPLE_DIR,
 )
-from .store import repair
+from .recovery import repair
 
 # --------------------------------------------------------------------------- HTTP server
 
