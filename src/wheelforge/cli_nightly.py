@@ -1,0 +1,275 @@
+"""The nightly commands: ``wheelforge nightly`` and its parts plan, run and publish.
+
+Registered on :data:`wheelforge.cli.cli` when :mod:`wheelforge.cli` is imported; thin
+commands over :mod:`.nightly`, :mod:`.fanout` and :mod:`.rayexec`, like the rest of the
+command line (whose ``main`` turns their errors into messages and exit codes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import __version__
+from ._log import Reporter, clear_live
+from .cli import EPILOG, _book, cli, config_option, recipes_option
+from .config import resolve
+from .errors import ConfigError, WheelforgeError
+from .recipe import RecipeBook
+
+jobs_option = click.option(
+    "-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each build "
+    "(MAX_JOBS). Default: $MAX_JOBS, else from cores, memory and the source's translation "
+    "units.")
+sources_option = click.option(
+    "--sources", "sources_dirs", multiple=True,
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Directory holding source archives (air-gapped builds). Repeatable.")
+cache_option = click.option(
+    "--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+    help="Cache for sources, build environments, compile cache, logs and the recorded "
+         "durations (default $WHEELFORGE_CACHE, else ~/.cache/wheelforge).")
+work_option = click.option(
+    "--work-dir", type=click.Path(path_type=Path, file_okay=False),
+    help="Where sources are unpacked and built (default: CACHE/work).")
+report_option = click.option(
+    "--report-dir", type=click.Path(path_type=Path, file_okay=False),
+    help="Where the nightly-<time>.json/.html reports go (default INDEX/reports, linked from "
+         "the index's landing page).")
+nightly_index_option = click.option(
+    "--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+    help="The index (default: wheelforge.yaml, else ./index).")
+
+
+def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
+                         index_dir: Path | None = None, cache_dir: Path | None = None,
+                         work_dir: Path | None = None, sources_dirs: tuple[Path, ...] = (),
+                         jobs: int | None = None) -> tuple[Any, RecipeBook, Any]:
+    from . import nightly as night
+    from .config import PROJECT_FILE
+    from .matrix import load_matrix
+
+    path = project_file or Path(PROJECT_FILE)
+    if not path.is_file():
+        raise ConfigError(f"no project file {path}", fix="run in the directory that holds "
+                          "wheelforge.yaml, or pass --config")
+    book = _book(recipes)
+    matrix = load_matrix(path, known_recipes=book.names())
+    base = resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
+                   sources_dirs=sources_dirs, jobs=jobs, project_file=path)
+    settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
+                              work_dir=base.work_dir, sources_dirs=base.sources_dirs,
+                              jobs=jobs, project_file=path)
+    return matrix, book, settings
+
+
+def _echo_report(report: Any, reports: Path) -> None:
+    clear_live()
+    for r in report.results:
+        target = "pure" if r.archs is None else f"{r.torch} cu{r.cuda} arch {r.archs}"
+        click.echo(f"{r.status:8} {r.recipe} [{target}] {r.wheel or r.note or ''}".rstrip())
+    click.echo(f"report: {reports / 'nightly-latest.html'}")
+    click.echo(report.summary())
+
+
+@cli.group(epilog=EPILOG, invoke_without_command=True)
+@config_option
+@nightly_index_option
+@report_option
+@jobs_option
+@sources_option
+@cache_option
+@work_option
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where the cells build: one after another in this "
+              "process, or as tasks on a Ray cluster (pip install 'wheelforge[ray]'; see "
+              "docs/nightly.md).")
+@click.option("--ray-address", metavar="ADDRESS", help="The Ray cluster to connect to (default "
+              "$RAY_ADDRESS, else 'auto': the cluster `ray start` runs on this machine).")
+@click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@recipes_option
+@click.pass_context
+def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | None,
+            report_dir: Path | None, jobs: int | None, sources_dirs: tuple[Path, ...],
+            cache_dir: Path | None, work_dir: Path | None, executor: str,
+            ray_address: str | None, verbose: bool, recipes: Path | None) -> None:
+    """Build every out-of-date cell of the build matrix (matrix: in wheelforge.yaml).
+
+    A cell whose build key is published is skipped without creating an environment; a
+    failed cell is reported and the others still build. Two runs on one index never build
+    a cell twice. Writes nightly-<time>.json and .html (and nightly-latest.*) to the report
+    directory. Exits 1 when any cell failed.
+
+    \b
+    The same night in three parts, for engines that run one job per cell:
+      wheelforge nightly plan --output plan.json --github-matrix matrix.json
+      wheelforge nightly run --plan plan.json --cell 3 --stage-dir stage/   # on a builder
+      wheelforge nightly publish --plan plan.json stage/                    # one writer
+    """
+    if ctx.invoked_subcommand is not None:
+        given = [k for k, v in ctx.params.items()
+                 if v not in (None, (), False) and not (k == "executor" and v == "local")]
+        if given:
+            raise click.UsageError(
+                f"options before '{ctx.invoked_subcommand}' belong to the whole nightly run; "
+                f"put them after it: wheelforge nightly {ctx.invoked_subcommand} "
+                + " ".join("--" + k.replace("_", "-") for k in given))
+        return
+    from . import nightly as night
+
+    matrix, book, settings = _matrix_and_settings(project_file, recipes, index_dir,
+                                                  cache_dir, work_dir, sources_dirs, jobs)
+    reporter = Reporter(verbose=verbose)
+    reporter.header(f"wheelforge {__version__}: nightly, matrix {matrix.path}"
+                    + (" on a Ray cluster" if executor == "ray" else ""))
+    reports = report_dir or settings.index_dir / night.REPORTS_DIR
+    if executor == "ray":
+        from . import fanout, rayexec
+
+        plan = fanout.make_plan(matrix, book, settings, reporter=reporter)
+        reporter.info(f"plan: {len(plan.cells)} cell(s) to build, {len(plan.done)} done")
+        report = rayexec.run_night(plan, matrix, settings, recipes_dir=book.recipes_dir,
+                                   address=ray_address, reporter=reporter,
+                                   report_dir=reports)
+    else:
+        report = night.run(matrix, book, settings, reporter=reporter, report_dir=reports)
+    _echo_report(report, reports)
+    if report.failed:
+        raise WheelforgeError(f"{report.count('failed')} of {len(report.results)} cell(s) "
+                              "failed", fix=f"see {reports / 'nightly-latest.html'}")
+
+
+@nightly.command("plan", epilog=EPILOG)
+@config_option
+@nightly_index_option
+@cache_option
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the plan here (default: stdout).")
+@click.option("--github-matrix", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the cells as a GitHub Actions strategy.matrix "
+                   '({"include": [{"cells": "ID", "name": ...}]}, for fromJSON).')
+@click.option("--github-output", type=click.Path(path_type=Path, dir_okay=False),
+              help='Append "matrix=<json>" and "cells=<count>" to this file (pass '
+                   '"$GITHUB_OUTPUT" in a workflow step).')
+@click.option("--max-jobs", type=click.IntRange(1, 256), default=256, show_default=True,
+              help="Most jobs in the matrix (GitHub's limit is 256): above it, cells are "
+                   "packed into this many batches of about equal estimated time.")
+@recipes_option
+def nightly_plan(project_file: Path | None, index_dir: Path | None, cache_dir: Path | None,
+                 output: Path | None, github_matrix: Path | None, github_output: Path | None,
+                 max_jobs: int, recipes: Path | None) -> None:
+    """Plan the night: the cells whose build key is not published, longest first (from
+    the durations in CACHE/stats), as JSON. Nothing is built or created."""
+    import json
+
+    from . import fanout
+
+    matrix, book, settings = _matrix_and_settings(project_file, recipes, index_dir, cache_dir)
+    reporter = Reporter()
+    plan = fanout.make_plan(matrix, book, settings, reporter=reporter)
+    text = fanout.plan_to_json(plan)
+    gh = fanout.github_matrix(plan, max_jobs)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        fanout.write_plan(plan, output)
+    if github_matrix is not None:
+        from ._fs import atomic_write
+
+        atomic_write(github_matrix, json.dumps(gh) + "\n")
+    if github_output is not None:
+        with open(github_output, "a", encoding="utf-8") as f:
+            f.write(f"matrix={json.dumps(gh)}\ncells={len(plan.cells)}\n")
+    batched = len(gh["include"]) < len(plan.cells)
+    reporter.info(f"{len(plan.cells)} cell(s) to build"
+                  + (f" in {len(gh['include'])} batches (more than {max_jobs})" if batched
+                     else "")
+                  + f", {sum(1 for r in plan.done if r.status == 'skipped')} up to date, "
+                    f"{sum(1 for r in plan.done if r.status == 'failed')} failed to plan")
+
+
+@nightly.command("run", epilog=EPILOG)
+@click.option("--plan", "plan_file", required=True,
+              type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="The plan `wheelforge nightly plan` wrote.")
+@click.option("--cell", "cell_ids", multiple=True, required=True, metavar="ID",
+              help="The plan's cell to build (repeatable; a value may hold several ids, "
+                   "space separated, as a batch of the GitHub matrix does).")
+@click.option("--stage-dir", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Each cell goes into STAGE_DIR/cell-ID (created; must be empty).")
+@config_option
+@jobs_option
+@sources_option
+@cache_option
+@work_option
+@click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@recipes_option
+def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
+                project_file: Path | None, jobs: int | None, sources_dirs: tuple[Path, ...],
+                cache_dir: Path | None, work_dir: Path | None, verbose: bool,
+                recipes: Path | None) -> None:
+    """Build and verify cells of a plan into stage directories, on a builder; the index is
+    not touched. Refuses a cell whose build key here is not the plan's (another toolchain).
+    Exits 1 when a cell failed (its stage then holds the error and the log)."""
+    from . import fanout
+
+    plan = fanout.load_plan(plan_file)
+    chosen = fanout.select(plan, cell_ids)
+    matrix, book, settings = _matrix_and_settings(project_file, recipes, None, cache_dir,
+                                                  work_dir, sources_dirs, jobs)
+    reporter = Reporter(verbose=verbose)
+    failed = 0
+    for c in chosen:
+        reporter.header(f"cell {c.id}: {c.label}")
+        rec = fanout.run_cell(c, matrix, book, settings, stage_dir / f"cell-{c.id}",
+                              reporter=reporter)
+        click.echo(f"{rec.status:8} cell {c.id} {c.label} -> {stage_dir / f'cell-{c.id}'}"
+                   + (f" {rec.wheel}" if rec.wheel else ""))
+        if rec.status == "failed":
+            failed += 1
+            click.echo(rec.error or "", err=True)
+    if failed:
+        raise WheelforgeError(f"{failed} of {len(chosen)} cell(s) failed",
+                              fix=f"see {stage_dir}/cell-*/cell.json and build.log; the "
+                                  "publish step reports them too")
+
+
+@nightly.command("publish", epilog=EPILOG)
+@click.argument("stages", nargs=-1, type=click.Path(path_type=Path, exists=True,
+                                                    file_okay=False))
+@click.option("--plan", "plan_file", required=True,
+              type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="The plan the stages were built from.")
+@nightly_index_option
+@report_option
+@cache_option
+@config_option
+def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path | None,
+                    report_dir: Path | None, cache_dir: Path | None,
+                    project_file: Path | None) -> None:
+    """Publish the stage directories of a plan: the single writer of the index.
+
+    Each decision is taken under the index lock: a build key already published is skipped
+    (a retried job is a no-op), else the build number is chosen and the wheel published.
+    STAGES are stage directories, or directories holding them (downloaded artifacts).
+    Writes the nightly report with every cell of the plan; exits 1 when a cell failed or
+    did not run.
+    """
+    from . import fanout
+    from . import nightly as night
+
+    plan = fanout.load_plan(plan_file)
+    base = resolve(index_dir=index_dir, cache_dir=cache_dir, project_file=project_file)
+    settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
+                              project_file=project_file)
+    reporter = Reporter()
+    reports = report_dir or settings.index_dir / night.REPORTS_DIR
+    report = fanout.publish(plan, fanout.stage_dirs(stages), settings, reporter=reporter,
+                            report_dir=reports)
+    _echo_report(report, reports)
+    bad = report.count("failed") + report.count("not run")
+    if bad:
+        raise WheelforgeError(f"{bad} of {len(report.results)} cell(s) failed or did not run",
+                              fix=f"see {reports / 'nightly-latest.html'}")
