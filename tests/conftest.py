@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import os
@@ -9,9 +10,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +146,29 @@ def uv() -> str:
                 pytest.fail(f"uv is required under CI=true: {why}")
             pytest.skip(why)
     return found
+
+
+def setup_py_function(tree: Path, name: str, **scope: Any) -> Callable[[], list[str]]:
+    """The function ``name`` of ``tree``'s setup.py, compiled on its own with ``scope`` as
+    its globals (setup.py as a whole needs torch): the unit generators of the split
+    patches (causal-conv1d's bwd_units, mamba-ssm's selective_scan_units)."""
+    module = ast.parse((tree / "setup.py").read_text())
+    (fn,) = [n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == name]
+    namespace: dict[str, Any] = {"os": os, "this_dir": str(tree), **scope}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), namespace)
+    return namespace[name]  # type: ignore[no-any-return]
+
+
+def assert_units_stable(units: Callable[[], list[str]], root: Path,
+                        expected: Mapping[int, int]) -> None:
+    """A second run of a unit generator (pip runs setup.py twice) returns the same units
+    and rewrites none of them under ``root``, so ninja does not compile them again; with
+    MAX_JOBS unset it makes ``expected[cores]`` units (one job per usable core)."""
+    first = units()
+    jobs = len(os.sched_getaffinity(0))
+    if jobs in expected:
+        assert len(first) == expected[jobs]
+    stamps = {u: (root / u).stat().st_mtime_ns for u in first}
+    time.sleep(0.01)
+    assert units() == first
+    assert {u: (root / u).stat().st_mtime_ns for u in first} == stamps

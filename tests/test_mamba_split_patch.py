@@ -14,17 +14,14 @@ builds (bench/build_speed.py --recipe mamba-ssm --keep).
 from __future__ import annotations
 
 import ast
-import os
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, assert_units_stable, setup_py_function
 from test_mamba_ssm_patches import MAMBA_URL, mirror
 from wheelforge.patch import apply_series
 from wheelforge.recipe import RecipeBook
@@ -82,12 +79,7 @@ def launchers() -> list[tuple[str, str, str, str, tuple[int, int]]]:
 
 def units_function(tree: Path, hip: bool = False) -> Callable[[], list[str]]:
     """setup.py's selective_scan_units(), compiled on its own (setup.py needs torch)."""
-    module = ast.parse((tree / "setup.py").read_text())
-    (fn,) = [n for n in ast.walk(module)
-             if isinstance(n, ast.FunctionDef) and n.name == "selective_scan_units"]
-    scope: dict[str, Any] = {"os": os, "this_dir": str(tree), "HIP_BUILD": hip}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), scope)
-    return scope["selective_scan_units"]  # type: ignore[no-any-return]
+    return setup_py_function(tree, "selective_scan_units", HIP_BUILD=hip)
 
 
 def included(unit: Path) -> list[str]:
@@ -246,12 +238,4 @@ def test_units_rewritten_only_when_changed(trees: dict[str, Path], tmp_path: Pat
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MAX_JOBS", raising=False)
     monkeypatch.delenv("MAMBA_SELECTIVE_SCAN_UNITS", raising=False)
-    units = units_function(trees["split"])
-    first = units()
-    jobs = len(os.sched_getaffinity(0))
-    if jobs in EXPECTED_UNITS:
-        assert len(first) == EXPECTED_UNITS[jobs]
-    stamps = {u: (tmp_path / u).stat().st_mtime_ns for u in first}
-    time.sleep(0.01)
-    assert units() == first
-    assert {u: (tmp_path / u).stat().st_mtime_ns for u in first} == stamps
+    assert_units_stable(units_function(trees["split"]), tmp_path, EXPECTED_UNITS)

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import ast
 import glob
-import os
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, assert_units_stable, setup_py_function
 from wheelforge.patch import apply_series
 from wheelforge.recipe import RecipeBook
 from wheelforge.source import extract, fetch
@@ -94,12 +91,7 @@ def setup_sources(tree: Path) -> list[ast.expr]:
 
 def bwd_units_function(tree: Path) -> Callable[[], list[str]]:
     """setup.py's bwd_units(), compiled on its own (setup.py as a whole needs torch)."""
-    module = ast.parse((tree / "setup.py").read_text())
-    (fn,) = [n for n in ast.walk(module)
-             if isinstance(n, ast.FunctionDef) and n.name == "bwd_units"]
-    scope: dict[str, Any] = {"os": os, "glob": glob, "this_dir": str(tree)}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "setup.py", "exec"), scope)
-    return scope["bwd_units"]  # type: ignore[no-any-return]
+    return setup_py_function(tree, "bwd_units", glob=glob)
 
 
 # MAX_JOBS -> backward units, from bwd_units()'s cost model (see its docstring)
@@ -240,15 +232,7 @@ def test_bwd_units_rewritten_only_when_changed(
     ninja does not compile them again; MAX_JOBS unset means one job per usable core."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MAX_JOBS", raising=False)
-    bwd_units = bwd_units_function(trees["split"])
-    first = bwd_units()
-    jobs = len(os.sched_getaffinity(0))
-    if jobs in EXPECTED_UNITS:
-        assert len(first) == EXPECTED_UNITS[jobs]
-    stamps = {u: (tmp_path / u).stat().st_mtime_ns for u in first}
-    time.sleep(0.01)
-    assert bwd_units() == first
-    assert {u: (tmp_path / u).stat().st_mtime_ns for u in first} == stamps
+    assert_units_stable(bwd_units_function(trees["split"]), tmp_path, EXPECTED_UNITS)
 
 
 def test_kernel_code_byte_identical(trees: dict[str, Path]) -> None:
