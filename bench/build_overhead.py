@@ -24,11 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge import buildenv, toolchain  # noqa: E402
-from wheelforge.config import resolve  # noqa: E402
-from wheelforge.patch import apply_series  # noqa: E402
-from wheelforge.recipe import RecipeBook  # noqa: E402
-from wheelforge.source import extract, fetch  # noqa: E402
+from wheelforge.recipe.format import RecipeBook  # noqa: E402
+
+from wheelforge.build import buildenv, toolchain  # noqa: E402
+from wheelforge.build.config import resolve  # noqa: E402
+from wheelforge.build.patch import apply_series  # noqa: E402
+from wheelforge.build.source import extract, fetch  # noqa: E402
 
 
 def main() -> None:

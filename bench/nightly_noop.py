@@ -28,12 +28,15 @@ REPO = Path(__file__).absolute().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 
+from wheelforge.recipe.format import RecipeBook  # noqa: E402
+from wheelforge.recipe.matrix import cells as matrix_cells  # noqa: E402
+from wheelforge.recipe.matrix import load_matrix  # noqa: E402
+
 from conftest import make_wheel  # noqa: E402
-from wheelforge import buildenv, index, nightly, pipeline  # noqa: E402
+from wheelforge import index  # noqa: E402
 from wheelforge._log import Reporter  # noqa: E402
-from wheelforge.matrix import cells as matrix_cells  # noqa: E402
-from wheelforge.matrix import load_matrix  # noqa: E402
-from wheelforge.recipe import RecipeBook  # noqa: E402
+from wheelforge.build import buildenv, pipeline  # noqa: E402
+from wheelforge.nightly import night as nightly  # noqa: E402
 
 
 def seed(index_dir: Path, config: Path, book: RecipeBook) -> int:

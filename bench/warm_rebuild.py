@@ -104,9 +104,10 @@ def _cache_line(stderr: str) -> str:
 def _setup_head(cache: Path) -> list[str]:
     """The first three lines of causal-conv1d's setup.py after the shipped patches."""
     sys.path.insert(0, str(REPO / "src"))
-    from wheelforge.patch import apply_series
-    from wheelforge.recipe import RecipeBook
-    from wheelforge.source import extract, fetch
+    from wheelforge.recipe.format import RecipeBook
+
+    from wheelforge.build.patch import apply_series
+    from wheelforge.build.source import extract, fetch
 
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import PACKAGES, REPO
-from wheelforge.patch import apply_series
-from wheelforge.recipe import RecipeBook
-from wheelforge.source import extract, fetch
+from wheelforge.build.patch import apply_series
+from wheelforge.build.source import extract, fetch
+from wheelforge.recipe.format import RecipeBook
 
 FAKE_TORCH = PACKAGES / "faketorch"
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")

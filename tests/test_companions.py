@@ -15,12 +15,14 @@ from packaging.version import Version
 
 from conftest import make_wheel, write_recipe
 from test_nightly import pure_project, write_matrix
-from wheelforge import index, nightly, pipeline
+from wheelforge import index
 from wheelforge._log import Reporter
-from wheelforge.buildenv import BuildEnv
-from wheelforge.config import BuildConfig, resolve
-from wheelforge.matrix import load_matrix
-from wheelforge.recipe import Recipe, RecipeBook
+from wheelforge.build import pipeline
+from wheelforge.build.buildenv import BuildEnv
+from wheelforge.build.config import BuildConfig, resolve
+from wheelforge.nightly import night as nightly
+from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.matrix import load_matrix
 from wheelforge.wheel import read_metadata, relabel
 
 COMMIT = "e9594ce1c732d97440f0332fdc43170a2294dbfa"
@@ -114,8 +116,8 @@ def test_a_matrix_without_a_companion_is_a_config_error(tmp_path: Path) -> None:
     """A cell is built in a stage and only its own wheel leaves it: a companion that is not
     in the matrix would never be published, and the wheel that pins it could not be
     installed. Said before anything is built, for the nightly and for `nightly plan`."""
-    from wheelforge import fanout
     from wheelforge.errors import ConfigError
+    from wheelforge.nightly import fanout
 
     book = companion_book(tmp_path)
     path = write_matrix(tmp_path, ["purec", "purea"],

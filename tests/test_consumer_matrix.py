@@ -612,7 +612,7 @@ def test_a_project_left_out_of_the_pins_says_why(tmp_path: Path):
     assert "wf-other==1.0+cu128torch2.14sm120\n" in top
     # the pins printed and the constraints file agree (one from the records, one from the
     # index's summary cache)
-    from wheelforge import consumer
+    from wheelforge.consume import install as consumer
 
     records = index.load_records(root)
     for channel, text in [(CHANNEL, constraints), (None, top)]:
@@ -632,7 +632,7 @@ def _print_table() -> Iterator[None]:
 def test_the_readme_shows_the_rendered_instructions_first(tmp_path: Path):
     """README's first install commands are consumer.render's, for an index of the shipped
     recipes' wheels under $PWD/index, channel cu130-torch2.14."""
-    from wheelforge import consumer
+    from wheelforge.consume import install as consumer
 
     root, dist = tmp_path.resolve() / "index", tmp_path / "dist"
     for name, version, target in [("causal-conv1d", "1.7.0+cu130torch2.14sm120", CU130),

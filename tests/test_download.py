@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from test_source import recipe_for, sdist_bytes, sdist_entry
-from wheelforge import buildenv
+from wheelforge.build import buildenv
+from wheelforge.build.source import NetLimits, cache_path, fetch
 from wheelforge.errors import SourceError, ToolchainError
-from wheelforge.source import NetLimits, cache_path, fetch
 
 DATA = sdist_bytes()
 SHA = hashlib.sha256(DATA).hexdigest()

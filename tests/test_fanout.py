@@ -20,9 +20,9 @@ import pytest
 
 from conftest import IN_CI, make_wheel
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
-from wheelforge import fanout
 from wheelforge.errors import ConfigError
-from wheelforge.matrix import Cell, TorchPin
+from wheelforge.nightly import fanout
+from wheelforge.recipe.matrix import Cell, TorchPin
 from wheelforge.wheel import inspect_wheel, retag
 
 TORCH = [{"spec": "torch==2.14.1", "cuda": "13.0"}]
@@ -244,7 +244,7 @@ def test_the_fanout_workflow_validates_and_runs_the_three_parts() -> None:
     import yaml
 
     from test_nightly import EXAMPLES, _linter
-    from wheelforge.cli import cli
+    from wheelforge.cli.main import cli
 
     workflow = EXAMPLES / "github-actions" / "nightly-fanout.yml"
     data = yaml.safe_load(workflow.read_text())
@@ -280,10 +280,10 @@ def test_the_fanout_workflow_validates_and_runs_the_three_parts() -> None:
 
 
 def test_the_plan_puts_the_longest_first_and_the_never_timed_before(tmp_path: Path) -> None:
-    from wheelforge import nightly
     from wheelforge._log import Reporter
-    from wheelforge.matrix import load_matrix
-    from wheelforge.recipe import RecipeBook
+    from wheelforge.nightly import night as nightly
+    from wheelforge.recipe.format import RecipeBook
+    from wheelforge.recipe.matrix import load_matrix
 
     names = ["purea", "pureb", "purec"]
     _project(tmp_path, names)

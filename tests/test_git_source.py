@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_recipe
-from wheelforge.config import resolve
-from wheelforge.errors import ConfigError, RecipeError, SourceError
-from wheelforge.recipe import Recipe, RecipeBook
-from wheelforge.source import (
+from wheelforge.build.config import resolve
+from wheelforge.build.source import (
     cache_path,
     extract,
     fetch,
@@ -24,6 +22,8 @@ from wheelforge.source import (
     mirror_for,
     verify_git_archive,
 )
+from wheelforge.errors import ConfigError, RecipeError, SourceError
+from wheelforge.recipe.format import Recipe, RecipeBook
 
 UNREACHABLE = "http://127.0.0.1:9/upstream/demo.git"  # nothing listens: never contacted
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from wheelforge import buildenv
-from wheelforge.config import DEFAULT_TORCH
-from wheelforge.gputest import can_run
+from wheelforge.build import buildenv
+from wheelforge.build.config import DEFAULT_TORCH
+from wheelforge.consume.gputest import can_run
 
 
 @pytest.mark.parametrize(("archs", "cc", "ok"), [

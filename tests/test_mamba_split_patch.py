@@ -23,9 +23,9 @@ import pytest
 
 from conftest import REPO, assert_units_stable, setup_py_function
 from test_mamba_ssm_patches import MAMBA_URL, mirror
-from wheelforge.patch import apply_series
-from wheelforge.recipe import RecipeBook
-from wheelforge.source import extract, fetch
+from wheelforge.build.patch import apply_series
+from wheelforge.build.source import extract, fetch
+from wheelforge.recipe.format import RecipeBook
 
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 SPLIT = "0008-split-kernels-into-translation-units.patch"

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, PACKAGES, REPO, require_tool
-from wheelforge import buildenv
-from wheelforge.config import DEFAULT_TORCH
-from wheelforge.patch import apply_series
-from wheelforge.recipe import RecipeBook
-from wheelforge.source import extract, fetch
+from wheelforge.build import buildenv
+from wheelforge.build.config import DEFAULT_TORCH
+from wheelforge.build.patch import apply_series
+from wheelforge.build.source import extract, fetch
+from wheelforge.recipe.format import RecipeBook
 
 FAKE_TORCH = PACKAGES / "faketorch"
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")

@@ -10,7 +10,7 @@ import yaml
 
 from conftest import REPO
 from wheelforge.errors import ConfigError
-from wheelforge.matrix import (
+from wheelforge.recipe.matrix import (
     DEFAULT_KEEP,
     Cell,
     TorchPin,

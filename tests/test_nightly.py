@@ -25,13 +25,15 @@ import pytest
 import yaml
 
 from conftest import IN_CI, PACKAGES, REPO, make_sdist, make_wheel, write_recipe
-from wheelforge import compilecache, index, nightly, pipeline
+from wheelforge import index
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
-from wheelforge.config import BuildConfig
+from wheelforge.build import compilecache, pipeline
+from wheelforge.build.config import BuildConfig
 from wheelforge.errors import BuildError, ConfigError
-from wheelforge.matrix import cells, load_matrix
-from wheelforge.recipe import Recipe, RecipeBook
+from wheelforge.nightly import night as nightly
+from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.matrix import cells, load_matrix
 
 TINYEXT = """format: 1
 name: tinyext
@@ -160,8 +162,8 @@ def test_published_cells_are_skipped_without_a_build_or_an_environment(
 
     def no_env(*a: object, **kw: object) -> None:
         raise AssertionError("a build environment was asked for")
-    monkeypatch.setattr("wheelforge.buildenv.managed_env", no_env)
-    monkeypatch.setattr("wheelforge.buildenv.inspect_env", no_env)
+    monkeypatch.setattr("wheelforge.build.buildenv.managed_env", no_env)
+    monkeypatch.setattr("wheelforge.build.buildenv.inspect_env", no_env)
     second = run_fake(tmp_path, pure_book, fake_builder(calls), ["purea", "pureb"])
     assert [r.status for r in second.results] == ["skipped", "skipped"]
     assert calls == ["purea", "pureb"]  # nothing built again

@@ -18,12 +18,14 @@ import yaml
 from browser import layout, screenshot
 from conftest import make_sdist, make_wheel, require_tool, write_recipe
 from test_landing_page import decode_png
-from wheelforge import index, nightly, pipeline
+from wheelforge import index
 from wheelforge._log import Reporter
-from wheelforge.config import BuildConfig
+from wheelforge.build import pipeline
+from wheelforge.build.config import BuildConfig
 from wheelforge.errors import BuildError
-from wheelforge.matrix import load_matrix
-from wheelforge.recipe import Recipe, RecipeBook
+from wheelforge.nightly import night as nightly
+from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.matrix import load_matrix
 
 LONG = "flash-linear-attention-with-a-very-long-project-name-for-layout"
 FIX = ("install gcc 14 or older and select it with CC and CXX (e.g. CC=gcc-14 CXX=g++-14), "

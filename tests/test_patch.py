@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from wheelforge.build.patch import apply_series, hunks
 from wheelforge.errors import PatchError
-from wheelforge.patch import apply_series, hunks
 
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 31))
 

@@ -22,7 +22,7 @@ import pytest
 import servers
 from conftest import IN_CI, tinyext_project
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
-from wheelforge import fanout, rayexec
+from wheelforge.nightly import fanout, rayexec
 
 pytestmark = pytest.mark.e2e
 

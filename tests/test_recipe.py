@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO, write_recipe
 from wheelforge.errors import RecipeError
-from wheelforge.recipe import GitSource, RecipeBook, SdistSource
+from wheelforge.recipe.format import GitSource, RecipeBook, SdistSource
 
 SHA = "a" * 64
 COMMIT = "b" * 40

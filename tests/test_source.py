@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import write_recipe
+from wheelforge.build.source import cache_path, extract, fetch
 from wheelforge.errors import SourceError
-from wheelforge.recipe import Recipe, RecipeBook
-from wheelforge.source import cache_path, extract, fetch
+from wheelforge.recipe.format import Recipe, RecipeBook
 
 
 def sdist_bytes(name: str = "demo-1.0") -> bytes:

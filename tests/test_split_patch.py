@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_units_stable, setup_py_function
-from wheelforge.patch import apply_series
-from wheelforge.recipe import RecipeBook
-from wheelforge.source import extract, fetch
+from wheelforge.build.patch import apply_series
+from wheelforge.build.source import extract, fetch
+from wheelforge.recipe.format import RecipeBook
 
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 SPLIT = REPO / "patches" / "causal-conv1d" / "0005-split-kernels-into-translation-units.patch"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from wheelforge.arch import parse_arch_list
+from wheelforge.build.toolchain import check_archs, check_torch_cuda, find_cuda
 from wheelforge.errors import ToolchainError
-from wheelforge.toolchain import check_archs, check_torch_cuda, find_cuda
 
 
 def fake_cuda(root: Path, release: str, codes: str = "sm_90 sm_100 sm_120") -> Path:
@@ -77,7 +77,7 @@ def test_torch_cuda_major_mismatch(tmp_path: Path) -> None:
 
 
 def test_nothing_found_lists_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("wheelforge.toolchain.STANDARD_PREFIXES", (str(tmp_path / "std"),))
+    monkeypatch.setattr("wheelforge.build.toolchain.STANDARD_PREFIXES", (str(tmp_path / "std"),))
     with pytest.raises(ToolchainError) as exc:
         find_cuda({"PATH": str(tmp_path / "bin")})
     assert exc.value.what == "nvcc, the CUDA compiler, was not found"

@@ -11,18 +11,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TypeVar
 
-from .._fs import (
-    discard,
-    fsync_path,
-    make_dirs,
-    read_file,
-    temp_file,
-)
+from .._fs import discard, fsync_path, make_dirs, read_file, temp_file
 from ..errors import PublishError
-from .records import (
-    _CHUNKS_PER_THREAD,
-    _WRITE_THREADS,
-)
+from .records import _CHUNKS_PER_THREAD, _WRITE_THREADS
 
 
 class PartialWrite(OSError):

@@ -8,10 +8,8 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import consumer
-from ._markup import (
-    _e,
-)
+from ..consume import install as consumer
+from ._markup import _e
 from .records import (
     FILES_DIR,
     NIGHTLY_REPORT,

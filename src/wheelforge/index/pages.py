@@ -20,21 +20,10 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from .. import consumer
-from ._markup import (
-    _JSON,
-    _e,
-    _json_text,
-    _quote,
-)
-from ._writes import (
-    Data,
-    _write_all,
-)
-from .landing import (
-    _landing_page,
-    _landing_row,
-)
+from ..consume import install as consumer
+from ._markup import _JSON, _e, _json_text, _quote
+from ._writes import Data, _write_all
+from .landing import _landing_page, _landing_row
 from .records import (
     _CACHE_SCHEMA,
     _RESERVED_CHANNELS,

@@ -28,15 +28,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from .. import consumer
-from .._fs import (
-    TMP_PREFIX,
-    atomic_write,
-    discard,
-    read_file,
-    sha256_file,
-    sweep_temp_files,
-)
+from .._fs import TMP_PREFIX, atomic_write, discard, read_file, sha256_file, sweep_temp_files
+from ..consume import install as consumer
 from ..errors import IndexWarning, PublishError
 from ..wheel import member_problems
 

@@ -15,15 +15,7 @@ from typing import Any
 
 from packaging.utils import NormalizedName
 
-from .._fs import (
-    TMP_PREFIX,
-    atomic_write,
-    discard,
-    fsync_path,
-    read_file,
-    sha256_file,
-    try_locked,
-)
+from .._fs import TMP_PREFIX, atomic_write, discard, fsync_path, read_file, sha256_file, try_locked
 from ..errors import IndexWarning, PublishError
 from ._writes import Data, PartialWrite, _index_errors
 from .pages import _sync

@@ -23,11 +23,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from .._fs import (
-    fsync_path,
-    locked,
-    sha256_file,
-)
+from .._fs import fsync_path, locked, sha256_file
 from ..errors import IndexWarning, PublishError
 from ._writes import Data, _index_errors
 from ._writes import disk_error as disk_error  # index.store.disk_error: the callers' name
@@ -57,11 +53,7 @@ from .records import (
     _WheelInfo,
     to_json,
 )
-from .recovery import (
-    _changing,
-    _recover,
-    _sync_checked,
-)
+from .recovery import _changing, _recover, _sync_checked
 
 # --------------------------------------------------------------------------- public operations
 

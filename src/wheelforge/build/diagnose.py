@@ -18,9 +18,9 @@ from typing import Any
 
 import yaml
 
-from .arch import MIN_CUDA_FOR_ARCH
+from ..arch import MIN_CUDA_FOR_ARCH
+from ..errors import WheelforgeError
 from .config import DEFAULT_GIB_PER_JOB
-from .errors import WheelforgeError
 
 __all__ = [
     "Diagnosis",
@@ -77,8 +77,8 @@ class Diagnosis:
 @functools.cache
 def load_signatures() -> tuple[Signature, ...]:
     """The packaged table, validated once per process."""
-    text = resources.files("wheelforge").joinpath(TABLE).read_text(encoding="utf-8")
-    return parse_signatures(text, source=f"wheelforge/{TABLE}")
+    text = resources.files("wheelforge.build").joinpath(TABLE).read_text(encoding="utf-8")
+    return parse_signatures(text, source=f"wheelforge/build/{TABLE}")
 
 
 def parse_signatures(text: str, *, source: str = TABLE) -> tuple[Signature, ...]:

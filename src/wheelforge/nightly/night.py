@@ -39,12 +39,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import __version__, _proc, buildenv, config, index, pipeline, toolchain
-from ._fs import atomic_copy, atomic_write, locked, owned_lock
-from ._log import Reporter
-from .errors import ConfigError, ToolchainError, WheelforgeError
-from .matrix import Cell, Matrix, cells
-from .recipe import Recipe, RecipeBook
+from .. import __version__, _proc, index
+from .._fs import atomic_copy, atomic_write, locked, owned_lock
+from .._log import Reporter
+from ..build import buildenv, config, pipeline, toolchain
+from ..errors import ConfigError, ToolchainError, WheelforgeError
+from ..recipe.format import Recipe, RecipeBook
+from ..recipe.matrix import Cell, Matrix, cells
 
 __all__ = [
     "CellResult",
@@ -652,7 +653,7 @@ def prune(index_dir: Path, keep: int, *, dry_run: bool = False) -> PruneResult:
         try:
             return (files / (r.filename + index.METADATA_SUFFIX)).read_bytes()
         except FileNotFoundError:
-            from .wheel import read_metadata
+            from ..wheel import read_metadata
 
             return read_metadata(files / r.filename)
 

@@ -13,11 +13,11 @@ from typing import get_args
 
 import click
 
-from . import __version__
-from ._log import Reporter, clear_live
-from .config import resolve
-from .consumer import Format
-from .errors import (
+from .. import __version__
+from .._log import Reporter, clear_live
+from ..build.config import resolve
+from ..consume.install import Format
+from ..errors import (
     INTERNAL_ERROR_EXIT_CODE,
     INTERRUPT_EXIT_CODES,
     ConfigError,
@@ -25,7 +25,7 @@ from .errors import (
     WheelforgeError,
     exit_code_table,
 )
-from .recipe import RecipeBook, SdistSource
+from ..recipe.format import RecipeBook, SdistSource
 
 #: The exit-code table of errors.py, as --help shows it (\b keeps click from rewrapping).
 EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {meaning}"
@@ -54,7 +54,7 @@ def _book(recipes: Path | None, *, nonempty: bool = False) -> RecipeBook:
 def _existing_index(index_dir: Path | None, project_file: Path | None = None) -> Path:
     """The index a command reads: --index, else defaults.index of wheelforge.yaml, else
     ./index.  It must hold an index: a typo is an error, and nothing is created."""
-    from .config import project_index
+    from ..build.config import project_index
 
     path = project_index(index_dir, project_file)
     if not ((path / "files").is_dir() or (path / "simple").is_dir()):
@@ -147,7 +147,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     another build (or the nightly) is building waits for it, then finds the wheel published
     and skips.
     """
-    from .pipeline import build_with_companions
+    from ..build.pipeline import build_with_companions
 
     book = _book(recipes)
     loaded = [book.load(n) for n in names]
@@ -180,7 +180,8 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
 
 def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
     """consumer.render for the index's current records (the one source of install text)."""
-    from . import consumer, index
+    from .. import index
+    from ..consume import install as consumer
 
     return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
                                          url=url, channel=channel), fmt)
@@ -189,7 +190,7 @@ def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Fo
 def _repair_or_warn(index_dir: Path) -> None:
     """Before a read-only command: finish a change a killed writer left in the index; when
     the index cannot be written here, say so and go on with the pages as they are."""
-    from . import index
+    from .. import index
 
     try:
         index.repair(index_dir)
@@ -269,10 +270,10 @@ def inspect(wheel: Path) -> None:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename
 
-    from .errors import VerifyError
-    from .fatbin import FatbinError
-    from .verify import shared_object_archs
-    from .wheel import inspect_wheel, read_metadata
+    from ..build.fatbin import FatbinError
+    from ..build.verify import shared_object_archs
+    from ..errors import VerifyError
+    from ..wheel import inspect_wheel, read_metadata
 
     try:
         info = inspect_wheel(wheel)  # a malformed or unsafe wheel: VerifyError naming the member
@@ -335,7 +336,7 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     starts. Without --python, the torch of the managed environment is checked: inspected
     when the environment exists, else judged from its requirement.
     """
-    from . import doctor as doc
+    from ..build import doctor as doc
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
                      work_dir=work_dir, project_file=project_file)
@@ -354,7 +355,7 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
         click.echo(click.style(text, fg=colors[f.status]) if color else text)
     failed = doc.failures(findings)
     if failed:
-        from .errors import ToolchainError
+        from ..errors import ToolchainError
 
         raise ToolchainError(f"{len(failed)} check(s) failed",
                              fix="fix the FAIL lines above; each says how")
@@ -394,8 +395,8 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
     """
     import time as _time
 
-    from .config import default_cache_dir, find_python, project_python
-    from .gputest import run_test
+    from ..build.config import default_cache_dir, find_python, project_python
+    from ..consume.gputest import run_test
 
     recipe = _book(recipes).load(name)
     index_dir = _existing_index(index_dir)
@@ -416,7 +417,7 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
                f"{outcome.passed} passed, {outcome.failed} failed, {outcome.skipped} skipped, "
                f"{outcome.errors} errors in {outcome.duration_s:.0f}s  [log {log}]")
     if outcome.status != "passed":
-        from .errors import GpuTestError
+        from ..errors import GpuTestError
 
         raise GpuTestError(f"the GPU test of {record.filename} failed",
                            why=f"{outcome.failed} failed, {outcome.errors} errors",
@@ -437,7 +438,7 @@ def index_group() -> None:
 @index_option
 def index_rebuild(index_dir: Path | None) -> None:
     """Regenerate every page from files/ and the wheels' sidecar records."""
-    from . import index
+    from .. import index
 
     index_dir = _existing_index(index_dir)
     n = index.rebuild(index_dir)
@@ -450,7 +451,7 @@ def index_rebuild(index_dir: Path | None) -> None:
 @index_option
 def yank(requirement: str, reason: str, index_dir: Path | None) -> None:
     """Yank every file of NAME==VERSION: unpinned installs skip it, exact pins still work."""
-    from . import index
+    from .. import index
 
     name, version = _split_pin(requirement)
     index_dir = _existing_index(index_dir)
@@ -463,7 +464,7 @@ def yank(requirement: str, reason: str, index_dir: Path | None) -> None:
 @index_option
 def unyank(requirement: str, index_dir: Path | None) -> None:
     """Undo `wheelforge yank`."""
-    from . import index
+    from .. import index
 
     name, version = _split_pin(requirement)
     index_dir = _existing_index(index_dir)
@@ -504,7 +505,7 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
       wheelforge serve --index /srv/wheels --host 0.0.0.0 --port 8080
       pip install --index-url http://127.0.0.1:8765/cu130-torch2.14/simple/ causal-conv1d
     """
-    from . import index
+    from .. import index
 
     index_dir = _existing_index(index_dir)
     _repair_or_warn(index_dir)
@@ -585,8 +586,8 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
     fla-core that flash-linear-attention pins. Pages are rewritten without the removed
     wheels before their files are deleted, so no page links a missing file.
     """
-    from . import nightly as night
-    from .matrix import retention_keep
+    from ..nightly import night
+    from ..recipe.matrix import retention_keep
 
     target = _existing_index(index_dir, project_file)
     n = keep or retention_keep(project_file)
@@ -600,7 +601,7 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
 
 
 # the nightly commands register themselves on `cli` (their own module: cli_nightly.py)
-from . import cli_nightly  # noqa: E402,F401,I001
+from . import nightly as cli_nightly  # noqa: E402,F401,I001
 
 
 def _install_signal_handlers() -> None:
@@ -623,7 +624,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     (a change finished after a crash, a file quarantined) as ``warning: ...`` lines."""
     import warnings
 
-    from .errors import IndexWarning
+    from ..errors import IndexWarning
 
     clear_live()
     if issubclass(category, IndexWarning):
@@ -637,7 +638,7 @@ def main() -> None:
     import warnings
 
     _install_signal_handlers()
-    from .errors import IndexWarning
+    from ..errors import IndexWarning
 
     warnings.showwarning = _show_warning
     warnings.simplefilter("always", IndexWarning)  # every one of them

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import build as pypa_build
 
-from . import _proc
+from .. import _proc
+from ..errors import BuildError, ToolchainError
 from .buildenv import BuildEnv, missing_requirements
 from .diagnose import diagnose, first_error_line
-from .errors import BuildError, ToolchainError
 
 NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
 

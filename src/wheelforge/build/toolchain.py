@@ -14,9 +14,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from . import _proc
-from .arch import Arch, min_cuda
-from .errors import ToolchainError
+from .. import _proc
+from ..arch import Arch, min_cuda
+from ..errors import ToolchainError
 
 #: Where nvcc may live, in search order, besides CUDA_HOME / CUDA_PATH / PATH.
 STANDARD_PREFIXES = ("/usr/local/cuda",)

@@ -19,10 +19,10 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from .._yaml import read_yaml
+from ..arch import Arch, parse_arch_list, torch_arch_list
+from ..errors import ConfigError
 from . import compilecache
-from ._yaml import read_yaml
-from .arch import Arch, parse_arch_list, torch_arch_list
-from .errors import ConfigError
 
 DEFAULT_ARCH = "12.0"
 DEFAULT_TORCH = "torch==2.14.1"
@@ -224,7 +224,7 @@ def recorded_gib_per_job(cache_dir: Path, name: str) -> float | None:
 
 
 def record_gib_per_job(cache_dir: Path, name: str, gib: float) -> None:
-    from ._fs import atomic_write
+    from .._fs import atomic_write
 
     atomic_write(_stats_file(cache_dir, name), json.dumps({"peak_job_gib": round(gib, 3)}))
 

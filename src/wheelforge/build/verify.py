@@ -12,13 +12,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from . import _proc
-from .arch import Arch, expected_ptx, expected_sass
+from .. import _proc
+from ..arch import Arch, expected_ptx, expected_sass
+from ..errors import VerifyError
+from ..recipe.format import Recipe
+from ..wheel import inspect_wheel, reading, record_problems
 from .buildenv import BuildEnv
-from .errors import VerifyError
 from .fatbin import CudaArchs, FatbinError, cuda_archs
-from .recipe import Recipe
-from .wheel import inspect_wheel, reading, record_problems
 
 
 @dataclass(frozen=True)

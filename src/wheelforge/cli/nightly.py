@@ -1,7 +1,7 @@
 """The nightly commands: ``wheelforge nightly`` and its parts plan, run and publish.
 
-Registered on :data:`wheelforge.cli.cli` when :mod:`wheelforge.cli` is imported; thin
-commands over :mod:`.nightly`, :mod:`.fanout` and :mod:`.rayexec`, like the rest of the
+Registered on :data:`wheelforge.cli.main.cli` when :mod:`wheelforge.cli.main` is imported;
+thin commands over :mod:`.nightly`, :mod:`.fanout` and :mod:`.rayexec`, like the rest of the
 command line (whose ``main`` turns their errors into messages and exit codes).
 """
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import click
 
-from . import __version__
-from ._log import Reporter, clear_live
-from .cli import EPILOG, _book, cli, config_option, recipes_option
-from .config import resolve
-from .errors import ConfigError, WheelforgeError
-from .recipe import RecipeBook
+from .. import __version__
+from .._log import Reporter, clear_live
+from ..build.config import resolve
+from ..errors import ConfigError, WheelforgeError
+from ..recipe.format import RecipeBook
+from .main import EPILOG, _book, cli, config_option, recipes_option
 
 jobs_option = click.option(
     "-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each build "
@@ -47,9 +47,9 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
                          index_dir: Path | None = None, cache_dir: Path | None = None,
                          work_dir: Path | None = None, sources_dirs: tuple[Path, ...] = (),
                          jobs: int | None = None) -> tuple[Any, RecipeBook, Any]:
-    from . import nightly as night
-    from .config import PROJECT_FILE
-    from .matrix import load_matrix
+    from ..build.config import PROJECT_FILE
+    from ..nightly import night
+    from ..recipe.matrix import load_matrix
 
     path = project_file or Path(PROJECT_FILE)
     if not path.is_file():
@@ -117,7 +117,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
                 f"put them after it: wheelforge nightly {ctx.invoked_subcommand} "
                 + " ".join("--" + k.replace("_", "-") for k in given))
         return
-    from . import nightly as night
+    from ..nightly import night
 
     matrix, book, settings = _matrix_and_settings(project_file, recipes, index_dir,
                                                   cache_dir, work_dir, sources_dirs, jobs)
@@ -126,7 +126,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
                     + (" on a Ray cluster" if executor == "ray" else ""))
     reports = report_dir or settings.index_dir / night.REPORTS_DIR
     if executor == "ray":
-        from . import fanout, rayexec
+        from ..nightly import fanout, rayexec
 
         plan = fanout.make_plan(matrix, book, settings, reporter=reporter)
         reporter.info(f"plan: {len(plan.cells)} cell(s) to build, {len(plan.done)} done")
@@ -164,7 +164,7 @@ def nightly_plan(project_file: Path | None, index_dir: Path | None, cache_dir: P
     the durations in CACHE/stats), as JSON. Nothing is built or created."""
     import json
 
-    from . import fanout
+    from ..nightly import fanout
 
     matrix, book, settings = _matrix_and_settings(project_file, recipes, index_dir, cache_dir)
     reporter = Reporter()
@@ -176,7 +176,7 @@ def nightly_plan(project_file: Path | None, index_dir: Path | None, cache_dir: P
     else:
         fanout.write_plan(plan, output)
     if github_matrix is not None:
-        from ._fs import atomic_write
+        from .._fs import atomic_write
 
         atomic_write(github_matrix, json.dumps(gh) + "\n")
     if github_output is not None:
@@ -213,7 +213,7 @@ def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
     """Build and verify cells of a plan into stage directories, on a builder; the index is
     not touched. Refuses a cell whose build key here is not the plan's (another toolchain).
     Exits 1 when a cell failed (its stage then holds the error and the log)."""
-    from . import fanout
+    from ..nightly import fanout
 
     plan = fanout.load_plan(plan_file)
     chosen = fanout.select(plan, cell_ids)
@@ -257,8 +257,7 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     Writes the nightly report with every cell of the plan; exits 1 when a cell failed or
     did not run.
     """
-    from . import fanout
-    from . import nightly as night
+    from ..nightly import fanout, night
 
     plan = fanout.load_plan(plan_file)
     base = resolve(index_dir=index_dir, cache_dir=cache_dir, project_file=project_file)

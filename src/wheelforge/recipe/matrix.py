@@ -30,9 +30,9 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from ._yaml import read_yaml
-from .arch import parse_arch_list, torch_arch_list
-from .errors import ConfigError, WheelforgeError
+from .._yaml import read_yaml
+from ..arch import parse_arch_list, torch_arch_list
+from ..errors import ConfigError, WheelforgeError
 
 __all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix", "parse_matrix",
            "retention_keep"]

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Literal
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .index import WheelRecord
+    from ..index import WheelRecord
 
 Format = Literal["pip", "uv", "all"]
 FORMATS: tuple[Format, ...] = ("pip", "uv", "all")

@@ -20,10 +20,11 @@ from typing import Literal
 
 from packaging.version import Version
 
-from . import _proc, config
-from .arch import Arch, min_cuda
+from .. import _proc
+from ..arch import Arch, min_cuda
+from ..errors import WheelforgeError
+from . import config
 from .buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
-from .errors import WheelforgeError
 from .toolchain import Cuda, find_cuda, supported_sass
 
 __all__ = [

@@ -43,15 +43,17 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import __version__, index, nightly, pipeline
-from ._fs import atomic_write, locked
-from ._log import Reporter
-from .config import BuildConfig
-from .errors import ConfigError, PublishError, ToolchainError, WheelforgeError
-from .matrix import Cell, Matrix, TorchPin, cells
-from .nightly import CellResult, NightlyReport, Settings
-from .recipe import Recipe, RecipeBook
-from .wheel import retag
+from .. import __version__, index
+from .._fs import atomic_write, locked
+from .._log import Reporter
+from ..build import pipeline
+from ..build.config import BuildConfig
+from ..errors import ConfigError, PublishError, ToolchainError, WheelforgeError
+from ..recipe.format import Recipe, RecipeBook
+from ..recipe.matrix import Cell, Matrix, TorchPin, cells
+from ..wheel import retag
+from . import night as nightly
+from .night import CellResult, NightlyReport, Settings
 
 __all__ = [
     "GITHUB_MATRIX_LIMIT",
@@ -222,7 +224,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
 
 
 def _peak(cache_dir: Path, recipe: str) -> float | None:
-    from .config import recorded_gib_per_job
+    from ..build.config import recorded_gib_per_job
 
     return recorded_gib_per_job(cache_dir, recipe)
 

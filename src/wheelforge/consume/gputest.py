@@ -24,12 +24,12 @@ from packaging.tags import sys_tags
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from . import _proc, index
-from .buildenv import BuildEnv, inspect_env, missing_requirements
-from .errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
-from .patch import apply_series
-from .recipe import Recipe
-from .source import extract, fetch
+from .. import _proc, index
+from ..build.buildenv import BuildEnv, inspect_env, missing_requirements
+from ..build.patch import apply_series
+from ..build.source import extract, fetch
+from ..errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
+from ..recipe.format import Recipe
 
 Progress = Callable[[str], None]
 

@@ -23,20 +23,21 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import __version__, buildenv, compilecache, doctor, index, preflight, toolchain
-from ._fs import owned_lock
-from ._log import Reporter
-from .arch import label as arch_label
+from .. import __version__, index
+from .._fs import owned_lock
+from .._log import Reporter
+from ..arch import label as arch_label
+from ..errors import RecipeError, ToolchainError, WheelforgeError
+from ..recipe.format import Recipe, RecipeBook
+from ..wheel import relabel, relabeled_name
+from . import buildenv, compilecache, doctor, preflight, toolchain
 from .buildenv import BuildEnv
 from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
 from .compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
-from .errors import RecipeError, ToolchainError, WheelforgeError
 from .patch import apply_series
-from .recipe import Recipe, RecipeBook
 from .source import extract, fetch
 from .verify import verify_wheel
-from .wheel import relabel, relabeled_name
 
 
 @dataclass(frozen=True)

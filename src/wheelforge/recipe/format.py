@@ -18,8 +18,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from ._yaml import read_yaml
-from .errors import RecipeError
+from .._yaml import read_yaml
+from ..errors import RecipeError
 
 FORMAT_VERSION = 1
 

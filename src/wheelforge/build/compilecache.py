@@ -67,9 +67,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from . import _proc
-from ._fs import atomic_write
-from .errors import ConfigError, ToolchainError
+from .. import _proc
+from .._fs import atomic_write
+from ..errors import ConfigError, ToolchainError
 
 __all__ = [
     "BACKENDS",

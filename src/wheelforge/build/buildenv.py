@@ -19,9 +19,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import _proc
-from ._fs import atomic_write, locked
-from .errors import ToolchainError
+from .. import _proc
+from .._fs import atomic_write, locked
+from ..errors import ToolchainError
 
 Progress = Callable[[str], None]
 

@@ -1,0 +1,8 @@
+"""What users of an index do: install the stack and prove it on a GPU.
+
+:mod:`.install` writes the install instructions (pip and uv) for an index;
+:mod:`.gputest` runs a recipe's GPU test against a published wheel.
+
+May import: :mod:`wheelforge.index`, :mod:`wheelforge.build`, :mod:`wheelforge.recipe`
+and the primitives; never the nightly or the CLI.
+"""
