@@ -24,12 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from wheelforge.builder import buildenv, toolchain  # noqa: E402
+from wheelforge.builder.config import resolve  # noqa: E402
+from wheelforge.builder.patch import apply_series  # noqa: E402
+from wheelforge.builder.source import extract, fetch  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
-
-from wheelforge.build import buildenv, toolchain  # noqa: E402
-from wheelforge.build.config import resolve  # noqa: E402
-from wheelforge.build.patch import apply_series  # noqa: E402
-from wheelforge.build.source import extract, fetch  # noqa: E402
 
 
 def main() -> None:

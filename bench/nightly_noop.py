@@ -28,15 +28,13 @@ REPO = Path(__file__).absolute().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 
+from conftest import make_wheel  # noqa: E402
+from wheelforge import index, nightly  # noqa: E402
+from wheelforge._log import Reporter  # noqa: E402
+from wheelforge.builder import buildenv, pipeline  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
 from wheelforge.recipe.matrix import cells as matrix_cells  # noqa: E402
 from wheelforge.recipe.matrix import load_matrix  # noqa: E402
-
-from conftest import make_wheel  # noqa: E402
-from wheelforge import index  # noqa: E402
-from wheelforge._log import Reporter  # noqa: E402
-from wheelforge.build import buildenv, pipeline  # noqa: E402
-from wheelforge.nightly import night as nightly  # noqa: E402
 
 
 def seed(index_dir: Path, config: Path, book: RecipeBook) -> int:
@@ -44,7 +42,7 @@ def seed(index_dir: Path, config: Path, book: RecipeBook) -> int:
     matrix = load_matrix(config, book.names())
     settings = nightly.Settings(index_dir=index_dir, cache_dir=index_dir.parent / "cache",
                                 project_file=config)
-    state = nightly._Run(matrix, book, settings, Reporter(io.StringIO()), pipeline.build_one)
+    state = nightly.CellRunner(matrix, book, settings, Reporter(io.StringIO()), pipeline.build_one)
     todo = matrix_cells(matrix, state.kinds())
     for n, cell in enumerate(todo):
         plan = state.plan(cell)

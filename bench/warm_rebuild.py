@@ -104,10 +104,9 @@ def _cache_line(stderr: str) -> str:
 def _setup_head(cache: Path) -> list[str]:
     """The first three lines of causal-conv1d's setup.py after the shipped patches."""
     sys.path.insert(0, str(REPO / "src"))
+    from wheelforge.builder.patch import apply_series
+    from wheelforge.builder.source import extract, fetch
     from wheelforge.recipe.format import RecipeBook
-
-    from wheelforge.build.patch import apply_series
-    from wheelforge.build.source import extract, fetch
 
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from wheelforge.build.config import default_cache_dir
+from wheelforge.builder.config import default_cache_dir
 
 PACKAGES = Path(__file__).parent / "packages"
 REPO = Path(__file__).parent.parent

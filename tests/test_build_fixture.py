@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PACKAGES, make_sdist, tinyext_project, write_recipe
-from wheelforge.build.verify import shared_object_archs
+from wheelforge.builder.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
 

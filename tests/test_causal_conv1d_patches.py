@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PACKAGES, REPO
-from wheelforge.build.patch import apply_series
-from wheelforge.build.source import extract, fetch
+from wheelforge.builder.patch import apply_series
+from wheelforge.builder.source import extract, fetch
 from wheelforge.recipe.format import RecipeBook
 
 FAKE_TORCH = PACKAGES / "faketorch"

@@ -15,12 +15,11 @@ from packaging.version import Version
 
 from conftest import make_wheel, write_recipe
 from test_nightly import pure_project, write_matrix
-from wheelforge import index
+from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.build import pipeline
-from wheelforge.build.buildenv import BuildEnv
-from wheelforge.build.config import BuildConfig, resolve
-from wheelforge.nightly import night as nightly
+from wheelforge.builder import pipeline
+from wheelforge.builder.buildenv import BuildEnv
+from wheelforge.builder.config import BuildConfig, resolve
 from wheelforge.recipe.format import Recipe, RecipeBook
 from wheelforge.recipe.matrix import load_matrix
 from wheelforge.wheel import read_metadata, relabel

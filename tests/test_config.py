@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.build.config import auto_jobs, compile_units, jobs_for, plan_jobs, resolve
+from wheelforge.builder.config import auto_jobs, compile_units, jobs_for, plan_jobs, resolve
 from wheelforge.errors import ConfigError
 
 
@@ -40,8 +40,8 @@ def test_compile_units(tmp_path: Path) -> None:
 def test_jobs_for_shares_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pf = tmp_path / "none.yaml"
     pf.write_text("{}")
-    monkeypatch.setattr("wheelforge.build.config.cpu_count", lambda: 16)
-    monkeypatch.setattr("wheelforge.build.config.memory_available_gib", lambda: 100.0)
+    monkeypatch.setattr("wheelforge.builder.config.cpu_count", lambda: 16)
+    monkeypatch.setattr("wheelforge.builder.config.memory_available_gib", lambda: 100.0)
     c = resolve(project_file=pf, arch="8.0 9.0 10.0 12.0", cache_dir=tmp_path, environ={})
     assert (c.jobs, c.nvcc_threads) == (16, 1)
     jobs, threads, why = jobs_for(c, "x", units=4)

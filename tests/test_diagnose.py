@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.build.diagnose import (
+from wheelforge.builder.diagnose import (
     Diagnosis,
     diagnose,
     first_error_line,

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from test_source import recipe_for, sdist_bytes, sdist_entry
-from wheelforge.build import buildenv
-from wheelforge.build.source import NetLimits, cache_path, fetch
+from wheelforge.builder import buildenv
+from wheelforge.builder.source import NetLimits, cache_path, fetch
 from wheelforge.errors import SourceError, ToolchainError
 
 DATA = sdist_bytes()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from wheelforge.build.verify import shared_object_archs
+from wheelforge.builder.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]

@@ -280,8 +280,8 @@ def test_the_fanout_workflow_validates_and_runs_the_three_parts() -> None:
 
 
 def test_the_plan_puts_the_longest_first_and_the_never_timed_before(tmp_path: Path) -> None:
+    from wheelforge import nightly
     from wheelforge._log import Reporter
-    from wheelforge.nightly import night as nightly
     from wheelforge.recipe.format import RecipeBook
     from wheelforge.recipe.matrix import load_matrix
 

@@ -1,4 +1,4 @@
-"""wheelforge.build.fatbin: synthetic ELF and fatbin bytes first, then real nvcc output."""
+"""wheelforge.builder.fatbin: synthetic ELF and fatbin bytes first, then real nvcc output."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.build.fatbin import (
+from wheelforge.builder.fatbin import (
     CudaArchs,
     FatbinError,
     cuda_archs,

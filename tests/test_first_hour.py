@@ -51,7 +51,7 @@ def test_python_as_a_bare_name_is_looked_up_on_path(tmp_path: Path) -> None:
 
 def test_the_build_summary_names_the_interpreter_a_bare_name_resolved_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from wheelforge.build.config import resolve
+    from wheelforge.builder.config import resolve
 
     monkeypatch.chdir(tmp_path)
     bin_dir = tmp_path / "bin"
@@ -221,7 +221,7 @@ def test_defaults_python_and_gib_per_job_reach_doctor(tmp_path: Path) -> None:
 
 
 def test_the_readme_settings_table_lists_every_defaults_key() -> None:
-    from wheelforge.build.config import _DEFAULT_KEYS
+    from wheelforge.builder.config import _DEFAULT_KEYS
 
     readme = (REPO / "README.md").read_text()
     table = readme.split("| setting | option | environment | `wheelforge.yaml` |", 1)[1]
@@ -331,7 +331,7 @@ def test_backend_noise_goes_to_the_log_not_the_console(tmp_path: Path) -> None:
     banners setuptools and torch print: in the log; on the console only with -v or on
     failure."""
     from conftest import make_sdist
-    from wheelforge.build.config import default_cache_dir
+    from wheelforge.builder.config import default_cache_dir
 
     src = tmp_path / "noisy-src"
     (src / "noisy").mkdir(parents=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import write_recipe
-from wheelforge.build.config import resolve
-from wheelforge.build.source import (
+from wheelforge.builder.config import resolve
+from wheelforge.builder.source import (
     cache_path,
     extract,
     fetch,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from wheelforge.build import buildenv
-from wheelforge.build.config import DEFAULT_TORCH
+from wheelforge.builder import buildenv
+from wheelforge.builder.config import DEFAULT_TORCH
 from wheelforge.consume.gputest import can_run
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, PACKAGES, REPO, require_tool
-from wheelforge.build import buildenv
-from wheelforge.build.config import DEFAULT_TORCH
-from wheelforge.build.patch import apply_series
-from wheelforge.build.source import extract, fetch
+from wheelforge.builder import buildenv
+from wheelforge.builder.config import DEFAULT_TORCH
+from wheelforge.builder.patch import apply_series
+from wheelforge.builder.source import extract, fetch
 from wheelforge.recipe.format import RecipeBook
 
 FAKE_TORCH = PACKAGES / "faketorch"

@@ -25,13 +25,12 @@ import pytest
 import yaml
 
 from conftest import IN_CI, PACKAGES, REPO, make_sdist, make_wheel, write_recipe
-from wheelforge import index
+from wheelforge import index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
-from wheelforge.build import compilecache, pipeline
-from wheelforge.build.config import BuildConfig
+from wheelforge.builder import compilecache, pipeline
+from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError, ConfigError
-from wheelforge.nightly import night as nightly
 from wheelforge.recipe.format import Recipe, RecipeBook
 from wheelforge.recipe.matrix import cells, load_matrix
 
@@ -162,8 +161,8 @@ def test_published_cells_are_skipped_without_a_build_or_an_environment(
 
     def no_env(*a: object, **kw: object) -> None:
         raise AssertionError("a build environment was asked for")
-    monkeypatch.setattr("wheelforge.build.buildenv.managed_env", no_env)
-    monkeypatch.setattr("wheelforge.build.buildenv.inspect_env", no_env)
+    monkeypatch.setattr("wheelforge.builder.buildenv.managed_env", no_env)
+    monkeypatch.setattr("wheelforge.builder.buildenv.inspect_env", no_env)
     second = run_fake(tmp_path, pure_book, fake_builder(calls), ["purea", "pureb"])
     assert [r.status for r in second.results] == ["skipped", "skipped"]
     assert calls == ["purea", "pureb"]  # nothing built again
@@ -204,7 +203,7 @@ def test_a_cell_locked_by_another_run_is_taken_up_last(
     settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
                                 work_dir=tmp_path / "work", project_file=path)
     matrix = load_matrix(path)
-    state = nightly._Run(matrix, pure_book, settings, Reporter(io.StringIO()),
+    state = nightly.CellRunner(matrix, pure_book, settings, Reporter(io.StringIO()),
                          pipeline.build_one)
     plan = state.plan(cells(matrix)[0])
     assert plan.key and plan.config

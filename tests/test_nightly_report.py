@@ -18,12 +18,11 @@ import yaml
 from browser import layout, screenshot
 from conftest import make_sdist, make_wheel, require_tool, write_recipe
 from test_landing_page import decode_png
-from wheelforge import index
+from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.build import pipeline
-from wheelforge.build.config import BuildConfig
+from wheelforge.builder import pipeline
+from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError
-from wheelforge.nightly import night as nightly
 from wheelforge.recipe.format import Recipe, RecipeBook
 from wheelforge.recipe.matrix import load_matrix
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_recipe
-from wheelforge.build.source import cache_path, extract, fetch
+from wheelforge.builder.source import cache_path, extract, fetch
 from wheelforge.errors import SourceError
 from wheelforge.recipe.format import Recipe, RecipeBook
 

@@ -15,7 +15,7 @@ import click
 
 from .. import __version__
 from .._log import Reporter, clear_live
-from ..build.config import resolve
+from ..builder.config import resolve
 from ..consume.install import Format
 from ..errors import (
     INTERNAL_ERROR_EXIT_CODE,
@@ -23,63 +23,21 @@ from ..errors import (
     ConfigError,
     Interrupted,
     WheelforgeError,
-    exit_code_table,
 )
-from ..recipe.format import RecipeBook, SdistSource
-
-#: The exit-code table of errors.py, as --help shows it (\b keeps click from rewrapping).
-EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {meaning}"
-                                          for code, meaning in exit_code_table())
-
-
-def _book(recipes: Path | None, *, nonempty: bool = False) -> RecipeBook:
-    """The recipes: --recipes, else $WHEELFORGE_RECIPES, else ./recipes; the directory must
-    exist (and, with ``nonempty``, hold a recipe): never an empty answer to a typo."""
-    env = os.environ.get("WHEELFORGE_RECIPES")
-    rdir, how = ((recipes, "--recipes") if recipes else (Path(env), "$WHEELFORGE_RECIPES")
-                 if env else (Path("recipes"), "the default, ./recipes"))
-    book = RecipeBook(rdir, rdir.parent / "patches")
-    where = os.path.abspath(rdir)
-    fix = ("run wheelforge in the directory that holds recipes/, or point at one with "
-           "--recipes DIR or WHEELFORGE_RECIPES=DIR")
-    if not rdir.is_dir():
-        raise ConfigError(f"no recipes directory at {where}", why=f"looked there ({how})",
-                          fix=fix)
-    if nonempty and not book.names():
-        raise ConfigError(f"no recipes in {where}", why=f"looked for *.yaml there ({how})",
-                          fix=fix + "; docs/recipe-format.md describes a recipe")
-    return book
-
-
-def _existing_index(index_dir: Path | None, project_file: Path | None = None) -> Path:
-    """The index a command reads: --index, else defaults.index of wheelforge.yaml, else
-    ./index.  It must hold an index: a typo is an error, and nothing is created."""
-    from ..build.config import project_index
-
-    path = project_index(index_dir, project_file)
-    if not ((path / "files").is_dir() or (path / "simple").is_dir()):
-        why = (f"{path} does not exist" if not path.exists() else
-               f"{path} is not a directory" if not path.is_dir() else
-               f"{path} holds neither files/ nor simple/")
-        inner = next((p for p in (path.parent, path.parent.parent)
-                      if (p / "files").is_dir() and p != path), None)
-        fix = (f"that is inside the index {inner}: pass --index {inner}" if inner else
-               "pass --index the directory `wheelforge build` publishes into (default "
-               "./index, or defaults.index in wheelforge.yaml)")
-        raise ConfigError(f"no index at {path}", why=why, fix=fix)
-    return path
-
-
-git_mirror_option = click.option(
-    "--git-mirror", "git_mirrors", multiple=True, metavar="URL=PATH",
-    help="Fetch the git repository URL from the local mirror PATH (a git bundle or a "
-         "repository), never the network; the pinned commit is verified in it. Repeatable; "
-         "also $WHEELFORGE_GIT_MIRRORS and git-mirrors in wheelforge.yaml.")
-
-recipes_option = click.option(
-    "--recipes", type=click.Path(path_type=Path, file_okay=False), default=None,
-    help="Recipes directory (default: ./recipes or $WHEELFORGE_RECIPES); patches are read "
-         "from the 'patches' directory beside it.")
+from ..recipe.format import SdistSource
+from ._options import (
+    EPILOG,
+    config_option,
+    git_mirror_option,
+    recipes_option,
+)
+from ._options import (
+    book as _book,
+)
+from ._options import (
+    existing_index as _existing_index,
+)
+from .nightly import nightly
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -147,7 +105,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     another build (or the nightly) is building waits for it, then finds the wheel published
     and skips.
     """
-    from ..build.pipeline import build_with_companions
+    from ..builder.pipeline import build_with_companions
 
     book = _book(recipes)
     loaded = [book.load(n) for n in names]
@@ -270,8 +228,8 @@ def inspect(wheel: Path) -> None:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename
 
-    from ..build.fatbin import FatbinError
-    from ..build.verify import shared_object_archs
+    from ..builder.fatbin import FatbinError
+    from ..builder.verify import shared_object_archs
     from ..errors import VerifyError
     from ..wheel import inspect_wheel, read_metadata
 
@@ -336,7 +294,7 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     starts. Without --python, the torch of the managed environment is checked: inspected
     when the environment exists, else judged from its requirement.
     """
-    from ..build import doctor as doc
+    from ..builder import doctor as doc
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
                      work_dir=work_dir, project_file=project_file)
@@ -395,7 +353,7 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
     """
     import time as _time
 
-    from ..build.config import default_cache_dir, find_python, project_python
+    from ..builder.config import default_cache_dir, find_python, project_python
     from ..consume.gputest import run_test
 
     recipe = _book(recipes).load(name)
@@ -566,11 +524,6 @@ def consumer_config(index_dir: Path | None, channel: str | None, url: str | None
     click.echo(text, nl=False)
 
 
-config_option = click.option(
-    "--config", "project_file", type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Project file with the matrix: section (default ./wheelforge.yaml).")
-
-
 @cli.command(epilog=EPILOG)
 @click.option("--keep", type=click.IntRange(min=1), help="Builds kept per project and channel "
               "(default: matrix.retention.keep of wheelforge.yaml, else 5).")
@@ -586,7 +539,7 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
     fla-core that flash-linear-attention pins. Pages are rewritten without the removed
     wheels before their files are deleted, so no page links a missing file.
     """
-    from ..nightly import night
+    from .. import nightly as night
     from ..recipe.matrix import retention_keep
 
     target = _existing_index(index_dir, project_file)
@@ -600,8 +553,7 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
                f"keeping the newest {n} per project and channel")
 
 
-# the nightly commands register themselves on `cli` (their own module: cli_nightly.py)
-from . import nightly as cli_nightly  # noqa: E402,F401,I001
+cli.add_command(nightly)  # the nightly commands: their own module, nightly.py
 
 
 def _install_signal_handlers() -> None:

@@ -1,7 +1,7 @@
 """The nightly commands: ``wheelforge nightly`` and its parts plan, run and publish.
 
-Registered on :data:`wheelforge.cli.main.cli` when :mod:`wheelforge.cli.main` is imported;
-thin commands over :mod:`.nightly`, :mod:`.fanout` and :mod:`.rayexec`, like the rest of the
+Added to the ``wheelforge`` group by :mod:`.main`; thin
+commands over :mod:`.nightly`, :mod:`.fanout` and :mod:`.rayexec`, like the rest of the
 command line (whose ``main`` turns their errors into messages and exit codes).
 """
 
@@ -14,10 +14,11 @@ import click
 
 from .. import __version__
 from .._log import Reporter, clear_live
-from ..build.config import resolve
+from ..builder.config import resolve
 from ..errors import ConfigError, WheelforgeError
 from ..recipe.format import RecipeBook
-from .main import EPILOG, _book, cli, config_option, recipes_option
+from ._options import EPILOG, config_option, recipes_option
+from ._options import book as _book
 
 jobs_option = click.option(
     "-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each build "
@@ -47,8 +48,8 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
                          index_dir: Path | None = None, cache_dir: Path | None = None,
                          work_dir: Path | None = None, sources_dirs: tuple[Path, ...] = (),
                          jobs: int | None = None) -> tuple[Any, RecipeBook, Any]:
-    from ..build.config import PROJECT_FILE
-    from ..nightly import night
+    from .. import nightly as night
+    from ..builder.config import PROJECT_FILE
     from ..recipe.matrix import load_matrix
 
     path = project_file or Path(PROJECT_FILE)
@@ -74,7 +75,7 @@ def _echo_report(report: Any, reports: Path) -> None:
     click.echo(report.summary())
 
 
-@cli.group(epilog=EPILOG, invoke_without_command=True)
+@click.group(epilog=EPILOG, invoke_without_command=True)
 @config_option
 @nightly_index_option
 @report_option
@@ -117,7 +118,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
                 f"put them after it: wheelforge nightly {ctx.invoked_subcommand} "
                 + " ".join("--" + k.replace("_", "-") for k in given))
         return
-    from ..nightly import night
+    from .. import nightly as night
 
     matrix, book, settings = _matrix_and_settings(project_file, recipes, index_dir,
                                                   cache_dir, work_dir, sources_dirs, jobs)
@@ -257,7 +258,8 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     Writes the nightly report with every cell of the plan; exits 1 when a cell failed or
     did not run.
     """
-    from ..nightly import fanout, night
+    from .. import nightly as night
+    from ..nightly import fanout
 
     plan = fanout.load_plan(plan_file)
     base = resolve(index_dir=index_dir, cache_dir=cache_dir, project_file=project_file)

@@ -3,6 +3,6 @@
 :mod:`.install` writes the install instructions (pip and uv) for an index;
 :mod:`.gputest` runs a recipe's GPU test against a published wheel.
 
-May import: :mod:`wheelforge.index`, :mod:`wheelforge.build`, :mod:`wheelforge.recipe`
+May import: :mod:`wheelforge.index`, :mod:`wheelforge.builder`, :mod:`wheelforge.recipe`
 and the primitives; never the nightly or the CLI.
 """

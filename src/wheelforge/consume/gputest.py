@@ -25,9 +25,9 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from .. import _proc, index
-from ..build.buildenv import BuildEnv, inspect_env, missing_requirements
-from ..build.patch import apply_series
-from ..build.source import extract, fetch
+from ..builder.buildenv import BuildEnv, inspect_env, missing_requirements
+from ..builder.patch import apply_series
+from ..builder.source import extract, fetch
 from ..errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
 from ..recipe.format import Recipe
 

@@ -19,29 +19,25 @@ Three things together protect an install, also the commands users run later:
   ``PIP_*`` variables), and for uv the local index comes first, where uv's default
   ``first-index`` strategy takes a name it holds from it alone.
 
-This module renders text only; it never reads the index (the records come in).
+This module renders text only; it never reads the index (the records come in). The pins
+and the constraints text the index's own pages show are :mod:`wheelforge.index.pins`'.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-
-from packaging.utils import parse_wheel_filename
-from packaging.version import Version
+from typing import Literal
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ..index import WheelRecord
+from ..index import WheelRecord
+from ..index.pins import CONSTRAINTS_FILE, channels, first_command, newest, pin
 
 Format = Literal["pip", "uv", "all"]
 FORMATS: tuple[Format, ...] = ("pip", "uv", "all")
-CONSTRAINTS_FILE = "constraints.txt"  # beside each simple/ (index.CONSTRAINTS_FILE)
 UV_INDEX_NAME = "wheelforge"
 
 
@@ -53,62 +49,6 @@ class Plan:
     constraints: str  # the URL (file:// for a local index) of the matching constraints.txt
     pins: tuple[str, ...]  # NAME==VERSION, the newest non-yanked version per project
     dropped: tuple[str, ...] = ()  # "project: why" for each project left out of the pins
-
-
-def pin(project: str, version: str) -> str:
-    """The exact requirement for one published version (landing page, pins, constraints)."""
-    return f"{project}=={version}"
-
-
-def constraints_text(newest: Iterable[tuple[str, str | None]], pages: str) -> str:
-    """A pip/uv constraints file: ``newest`` is (project, newest non-yanked version or None
-    when every version is yanked); ``pages`` names the pages it goes with."""
-    lines = [f"# wheelforge: the exact versions {pages} serves, regenerated with its pages.",
-             "# Use with pip's `constraint` setting or uv's --constraint (see docs/index.md)."]
-    for project, version in newest:
-        if version is None:
-            lines.append(f"# {project}: not pinned, every version is yanked")
-        else:
-            lines.append(pin(project, version))
-    return "\n".join(lines) + "\n"
-
-
-def _is_pure(filename: str) -> bool:
-    return all(t.abi == "none" and t.platform == "any" for t in parse_wheel_filename(filename)[3])
-
-
-def channels(records: Sequence[WheelRecord]) -> list[str]:
-    return sorted({r.channel for r in records if r.channel is not None})
-
-
-def newest(records: Sequence[WheelRecord], channel: str | None
-           ) -> tuple[list[WheelRecord], list[str]]:
-    """The newest non-yanked wheel per project on the pages of ``channel`` (None: the
-    top-level pages), and "project: why" for every other project of the index."""
-    best: dict[str, WheelRecord] = {}
-    seen: dict[str, list[WheelRecord]] = {}
-    for rec in records:
-        seen.setdefault(rec.project, []).append(rec)
-        if channel is not None and rec.channel != channel and not (
-            rec.channel is None and _is_pure(rec.filename)
-        ):
-            continue  # not on the channel's pages: those hold its wheels and pure ones
-        if rec.yanked is not None:
-            continue
-        cur = best.get(rec.project)
-        if cur is None or Version(rec.version) > Version(cur.version):
-            best[rec.project] = rec
-    dropped = []
-    for project in sorted(set(seen) - set(best)):
-        listed = [r for r in seen[project] if channel is None or r.channel == channel
-                  or (r.channel is None and _is_pure(r.filename))]
-        if listed:
-            dropped.append(f"{project}: every version is yanked")
-        else:
-            where = sorted({r.channel or "no channel (simple/ only)" for r in seen[project]})
-            dropped.append(f"{project}: not on channel {channel}'s pages (built for "
-                           f"{', '.join(where)})")
-    return [best[k] for k in sorted(best)], dropped
 
 
 def plan(records: Sequence[WheelRecord], *, index_dir: Path, url: str | None,
@@ -223,15 +163,3 @@ def render(p: Plan, fmt: Format = "all") -> str:
     if fmt in ("uv", "all"):
         lines += uv_lines(p)
     return "\n".join(lines) + "\n"
-
-
-def first_command(index_url: str, pins: Sequence[str], *, one_line: bool = False) -> str:
-    """The one pip command that installs ``pins`` from ``index_url`` alone, whatever pip's
-    configuration files and PIP_* variables say; shell continuations unless ``one_line``
-    (the landing page's)."""
-    q = shlex.quote
-    parts = ["PIP_CONFIG_FILE=/dev/null python -m pip install --isolated "
-             "--disable-pip-version-check",
-             f"--no-deps --only-binary :all: --index-url {q(index_url)}",
-             " ".join(q(x) for x in pins)]
-    return " ".join(parts) if one_line else " \\\n    ".join(parts)

@@ -8,7 +8,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..consume import install as consumer
+from . import pins
 from ._markup import _e
 from .records import (
     FILES_DIR,
@@ -102,7 +102,7 @@ def _landing_row(r: WheelRecord, href: str) -> str:
         f'{_e(r.upload_time[:16].replace("T", " "))}</td>'
         f'<td class="fixed" title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
         f'<td class="{tested_class} wrap" title="{_e(tested_title)}">{_e(label)}</td>'
-        f'<td class="pin"><code>{_e(consumer.pin(r.project, r.version))}</code></td>'
+        f'<td class="pin"><code>{_e(pins.pin(r.project, r.version))}</code></td>'
         "</tr>"
     )
 
@@ -156,7 +156,7 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
            if report else "")
         + "</p>\n"
         "<p>Install the pins of the last column, from this index alone: <code>"
-        + _e(consumer.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."],
+        + _e(pins.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."],
                                     one_line=True))
         + "</code>. For the set-up that keeps them through later upgrades (pip and uv), "
         "run <code>wheelforge consumer-config</code>.</p>\n"

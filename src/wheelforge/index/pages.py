@@ -20,7 +20,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from ..consume import install as consumer
+from . import pins
 from ._markup import _JSON, _e, _json_text, _quote
 from ._writes import Data, _write_all
 from .landing import _landing_page, _landing_row
@@ -465,7 +465,7 @@ def _newest(summary: _Summary, members: Container[str] | None) -> str | None:
 def _constraints_files(index_dir: Path, summary: Mapping[NormalizedName, _Summary],
                        channels: Iterable[str]) -> list[tuple[Path, bytes]]:
     """``constraints.txt`` for the whole index and for each channel: the newest non-yanked
-    version of every project their pages list (see consumer.constraints_text)."""
+    version of every project their pages list (see pins.constraints_text)."""
     out = []
     for channel in [None, *sorted(channels)]:
         if channel is None:
@@ -474,7 +474,7 @@ def _constraints_files(index_dir: Path, summary: Mapping[NormalizedName, _Summar
         else:
             where, title = index_dir / channel, f"{channel}/{SIMPLE_DIR}/"
             newest = [(p, _newest(summary[p], (channel, "*"))) for p in _members(summary, channel)]
-        out.append((where / CONSTRAINTS_FILE, consumer.constraints_text(newest, title).encode()))
+        out.append((where / CONSTRAINTS_FILE, pins.constraints_text(newest, title).encode()))
     return out
 
 

@@ -29,7 +29,6 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .._fs import TMP_PREFIX, atomic_write, discard, read_file, sha256_file, sweep_temp_files
-from ..consume import install as consumer
 from ..errors import IndexWarning, PublishError
 from ..wheel import member_problems
 
@@ -49,7 +48,7 @@ _WRITE_THREADS = 16  # _write_all: an fsync mostly waits for the disk (8, 16, 32
 _CHUNKS_PER_THREAD = 4
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
 _WRITING = "_writing"  # present while a change is in progress
-CONSTRAINTS_FILE = consumer.CONSTRAINTS_FILE  # beside simple/: consumer.constraints_text
+CONSTRAINTS_FILE = "constraints.txt"  # beside each simple/: pins.constraints_text
 REPORTS_DIR = "reports"  # nightly build reports (wheelforge.nightly); linked from the landing page
 NIGHTLY_REPORT = "nightly-latest.html"
 _RESERVED_CHANNELS = frozenset({FILES_DIR, SIMPLE_DIR, REPORTS_DIR, "index.html", "index.json"})

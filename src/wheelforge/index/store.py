@@ -25,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from .._fs import fsync_path, locked, sha256_file
 from ..errors import IndexWarning, PublishError
+from ..wheel import retag
 from ._writes import Data, _index_errors
 from ._writes import disk_error as disk_error  # index.store.disk_error: the callers' name
 from .records import (
@@ -348,8 +349,6 @@ def _targeted(wheel: Path) -> bool:
 
 
 def _default_relabel(wheel: Path) -> Relabel:
-    from ..wheel import retag
-
     def relabel(tag: str | None) -> Path:
         return retag(wheel, wheel.parent / f"build-{tag}", tag)
 

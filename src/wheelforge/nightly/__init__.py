@@ -1,9 +1,46 @@
 """The nightly wheel cache: the matrix's cells built on one machine or fanned out.
 
-:mod:`.night` holds the cells' results, the in-process nightly, its report and the
-retention (prune); :mod:`.fanout` the plan / run / publish parts and the GitHub Actions
-matrix; :mod:`.rayexec` the Ray executor over the same parts.
+:mod:`.cells` holds what every part shares (a cell's result, the settings, the report of a
+run); :mod:`.state` one run's plans of its cells; :mod:`.fanout` the plan / run / publish
+parts (a cell built into a stage, stages published under the index lock) and the GitHub
+Actions matrix; :mod:`.inprocess` the nightly on one machine, through the same parts;
+:mod:`.rayexec` the Ray executor; :mod:`.report` the JSON and HTML report;
+:mod:`.prune` the retention.
 
-May import: :mod:`wheelforge.build`, :mod:`wheelforge.index`, :mod:`wheelforge.recipe`
-and the primitives; never the CLI.
+May import: :mod:`wheelforge.builder`, :mod:`wheelforge.index`, :mod:`wheelforge.recipe` and
+the primitives; never the CLI.  The names below are the nightly's API.
 """
+
+from .cells import (
+    REPORTS_DIR,
+    Builder,
+    CellResult,
+    CellStatus,
+    NightlyReport,
+    Settings,
+    resolve_python,
+)
+from .inprocess import run
+from .prune import PruneResult, plan_prune, prune
+from .report import render_html, to_json, write_report
+from .state import CellPlan, CellRunner, with_companions
+
+__all__ = [
+    "REPORTS_DIR",
+    "Builder",
+    "CellPlan",
+    "CellResult",
+    "CellRunner",
+    "CellStatus",
+    "NightlyReport",
+    "PruneResult",
+    "Settings",
+    "plan_prune",
+    "prune",
+    "render_html",
+    "resolve_python",
+    "run",
+    "to_json",
+    "with_companions",
+    "write_report",
+]

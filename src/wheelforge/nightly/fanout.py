@@ -46,14 +46,15 @@ from packaging.version import InvalidVersion, Version
 from .. import __version__, index
 from .._fs import atomic_write, locked
 from .._log import Reporter
-from ..build import pipeline
-from ..build.config import BuildConfig
+from ..builder import pipeline
+from ..builder.config import BuildConfig, recorded_gib_per_job
 from ..errors import ConfigError, PublishError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
 from ..recipe.matrix import Cell, Matrix, TorchPin, cells
 from ..wheel import retag
-from . import night as nightly
-from .night import CellResult, NightlyReport, Settings
+from .cells import REPORTS_DIR, Builder, CellResult, CellStatus, NightlyReport, Settings, log_tail
+from .report import link_from_landing_page, write_report
+from .state import CellPlan, CellRunner, with_companions
 
 __all__ = [
     "GITHUB_MATRIX_LIMIT",
@@ -196,7 +197,7 @@ def estimate(durations: Mapping[str, float], cell: Cell) -> float | None:
 def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
               reporter: Reporter) -> Plan:
     """The cells of the matrix whose build key is not published, longest first."""
-    state = nightly._Run(matrix, book, settings, reporter, nightly.with_companions(book))
+    state = CellRunner(matrix, book, settings, reporter, with_companions(book))
     state.check_companions()
     durations = _durations(settings.cache_dir)
     todo: list[PlannedCell] = []
@@ -224,8 +225,6 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
 
 
 def _peak(cache_dir: Path, recipe: str) -> float | None:
-    from ..build.config import recorded_gib_per_job
-
     return recorded_gib_per_job(cache_dir, recipe)
 
 
@@ -346,8 +345,8 @@ def _identity_difference(mine: Mapping[str, str], planned: Mapping[str, str]) ->
 
 
 def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: Settings,
-             stage: Path, *, reporter: Reporter, build: nightly.Builder | None = None,
-             share: nightly._Run | None = None) -> StageRecord:
+             stage: Path, *, reporter: Reporter, build: Builder | None = None,
+             share: CellRunner | None = None) -> StageRecord:
     """Build and verify one planned cell into the stage directory ``stage`` (created,
     must be empty); the index is never touched.  Returns the record written; a failure
     is a record with status failed (and an error), not an exception."""
@@ -358,7 +357,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     stage.mkdir(parents=True, exist_ok=True)
     private = stage / ".index"
     local = dataclasses.replace(settings, index_dir=private)
-    state = nightly._Run(matrix, book, local, reporter, build or nightly.with_companions(book))
+    state = CellRunner(matrix, book, local, reporter, build or with_companions(book))
     if share is not None:  # the in-process nightly's: interpreters and CUDA found once
         state.pythons, state.cuda, state.recipes = share.pythons, share.cuda, share.recipes
     p = state.plan(planned.cell)
@@ -369,7 +368,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         return _write_stage(stage, StageRecord(
             cell=planned, status="failed", host=host,
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
-            log_tail=nightly._tail(log), log=log), log)
+            log_tail=log_tail(log), log=log), log)
 
     if p.error is not None:
         return failed(p.error)
@@ -411,13 +410,13 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     return _write_stage(stage, out, str(log) if log else None)
 
 
-def _seed_companions(state: nightly._Run, recipe: Recipe, config: BuildConfig,
+def _seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
                      real_index: Path, private: Path) -> None:
     """Copy the recipe's companions that the real index already holds for this target
     (same build key) into the stage's private index, so that the cell reuses them
     instead of building them again.  A builder that cannot see the index builds them in
     the stage; they are published by their own cells (the matrix must list them:
-    :meth:`nightly._Run.check_companions`)."""
+    :meth:`CellRunner.check_companions`)."""
     for name in recipe.companions:
         companion = state.book.load(name)
         cuda = state.find_cuda() if companion.build.kind == "extension" else None
@@ -501,7 +500,7 @@ def load_stage(stage: Path) -> StageRecord:
 # --------------------------------------------------------------------------- publish
 
 
-def _result(c: PlannedCell, status: nightly.CellStatus, **kw: Any) -> CellResult:
+def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
     return CellResult(recipe=c.recipe, version=c.version, python=c.python or "", torch=c.torch,
                       cuda=c.cuda, pip_args=c.pip_args, archs=c.archs, status=status,
                       build_key=c.build_key, **kw)
@@ -556,9 +555,9 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
         started=plan.created or _now(), finished=_now(),
         duration_s=round(time.monotonic() - t0, 3), config=plan.config,
         index=str(settings.index_dir), results=tuple(results))
-    reports = report_dir or settings.index_dir / nightly.REPORTS_DIR
-    nightly.write_report(report, reports)
-    nightly._link_from_landing_page(settings.index_dir, reports)
+    reports = report_dir or settings.index_dir / REPORTS_DIR
+    write_report(report, reports)
+    link_from_landing_page(settings.index_dir, reports)
     return report
 
 
@@ -590,7 +589,7 @@ def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
                    note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
 
 
-def run_and_publish(state: nightly._Run, plan: nightly._Plan) -> CellResult:
+def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
     """One cell of the in-process nightly, through the same two parts as on many
     builders: run it into a stage (:func:`run_cell`), publish the stage
     (:func:`index.publish_build` under the index lock).  The caller holds the cell's

@@ -40,10 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from .._log import Reporter
+from ..builder.config import default_cache_dir
 from ..errors import ConfigError, WheelforgeError
+from ..recipe import matrix as matrix_mod
+from ..recipe.format import RecipeBook
 from ..recipe.matrix import Matrix
 from . import fanout
-from .night import NightlyReport, Settings
+from .cells import NightlyReport, Settings
 
 __all__ = ["BUILDER_RESOURCE", "resources_for", "run_night"]
 
@@ -80,10 +83,6 @@ def resources_for(cell: fanout.PlannedCell, jobs: int | None) -> dict[str, Any]:
 def _build_task(cell: dict[str, Any], project_file: str, recipes_dir: str,
                 sources_dirs: list[str], jobs: int) -> dict[str, Any]:
     """On a node: build one cell into a temporary stage; return the stage's files."""
-    from ..build.config import default_cache_dir
-    from ..recipe import matrix as matrix_mod
-    from ..recipe.format import RecipeBook
-
     planned = fanout._planned(cell, "the driver's plan")
     rdir = Path(recipes_dir)
     book = RecipeBook(rdir, rdir.parent / "patches")

@@ -31,8 +31,8 @@ from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
 from ..wheel import relabel, relabeled_name
 from . import buildenv, compilecache, doctor, preflight, toolchain
+from .backend import NINJA_PROGRESS, build_wheel, check_build_requires
 from .buildenv import BuildEnv
-from .builder import NINJA_PROGRESS, build_wheel, check_build_requires
 from .compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
 from .patch import apply_series

@@ -4,7 +4,7 @@ Sources are mirrors of one release, tried in order: the cache first, then any
 ``--sources`` directories, then the network.  Every candidate is verified (an
 sdist by sha256, a git checkout by commit and tag); a mismatch is an error,
 never a reason to try the next mirror.  Extraction (safe and bounded) is
-:func:`wheelforge.build.archive.extract`, re-exported here.
+:func:`wheelforge.builder.archive.extract`, re-exported here.
 """
 
 from __future__ import annotations

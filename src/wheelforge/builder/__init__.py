@@ -5,9 +5,9 @@ environment, compile, verify, diagnose, and the orchestration that publishes the
 :mod:`.source` and :mod:`.archive` fetch and unpack the pinned source; :mod:`.patch` applies
 the series; :mod:`.toolchain`, :mod:`.preflight` and :mod:`.doctor` check CUDA, the
 interpreter and the machine; :mod:`.buildenv` makes the managed environment;
-:mod:`.builder` and :mod:`.compilecache` compile; :mod:`.fatbin` and :mod:`.verify` check
-the wheel; :mod:`.diagnose` names a failure's cause; :mod:`.pipeline` runs the steps in
-order and publishes to the index.
+:mod:`.backend` (the PEP 517 build in that environment) and :mod:`.compilecache` compile;
+:mod:`.fatbin` and :mod:`.verify` check the wheel; :mod:`.diagnose` names a failure's
+cause; :mod:`.pipeline` runs the steps in order and publishes to the index.
 
 May import: :mod:`wheelforge.recipe`, :mod:`wheelforge.index` (publishing) and the
 primitives; never the nightly, the consumers or the CLI.

@@ -19,10 +19,12 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from .._fs import atomic_write
 from .._yaml import read_yaml
 from ..arch import Arch, parse_arch_list, torch_arch_list
 from ..errors import ConfigError
 from . import compilecache
+from .source import iter_git_mirrors, normalize_git_url
 
 DEFAULT_ARCH = "12.0"
 DEFAULT_TORCH = "torch==2.14.1"
@@ -224,8 +226,6 @@ def recorded_gib_per_job(cache_dir: Path, name: str) -> float | None:
 
 
 def record_gib_per_job(cache_dir: Path, name: str, gib: float) -> None:
-    from .._fs import atomic_write
-
     atomic_write(_stats_file(cache_dir, name), json.dumps({"peak_job_gib": round(gib, 3)}))
 
 
@@ -380,8 +380,6 @@ def resolve_git_mirrors(from_file: Any, base: Path, from_env: str, from_cli: tup
                         origins: dict[str, str]) -> dict[str, Path]:
     """git URL -> mirror path: wheelforge.yaml's ``git-mirrors`` (paths relative to the
     file), then $WHEELFORGE_GIT_MIRRORS, then ``--git-mirror URL=PATH``; later ones win."""
-    from .source import iter_git_mirrors, normalize_git_url
-
     out: dict[str, Path] = {}
 
     def add(url: str, path: str, origin: str, rel_to: Path) -> None:

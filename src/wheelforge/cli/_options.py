@@ -1,0 +1,72 @@
+"""Options and look-ups that several commands share: the exit-code epilog, the recipes
+directory, the index a command reads, and the click options of those."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..errors import ConfigError, exit_code_table
+from ..recipe.format import RecipeBook
+
+#: The exit-code table of errors.py, as --help shows it (\b keeps click from rewrapping).
+EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {meaning}"
+                                          for code, meaning in exit_code_table())
+
+
+def book(recipes: Path | None, *, nonempty: bool = False) -> RecipeBook:
+    """The recipes: --recipes, else $WHEELFORGE_RECIPES, else ./recipes; the directory must
+    exist (and, with ``nonempty``, hold a recipe): never an empty answer to a typo."""
+    env = os.environ.get("WHEELFORGE_RECIPES")
+    rdir, how = ((recipes, "--recipes") if recipes else (Path(env), "$WHEELFORGE_RECIPES")
+                 if env else (Path("recipes"), "the default, ./recipes"))
+    book = RecipeBook(rdir, rdir.parent / "patches")
+    where = os.path.abspath(rdir)
+    fix = ("run wheelforge in the directory that holds recipes/, or point at one with "
+           "--recipes DIR or WHEELFORGE_RECIPES=DIR")
+    if not rdir.is_dir():
+        raise ConfigError(f"no recipes directory at {where}", why=f"looked there ({how})",
+                          fix=fix)
+    if nonempty and not book.names():
+        raise ConfigError(f"no recipes in {where}", why=f"looked for *.yaml there ({how})",
+                          fix=fix + "; docs/recipe-format.md describes a recipe")
+    return book
+
+
+def existing_index(index_dir: Path | None, project_file: Path | None = None) -> Path:
+    """The index a command reads: --index, else defaults.index of wheelforge.yaml, else
+    ./index.  It must hold an index: a typo is an error, and nothing is created."""
+    from ..builder.config import project_index
+
+    path = project_index(index_dir, project_file)
+    if not ((path / "files").is_dir() or (path / "simple").is_dir()):
+        why = (f"{path} does not exist" if not path.exists() else
+               f"{path} is not a directory" if not path.is_dir() else
+               f"{path} holds neither files/ nor simple/")
+        inner = next((p for p in (path.parent, path.parent.parent)
+                      if (p / "files").is_dir() and p != path), None)
+        fix = (f"that is inside the index {inner}: pass --index {inner}" if inner else
+               "pass --index the directory `wheelforge build` publishes into (default "
+               "./index, or defaults.index in wheelforge.yaml)")
+        raise ConfigError(f"no index at {path}", why=why, fix=fix)
+    return path
+
+
+git_mirror_option = click.option(
+    "--git-mirror", "git_mirrors", multiple=True, metavar="URL=PATH",
+    help="Fetch the git repository URL from the local mirror PATH (a git bundle or a "
+         "repository), never the network; the pinned commit is verified in it. Repeatable; "
+         "also $WHEELFORGE_GIT_MIRRORS and git-mirrors in wheelforge.yaml.")
+
+recipes_option = click.option(
+    "--recipes", type=click.Path(path_type=Path, file_okay=False), default=None,
+    help="Recipes directory (default: ./recipes or $WHEELFORGE_RECIPES); patches are read "
+         "from the 'patches' directory beside it.")
+
+
+
+config_option = click.option(
+    "--config", "project_file", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Project file with the matrix: section (default ./wheelforge.yaml).")

@@ -1,0 +1,125 @@
+"""The nightly's shared vocabulary: a cell's status and result, the settings every cell
+shares, the report of a run, the builder a cell calls, and the matrix's interpreters.
+Below every other module of the nightly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .. import __version__, _proc
+from .._log import Reporter
+from ..builder import config, pipeline
+from ..errors import ToolchainError
+from ..recipe.format import Recipe
+
+CellStatus = Literal["built", "skipped", "failed", "not run"]
+REPORT_SCHEMA = 1
+REPORTS_DIR = "reports"
+LOGS_DIR = "logs"  # beside the reports: copies of the cells' build logs, linked relatively
+LOG_TAIL_LINES = 40
+
+Builder = Callable[[Recipe, config.BuildConfig, Reporter], pipeline.BuildResult]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What every cell shares: the directories, the job count and the project file."""
+
+    index_dir: Path
+    cache_dir: Path
+    work_dir: Path | None = None
+    sources_dirs: tuple[Path, ...] = ()
+    jobs: int | None = None
+    project_file: Path | None = None
+    environ: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellResult:
+    recipe: str
+    version: str | None
+    python: str
+    torch: str
+    cuda: str
+    pip_args: tuple[str, ...]
+    archs: str | None  # requested; None for a pure recipe
+    status: CellStatus
+    duration_s: float = 0.0
+    build_key: str | None = None
+    wheel: str | None = None
+    archs_found: tuple[str, ...] = ()
+    log: str | None = None
+    note: str = ""  # why skipped, or the compile cache summary of a build
+    error: str | None = None
+    log_tail: str | None = None  # the last lines of the log (None without a log)
+    log_file: str | None = None  # the log's copy beside the report, relative to it
+
+
+@dataclass(frozen=True, kw_only=True)
+class NightlyReport:
+    started: str
+    finished: str
+    duration_s: float
+    config: str
+    index: str
+    results: tuple[CellResult, ...]
+    interrupted: bool = False
+    wheelforge: str = __version__
+
+    def count(self, status: CellStatus) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def failed(self) -> bool:
+        return self.interrupted or self.count("failed") > 0
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{self.count(s)} {s}" for s in ("built", "skipped", "failed",
+                                                             "not run") if self.count(s))
+        return (f"{len(self.results)} cell(s): {counts or 'none'}"
+                + (" (interrupted)" if self.interrupted else ""))
+
+
+_BASE_EXECUTABLE = "import sys; print(getattr(sys, '_base_executable', sys.executable))"
+
+
+def resolve_python(entry: str | None, relative_to: Path, default: Path) -> Path:
+    """A matrix ``python`` entry: a path (relative to the project file) or a command name,
+    resolved to the interpreter itself: a launcher on PATH (a pyenv shim, a venv's python)
+    would otherwise key a managed environment of its own and cost a launch per cell."""
+    if entry is None:
+        return default
+    found: str | None = None
+    if os.sep in entry or entry.startswith("."):
+        path = Path(os.path.expanduser(entry))
+        path = path if path.is_absolute() else relative_to / path
+        if path.is_file() and os.access(path, os.X_OK):
+            found = str(path)
+    else:
+        found = shutil.which(entry)
+    if found is None:
+        raise ToolchainError(f"the matrix interpreter {entry!r} was not found",
+                             why=f"searched {'the path' if os.sep in entry else 'PATH'}",
+                             fix="install it, or remove it from matrix.python in wheelforge.yaml")
+    try:
+        real = _proc.run([found, "-c", _BASE_EXECUTABLE], timeout=60).output.strip()
+    except _proc.CommandFailed as exc:
+        raise ToolchainError(f"the matrix interpreter {entry!r} ({found}) does not run",
+                             why=exc.tail.strip()[-300:],
+                             fix="repair it, or remove it from matrix.python") from exc
+    return Path(real.splitlines()[-1]) if real else Path(found)
+
+
+def log_tail(log: str | None) -> str | None:
+    """The log's last lines; None when there is no log to read (the error says it all)."""
+    if log:
+        with contextlib.suppress(OSError):
+            lines = Path(log).read_text(encoding="utf-8", errors="replace").splitlines()
+            return "\n".join(lines[-LOG_TAIL_LINES:]) or None
+    return None

@@ -1,0 +1,155 @@
+"""The nightly report: JSON and an HTML page per run (``nightly-<time>``) and the
+``nightly-latest`` pair, with copies of the failed cells' logs; linked from the landing page."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import json
+import os
+import urllib.parse
+from datetime import datetime
+from pathlib import Path
+
+from .. import index
+from .._fs import atomic_copy, atomic_write
+from ..errors import WheelforgeError
+from .cells import LOGS_DIR, REPORT_SCHEMA, REPORTS_DIR, CellResult, NightlyReport
+
+
+def link_from_landing_page(index_dir: Path, report_dir: Path) -> None:
+    """The landing page links ``reports/nightly-latest.html`` once that exists; pages are
+    rendered when wheels are published, so the first report needs a rebuild."""
+    landing = index_dir / "index.html"
+    if report_dir.resolve() != (index_dir / REPORTS_DIR).resolve() or not landing.is_file():
+        return
+    with contextlib.suppress(OSError, WheelforgeError):
+        if f"{REPORTS_DIR}/nightly-latest.html" not in landing.read_text(encoding="utf-8"):
+            index.rebuild(index_dir)
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def to_json(report: NightlyReport) -> str:
+    data = dataclasses.asdict(report)
+    data = {"schema": REPORT_SCHEMA, **data,
+            "summary": {s: report.count(s) for s in ("built", "skipped", "failed", "not run")}}
+    data["cells"] = data.pop("results")
+    return json.dumps(data, indent=2) + "\n"
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #1f2328; }
+p, h3 { overflow-wrap: anywhere; }
+table { border-collapse: collapse; font-size: 0.9em; width: 100%; }
+th, td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: left;
+         vertical-align: top; overflow-wrap: anywhere; }
+th, td.n { white-space: nowrap; }
+code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
+pre { background: #f6f8fa; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
+.built { color: #1a7f37; } .skipped { color: #57606a; } .failed, .not { color: #cf222e; }
+@media (prefers-color-scheme: dark) {
+  body { background: #0d1117; color: #e6edf3; } pre { background: #161b22; }
+  th, td { border-color: #30363d; } .built { color: #56d364; } .failed { color: #f85149; }
+  a { color: #79b8ff; }
+}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _log_link(r: CellResult, *, short: bool = False) -> str:
+    """A link to the log's copy beside the report (it works wherever the report is
+    served from), else the log's path on the build machine."""
+    if r.log_file:
+        href = "/".join(urllib.parse.quote(p) for p in r.log_file.split("/"))
+        return f'<a href="{_e(href)}">{"log" if short else _e(r.log_file)}</a>'
+    return f"<code>{_e(r.log or '')}</code>"
+
+
+def _copy_logs(report: NightlyReport, report_dir: Path) -> NightlyReport:
+    """Copy every cell's log to ``report_dir/logs/`` (so the report links it relatively,
+    also when the index is served over HTTP); the copies are named after the logs."""
+    results = []
+    for r in report.results:
+        if r.log and not r.log_file and Path(r.log).is_file():
+            dest = report_dir / LOGS_DIR / Path(r.log).name
+            with contextlib.suppress(OSError):
+                if not (dest.is_file() and dest.stat().st_size == Path(r.log).stat().st_size):
+                    atomic_copy(Path(r.log), dest)
+                r = dataclasses.replace(r, log_file=f"{LOGS_DIR}/{dest.name}")
+        results.append(r)
+    return dataclasses.replace(report, results=tuple(results))
+
+
+def render_html(report: NightlyReport, report_dir: Path) -> str:
+    """One table of the cells; failures follow with their error and log tail."""
+    files = Path(report.index) / index.FILES_DIR
+    rows, failures = [], []
+    for n, r in enumerate(report.results, 1):
+        wheel = "-"
+        if r.wheel:
+            href = os.path.relpath(files / r.wheel, report_dir)
+            wheel = f'<a href="{_e(href)}">{_e(r.wheel)}</a>'
+        status = f'<span class="{r.status.split()[0]}">{_e(r.status)}</span>'
+        if r.status == "failed":
+            status = f'<a class="failed" href="#cell-{n}">failed</a>'
+            failures.append(
+                f'<h3 id="cell-{n}">{n}. {_e(r.recipe)} ({_e(r.archs or "pure")})</h3>\n'
+                f"<pre>{_e(r.error or '')}</pre>\n"
+                + (f"<p>log: {_log_link(r)}</p>\n" if r.log else "")
+                + (f"<details open><summary>last lines of the log</summary>"
+                   f"<pre>{_e(r.log_tail)}</pre></details>\n" if r.log_tail else ""))
+        torch = r.torch + (f" {' '.join(r.pip_args)}" if r.pip_args else "")
+        rows.append(
+            f"<tr><td>{n}</td><td>{_e(r.recipe)} {_e(r.version or '')}</td>"
+            f"<td class=n><code>{_e(os.path.basename(r.python))}</code></td>"
+            f"<td><code>{_e(torch)}</code> (CUDA {_e(r.cuda)})</td>"
+            f"<td>{_e(r.archs or 'pure')}</td><td>{status}</td>"
+            f"<td class=n>{r.duration_s:.1f} s</td>"
+            f"<td>{wheel}</td><td>{_e(', '.join(r.archs_found) or '-')}</td>"
+            f"<td class=n><code>{_e((r.build_key or '-')[:16])}</code></td>"
+            f"<td>{_e(r.note)}</td>"
+            f"<td>{_log_link(r, short=True) if r.log else '-'}</td></tr>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>wheelforge nightly {_e(report.started)}</title>\n<style>{_CSS}</style>\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        "</head>\n<body>\n"
+        f"<h1>wheelforge nightly, {_e(report.started)}</h1>\n"
+        f"<p>{_e(report.summary())} in {report.duration_s:.0f} s. Matrix "
+        f"<code>{_e(report.config)}</code>, index <code>{_e(report.index)}</code>, "
+        f"wheelforge {_e(report.wheelforge)}.</p>\n"
+        "<table>\n<thead><tr><th>#</th><th>Recipe</th><th>Python</th><th>Torch</th>"
+        "<th>Archs</th><th>Status</th><th>Time</th><th>Wheel</th><th>Archs found</th>"
+        "<th>Build key</th><th>Note</th><th>Log</th></tr></thead>\n<tbody>\n"
+        + "".join(rows) + "</tbody>\n</table>\n"
+        + (("<h2>Failures</h2>\n" + "".join(failures)) if failures else "")
+        + "</body>\n</html>\n")
+
+
+def write_report(report: NightlyReport, report_dir: Path) -> tuple[Path, Path]:
+    """Write ``nightly-<time>.json``/``.html`` and the ``nightly-latest`` pair; return the
+    timestamped paths."""
+    stamp = report.started.replace("-", "").replace(":", "")
+    base = f"nightly-{stamp}"
+    n = 1
+    while (report_dir / f"{base}.json").exists():
+        n += 1
+        base = f"nightly-{stamp}-{n}"
+    report = _copy_logs(report, report_dir)
+    text, page = to_json(report), render_html(report, report_dir)
+    paths = (report_dir / f"{base}.json", report_dir / f"{base}.html")
+    atomic_write(paths[0], text)
+    atomic_write(paths[1], page)
+    atomic_write(report_dir / "nightly-latest.json", text)
+    atomic_write(report_dir / "nightly-latest.html", page)
+    return paths
