@@ -23,6 +23,10 @@ from wheelforge.builder.config import default_cache_dir
 PACKAGES = Path(__file__).parent / "packages"
 REPO = Path(__file__).parent.parent
 IN_CI = os.environ.get("CI") == "true"
+# The stack gate (a fresh venv with every wheel of a channel and its dependencies, after each
+# build) is off for the tests whose subject is something else: they build fixture wheels by
+# the hundred.  tests/test_stack.py and tests/test_e2e_stack.py run it for real.
+os.environ["WHEELFORGE_STACK_CHECK"] = "off"
 
 
 def require_tool(name: str, path: str | None = None) -> str:

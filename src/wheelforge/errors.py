@@ -98,6 +98,12 @@ class IncompatibleGpuError(WheelforgeError):
     label = "incompatible GPU"
 
 
+class StackError(WheelforgeError):
+    meaning = "a channel's stack is broken: its wheels, installed together, do not import"
+    exit_code = 13
+    label = "stack broken"
+
+
 class IndexWarning(UserWarning):
     """Something the index did on its own that its users must hear about: an interrupted
     change finished or rolled back, a file quarantined.  The CLI prints it as
@@ -134,6 +140,7 @@ _CLASSES: dict[str, type[WheelforgeError]] = {
         NoGpuError,
         GpuTestError,
         IncompatibleGpuError,
+        StackError,
     )
 }
 EXIT_CODES: dict[str, int] = {name: cls.exit_code for name, cls in _CLASSES.items()}

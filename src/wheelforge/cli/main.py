@@ -38,6 +38,7 @@ from ._options import (
     existing_index as _existing_index,
 )
 from .nightly import nightly
+from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -90,13 +91,18 @@ def cli() -> None:
 @click.option("--timeout", type=click.IntRange(min=1), metavar="SECONDS",
               help="Stop the whole build (every compiler process) after SECONDS; exit 124.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@click.option("--stack-check/--no-stack-check", default=True, show_default=True,
+              help="After publishing, install the channel's wheels together with their "
+                   "dependencies into a fresh venv and import them (wheelforge stack check); "
+                   "also off with WHEELFORGE_STACK_CHECK=off.")
+@deps_dir_option
 @git_mirror_option
 @recipes_option
 def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: str | None,
           jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
           cache_dir: Path | None, work_dir: Path | None, force: bool,
-          project_file: Path | None, timeout: int | None, verbose: bool,
-          git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
+          project_file: Path | None, timeout: int | None, verbose: bool, stack_check: bool,
+          deps_dir: Path | None, git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
     A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
@@ -104,6 +110,11 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     CUDA architectures and the pip command that installs it. A build of a build key that
     another build (or the nightly) is building waits for it, then finds the wheel published
     and skips.
+
+    Then the stack check (wheelforge stack check) of the channel built for: every wheel of
+    the channel installed together, with its dependencies, and imported together. A broken
+    stack leaves the wheels published, marks the channel broken on the landing page and
+    exits 13.
     """
     from ..builder.pipeline import build_with_companions
 
@@ -127,6 +138,19 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
         archs = ", ".join(res.sass) if res.sass else "pure Python"
         click.echo(f"{state}: {res.wheel.name}  [{archs}]")
     built = {r.channel for r in results if r.channel is not None}
+    statuses = []
+    off = gate_disabled() or (None if stack_check else "--no-stack-check")
+    if off:
+        click.echo(f"stack: not checked ({off})")
+    else:
+        from .. import index
+
+        known = {r.channel for r in index.load_records(config.index_dir) if r.channel}
+        channels: list[str | None] = [*sorted(built or known)] or [None]
+        statuses = run_gate(config.index_dir, channels,
+                            python=config.python or config.base_python,
+                            cache_dir=config.cache_dir, recipes_dir=book.recipes_dir,
+                            deps_dir=deps_dir, reporter=reporter)
     channel = built.pop() if len(built) == 1 else None
     click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}; "
                "uv too: wheelforge consumer-config):")
@@ -134,6 +158,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
         click.echo(_instructions(config.index_dir, None, channel, "pip"), nl=False)
     except ConfigError as exc:  # e.g. every built version yanked: the build still succeeded
         click.echo(f"# none: {exc.what} ({exc.why})")
+    raise_if_broken(statuses)
 
 
 def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
@@ -554,6 +579,7 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
 
 
 cli.add_command(nightly)  # the nightly commands: their own module, nightly.py
+cli.add_command(stack_group)  # wheelforge stack check: stack.py
 
 
 def _install_signal_handlers() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import pins
 from ._markup import _e
+from .health import StackStatus, summary_line
 from .records import (
     FILES_DIR,
     NIGHTLY_REPORT,
@@ -125,7 +126,9 @@ code { font-size: .9em; }
 a { color: #0550ae; }
 .yanked { color: #a40e26; font-size: .85em; font-weight: bold; }
 tr.yanked-row td { color: #777; }
-td.ok { color: #116329; } td.bad { color: #a40e26; } td.none { color: #777; }
+td.ok, .ok { color: #116329; } td.bad, .bad { color: #a40e26; }
+td.none, .none { color: #777; }
+ul.stacks { margin-top: 0; }
 @media (prefers-color-scheme: dark) {
   body { color: #ddd; background: #161616; } th { background: #262626; }
   th, td { border-color: #333; } tbody:nth-of-type(even) { background: #1c1c1c; }
@@ -135,8 +138,23 @@ td.ok { color: #116329; } td.bad { color: #a40e26; } td.none { color: #777; }
 """
 
 
+def _stack_items(stacks: Mapping[str | None, StackStatus], channels: Sequence[str]) -> str:
+    """One line per channel: whether its wheels, installed together with their
+    dependencies, import together (wheelforge stack check)."""
+    items = []
+    for channel in [*channels, *([None] if None in stacks else [])]:
+        status = stacks.get(channel)
+        state = status.state if status else "not checked"
+        css = {"good": "ok", "broken": "bad"}.get(state, "none")
+        when = f" ({status.checked_at[:16].replace('T', ' ')} UTC)" if status else ""
+        items.append(f'<li><b>{_e(channel or "simple/")}</b>: <span class="{css}">'
+                     f"{_e(summary_line(status))}</span>{_e(when)}</li>")
+    return "<ul class=\"stacks\">" + "".join(items) + "</ul>\n" if items else ""
+
+
 def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
-                  report: bool = False) -> str:
+                  report: bool = False,
+                  stacks: Mapping[str | None, StackStatus] | None = None) -> str:
     """The landing page: one table, a <tbody> per project (``rows``, by project name)."""
     channel_links = ", ".join(
         f'<a href="{_e(urllib.parse.quote(c))}/simple/">{_e(c)}</a>' for c in channels
@@ -155,7 +173,10 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
            if report else "")
         + "</p>\n"
-        "<p>Install the pins of the last column, from this index alone: <code>"
+        + ("<p>Stack check (each channel's wheels installed together with their "
+           "dependencies, then imported together):</p>\n" + _stack_items(stacks or {}, channels)
+           if channels or stacks else "")
+        + "<p>Install the pins of the last column, from this index alone: <code>"
         + _e(pins.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."],
                                     one_line=True))
         + "</code>. For the set-up that keeps them through later upgrades (pip and uv), "

@@ -20,7 +20,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from . import pins
+from . import health, pins
 from ._markup import _JSON, _e, _json_text, _quote
 from ._writes import Data, _write_all
 from .landing import _landing_page, _landing_row
@@ -357,6 +357,8 @@ def _remove_pages(directory: Path) -> None:
     if directory.name == SIMPLE_DIR and directory.parent.name not in _RESERVED_CHANNELS:
         with contextlib.suppress(FileNotFoundError):
             (directory.parent / CONSTRAINTS_FILE).unlink()  # a channel's, when it goes
+        with contextlib.suppress(FileNotFoundError):
+            (directory.parent / health.STACK_FILE).unlink()  # and its stack status
         with contextlib.suppress(OSError):
             directory.parent.rmdir()  # a channel directory left empty
 
@@ -444,7 +446,8 @@ def _sync(
             rows[project] = _rows(entries[project] if project in entries else load(project))
     wheels = sum(len(names) for names in groups.values())
     report = (index_dir / REPORTS_DIR / NIGHTLY_REPORT).is_file()
-    landing = _landing_page(rows, sorted(new_channels), wheels, report).encode()
+    stacks = health.read_statuses(index_dir, sorted(new_channels))
+    landing = _landing_page(rows, sorted(new_channels), wheels, report, stacks).encode()
     if bad:
         raise BadRecords(bad)
     # the published files, caches, then project pages, then the roots that link to them,

@@ -142,8 +142,11 @@ class BuildSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class VerifySpec:
-    imports: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()  # imported by the build's check, in the build environment
     requires: tuple[str, ...] = ()
+    #: imported only by the stack check, with the whole channel installed (modules that need
+    #: another recipe's wheel, e.g. fla.layers of flash-linear-attention needs fla-core)
+    stack_imports: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,7 +198,7 @@ _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag", "release-tag", "release-commit")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
-_VERIFY_KEYS = ("imports", "requires")
+_VERIFY_KEYS = ("imports", "requires", "stack-imports")
 _TEST_KEYS = ("source-files", "files", "requires")
 _TEST_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
 
@@ -410,10 +413,13 @@ def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
     if data is None:
         return VerifySpec()
     imports = _string_list(p, data, "imports", where)
-    for i, mod in enumerate(imports):
-        if not _MODULE.match(mod):
-            p.add(_join(_join(where, "imports"), i), f"{mod!r} is not a module name")
-    return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where))
+    stack_imports = _string_list(p, data, "stack-imports", where)
+    for key, mods in (("imports", imports), ("stack-imports", stack_imports)):
+        for i, mod in enumerate(mods):
+            if not _MODULE.match(mod):
+                p.add(_join(_join(where, key), i), f"{mod!r} is not a module name")
+    return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where),
+                      stack_imports=stack_imports)
 
 
 def _limit(raw: Any, count: bool) -> int | None:

@@ -1,0 +1,128 @@
+"""``wheelforge stack check``: a channel's wheels installed together, as users install them,
+and imported together; and the gate that `build` runs after it publishes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from .._log import Reporter, clear_live
+from ..errors import ConfigError, StackError
+from ._options import EPILOG, existing_index, recipes_option
+
+if TYPE_CHECKING:
+    from ..index.health import StackStatus
+
+#: WHEELFORGE_STACK_CHECK=off skips the gate after a build or a nightly (said on the console)
+STACK_CHECK_VAR = "WHEELFORGE_STACK_CHECK"
+
+deps_dir_option = click.option(
+    "--deps-dir", type=click.Path(path_type=Path, file_okay=False, exists=True), default=None,
+    help="Resolve the dependencies (torch, ...) from this directory of wheels only (pip "
+         "--no-index --find-links), for air-gapped machines. Default: pip's configured index.")
+
+
+def gate_disabled(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the gate is off (the variable's setting), or None when it runs."""
+    value = (environ if environ is not None else os.environ).get(STACK_CHECK_VAR, "")
+    if value.strip().lower() in ("off", "0", "false", "no", "never"):
+        return f"{STACK_CHECK_VAR}={value}"
+    return None
+
+
+def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
+             cache_dir: Path, recipes_dir: Path | None, deps_dir: Path | None,
+             reporter: Reporter) -> list[StackStatus]:
+    """Check and record each channel's stack; print one line per channel; return the
+    statuses.  Never raises for a broken stack (the caller decides)."""
+    from ..consume import stack
+    from ..index import health
+    from ..recipe.format import RecipeBook
+
+    book = RecipeBook(recipes_dir, recipes_dir.parent / "patches") if recipes_dir else None
+    options = stack.StackOptions(python=python, work_dir=cache_dir / "stack",
+                                 log_dir=cache_dir / "logs", deps_dir=deps_dir)
+    out = []
+    for channel in channels:
+        name = channel or "simple/"
+        with reporter.step(f"stack check of {name}: every wheel with its dependencies, "
+                           "in one venv"):
+            status = stack.check(index_dir, channel, book, options, say=reporter.info)
+            before = stack.record(index_dir, status)
+        clear_live()
+        click.echo(f"stack {name}: {health.summary_line(status)}")
+        moved = stack.changed_dependencies(before, status)
+        if status.state == "broken" and before is not None and before.state == "good" and moved:
+            click.echo(f"stack {name}: was good at {before.checked_at}; since then: "
+                       + ", ".join(moved))
+        out.append(status)
+    return out
+
+
+def raise_if_broken(statuses: Sequence[StackStatus]) -> None:
+    broken = [s for s in statuses if s.state == "broken"]
+    if broken:
+        names = ", ".join(s.channel or "simple/" for s in broken)
+        raise StackError(
+            f"the stack of {names} is broken: its wheels, installed together with their "
+            "dependencies, do not import together",
+            why=broken[0].reason,
+            fix="the wheels stay published and the landing page marks the channel broken; "
+                "pin or patch the culprit named above (a recipe's patches or build."
+                "drop-requires), rebuild, and run wheelforge stack check again")
+
+
+@click.group("stack")
+def stack_group() -> None:
+    """The channel's stack: its wheels installed together, as users install them."""
+
+
+@stack_group.command("check", epilog=EPILOG)
+@click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="The index (default: wheelforge.yaml, else ./index).")
+@click.option("--channel", "channels", multiple=True,
+              help="A channel to check (repeatable). Default: every channel of the index, or "
+                   "the top-level simple/ when it has none.")
+@click.option("--python", "python", type=click.Path(dir_okay=False),
+              help="The interpreter the fresh venv is made from (default: this one's base "
+                   "interpreter); its Python version must match the channel's wheels.")
+@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where the venv is made (and removed) and the log kept (default "
+                   "$WHEELFORGE_CACHE, else ~/.cache/wheelforge).")
+@deps_dir_option
+@recipes_option
+def stack_check(index_dir: Path | None, channels: tuple[str, ...], python: str | None,
+                cache_dir: Path | None, deps_dir: Path | None, recipes: Path | None) -> None:
+    """Install every project of a channel together into one fresh venv, with the
+    dependencies resolved as the printed pip install resolves them, then run pip check
+    and import every recipe's modules in one interpreter.
+
+    Records the result in the index (CHANNEL/stack.json, shown on the landing page) and
+    prints it: good (with the dependency versions it saw), broken (the failing import and
+    the package that caused it, with its requirement chain) or not checked (why: e.g. the
+    dependencies could not be reached; pass --deps-dir). Exits 13 when a stack is broken.
+    """
+    import sys
+
+    from .. import index
+    from ..builder.config import default_cache_dir, project_python
+
+    target = existing_index(index_dir)
+    known = sorted({r.channel for r in index.load_records(target) if r.channel is not None})
+    for c in channels:
+        if c not in known:
+            raise ConfigError(f"{target} has no channel {c!r}",
+                              why=f"its channels are: {', '.join(known) or 'none'}",
+                              fix="pass one of those to --channel, or leave --channel out")
+    chosen: list[str | None] = list(channels) or list(known) or [None]
+    interp = project_python(python) or Path(getattr(sys, "_base_executable", sys.executable))
+    recipes_dir = recipes or (Path(os.environ["WHEELFORGE_RECIPES"])
+                              if os.environ.get("WHEELFORGE_RECIPES") else Path("recipes"))
+    statuses = run_gate(target, chosen, python=interp, cache_dir=cache_dir or default_cache_dir(),
+                        recipes_dir=recipes_dir if recipes_dir.is_dir() else None,
+                        deps_dir=deps_dir, reporter=Reporter())
+    raise_if_broken(statuses)

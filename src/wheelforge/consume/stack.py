@@ -1,0 +1,363 @@
+"""The stack gate: a channel's wheels installed together, with their dependencies, the way
+the printed pip install does, then imported together in one interpreter.
+
+Each wheel is verified alone when it is built; users install the whole channel into one
+venv, where one package's dependencies can break another's import (mamba-ssm's
+requirements once brought a tilelang that took ``import fla`` down).  :func:`check` makes
+a fresh venv from the given interpreter and runs, in it, the steps of
+:func:`wheelforge.consume.install.pip_lines`:
+
+1. the venv's ``pip.conf``: the channel's simple pages as an extra index and its
+   constraints file (what ``pip config --site set`` writes);
+2. the channel's pins from the local index alone, without dependencies;
+3. the pins again, with pip resolving their dependencies from the usual index (pip's own
+   configuration), or from a directory of wheels (``deps_dir``, air-gapped);
+
+then ``pip check``, and one interpreter that imports ``torch`` and every recipe's
+``verify.imports`` and ``verify.stack-imports`` (and each wheel's top-level packages).
+A failing import is traced to the distributions its traceback went through, and the
+first dependency among them is named with the requirement chain that installed it.
+
+Where the dependencies cannot be reached (no network and no ``deps_dir``) the status is
+"not checked" with the reason: never "good" for what could not be checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from .. import _proc, index
+from .._fs import atomic_write
+from ..index import health
+from ..index.health import ImportOutcome, StackStatus
+from ..index.pins import is_pure
+from ..recipe.format import RecipeBook
+from ..wheel import reading
+from .install import plan as install_plan
+
+Progress = Callable[[str], None]
+
+#: pip's network deadlines (as the build environment's)
+PIP_NET_ARGS = ("--timeout", "30", "--retries", "3")
+#: a pip install of the channel with its dependencies (torch is large)
+INSTALL_TIMEOUT_S = 45 * 60
+#: what pip prints when the index cannot be reached at all (not a resolution failure)
+_UNREACHABLE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name "
+    r"resolution|Name or service not known|Network is unreachable|No route to host|"
+    r"ConnectTimeoutError|Connection refused|ProxyError|No matching distribution found for "
+    r"\S+ \(from versions: none\)")
+_MARK = "WHEELFORGE-STACK "
+
+_IMPORTER = r"""
+import importlib, json, os, sys, traceback
+from importlib import metadata as md
+
+def norm(name):
+    return name.lower().replace("_", "-").replace(".", "-")
+
+files, dists = {}, {}
+for d in md.distributions():
+    name = norm(d.metadata["Name"] or "")
+    if not name:
+        continue
+    dists[name] = {"version": d.version, "requires": list(d.requires or [])}
+    for f in d.files or []:
+        if str(f).endswith((".py", ".so")):
+            try:
+                files[os.path.realpath(str(d.locate_file(f)))] = name
+            except Exception:
+                pass
+out = []
+for module in json.loads(sys.argv[1]):
+    if module == "torch" and "torch" not in dists:
+        continue  # a stack without torch (pure test fixtures)
+    try:
+        importlib.import_module(module)
+        out.append({"module": module, "ok": True})
+    except BaseException as exc:
+        through = []
+        for frame in traceback.extract_tb(exc.__traceback__):
+            owner = files.get(os.path.realpath(frame.filename))
+            if owner and (not through or through[-1] != owner):
+                through.append(owner)
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        out.append({"module": module, "ok": False, "through": through,
+                    "error": ("%s: %s" % (type(exc).__name__, exc))[:600],
+                    "traceback": text[-6000:]})
+print(%(mark)r + json.dumps({"imports": out, "dists": dists}))
+""".replace("%(mark)r", repr(_MARK))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackOptions:
+    python: Path  # the interpreter the venv is made from
+    work_dir: Path  # the venv goes under it, and is removed after
+    log_dir: Path  # the check's log (pip's output, the import tracebacks) is kept there
+    deps_dir: Path | None = None  # dependency wheels (air-gapped): pip --no-index from it
+    offline: bool = False  # no network: "not checked" unless deps_dir
+    environ: Mapping[str, str] | None = None
+
+
+def modules_to_import(book: RecipeBook | None, wheels: Sequence[Path]) -> list[str]:
+    """torch first, then per wheel its recipe's verify.imports and verify.stack-imports,
+    else its top-level packages (from the wheel's RECORD)."""
+    out = ["torch"]
+    for wheel in wheels:
+        project = canonicalize_name(parse_wheel_filename(wheel.name)[0])
+        named: tuple[str, ...] = ()
+        if book is not None and project in book.names():
+            recipe = book.load(project)
+            named = (*recipe.verify.imports, *recipe.verify.stack_imports)
+        for module in named or _top_level(wheel):
+            if module not in out:
+                out.append(module)
+    return out
+
+
+def _top_level(wheel: Path) -> list[str]:
+    tops: list[str] = []
+    with reading(wheel) as zf:
+        names = zf.namelist()
+    for name in names:
+        first = name.split("/", 1)[0]
+        if first.endswith((".dist-info", ".data")) or first.startswith("_"):
+            continue
+        module = first[:-3] if first.endswith(".py") else first.split(".", 1)[0]
+        if module.isidentifier() and module not in tops and ("/" in name or first.endswith(
+                (".py", ".so"))):
+            tops.append(module)
+    return tops
+
+
+def requirement_chains(dists: Mapping[str, Mapping[str, object]], roots: Iterable[str],
+                       target: str) -> list[str]:
+    """"a -> b -> target" for each shortest path from a root to ``target`` through the
+    installed distributions' unconditional requirements (extras not requested are left
+    out, as pip leaves them)."""
+    graph: dict[str, list[str]] = {}
+    for name, info in dists.items():
+        deps: list[str] = []
+        requires = info.get("requires", [])
+        for text in requires if isinstance(requires, list) else []:
+            try:
+                req = Requirement(str(text))
+                if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                    continue
+            except (InvalidRequirement, UndefinedComparison, UndefinedEnvironmentName):
+                continue
+            deps.append(canonicalize_name(req.name))
+        graph[name] = deps
+    chains = []
+    for root in roots:
+        frontier: list[list[str]] = [[root]]
+        seen = {root}
+        found = None
+        while frontier and found is None:
+            nxt = []
+            for path in frontier:
+                for dep in graph.get(path[-1], []):
+                    if dep == target:
+                        found = [*path, dep]
+                        break
+                    if dep not in seen:
+                        seen.add(dep)
+                        nxt.append([*path, dep])
+                if found:
+                    break
+            frontier = nxt
+        if found:
+            chains.append(" -> ".join(found))
+    return chains
+
+
+def _pip_progress(say: Progress) -> Callable[[str], None]:
+    def on_line(line: str) -> None:
+        if line.startswith("Collecting "):
+            say(f"stack: pip: {line.strip()[:100]}")
+    return on_line
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _last_error(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR")]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]
+
+
+def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
+          options: StackOptions, *, say: Progress = lambda _: None) -> StackStatus:
+    """Install the channel's newest wheels together into a fresh venv and import them;
+    the status is returned, not recorded (:func:`record`)."""
+    records = index.load_records(index_dir)
+    p = install_plan(records, index_dir=index_dir, url=None, channel=channel)
+    pinned = {str(canonicalize_name(x.split("==", 1)[0])) for x in p.pins}
+    chosen = [r for r in records if f"{r.project}=={r.version}" in p.pins]
+    deps_from = (str(options.deps_dir) if options.deps_dir else
+                 "the usual index (pip's configuration)")
+    make = _Maker(channel=channel, pins=p.pins, checked_at=_now(), python=str(options.python),
+                  dependencies_from=deps_from)
+
+    def not_checked(why: str) -> StackStatus:
+        return make.status("not checked", why)
+
+    if options.offline and options.deps_dir is None:
+        return not_checked("the dependencies cannot be reached (an air-gapped build): pass "
+                           "a directory of dependency wheels (--deps-dir) to check the stack")
+    try:
+        tag = _proc.run([str(options.python), "-c",
+                         "import sys; print('cp%d%d' % sys.version_info[:2])"],
+                        timeout=60, env=options.environ).output.strip().splitlines()[-1]
+    except (_proc.CommandFailed, IndexError) as exc:
+        return not_checked(f"the interpreter {options.python} does not run ({exc})")
+    wanted = sorted({t.interpreter for r in chosen if not is_pure(r.filename)
+                     for t in parse_wheel_filename(r.filename)[3]})
+    if wanted and tag not in wanted:
+        return not_checked(f"the channel's wheels are for {', '.join(wanted)}, the interpreter "
+                           f"{options.python} is {tag}: pass --python for a matching one")
+
+    log = options.log_dir / f"stack-{channel or 'simple'}-{_now().replace(':', '')}.log"
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="stack-", dir=options.work_dir))
+    env = dict(options.environ if options.environ is not None else os.environ)
+    for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV"):
+        env.pop(var, None)
+    try:
+        say(f"stack {channel or 'simple/'}: a fresh venv from {options.python}")
+        venv = work / "venv"
+        _proc.run([str(options.python), "-m", "venv", str(venv)], env=env, log=log,
+                  timeout=300)
+        vpy = venv / "bin" / "python"
+        # 1. what `pip config --site set` writes: later pip commands keep the local wheels
+        atomic_write(venv / "pip.conf", "[global]\n"
+                     f"extra-index-url = {p.index_url}\nconstraint = {p.constraints}\n")
+        # 2. the local wheels from the local index alone
+        say(f"stack {channel or 'simple/'}: {len(p.pins)} wheel(s) from the index")
+        local = _proc.run([str(vpy), "-m", "pip", "install", "--isolated",
+                           "--disable-pip-version-check", "--progress-bar", "off",
+                           "--no-deps", "--only-binary", ":all:", "--index-url", p.index_url,
+                           *p.pins], env={**env, "PIP_CONFIG_FILE": os.devnull}, log=log,
+                          check=False, timeout=INSTALL_TIMEOUT_S)
+        if local.returncode != 0:
+            return make.status("broken", "the channel's own wheels did not install: "
+                                      + _last_error(local.output))
+        # 3. their dependencies, resolved by pip
+        say(f"stack {channel or 'simple/'}: dependencies from {deps_from}")
+        source = (["--no-index", "--find-links", str(options.deps_dir)]
+                  if options.deps_dir else list(PIP_NET_ARGS))
+        deps = _proc.run([str(vpy), "-m", "pip", "install", "--disable-pip-version-check",
+                          "--progress-bar", "off", *source, *p.pins], env=env, log=log,
+                         check=False, timeout=INSTALL_TIMEOUT_S, on_line=_pip_progress(say))
+        if deps.returncode != 0:
+            if options.deps_dir is None and _UNREACHABLE.search(deps.output):
+                return not_checked("the dependencies could not be reached ("
+                                   + _last_error(deps.output) + "); pass --deps-dir with "
+                                   "their wheels to check offline")
+            return make.status("broken", "pip could not install the dependencies: "
+                                      + _last_error(deps.output))
+        pip_check = _proc.run([str(vpy), "-m", "pip", "check", "--disable-pip-version-check"],
+                              env=env, log=log, check=False, timeout=300)
+        wheels = [index_dir / index.FILES_DIR / r.filename for r in chosen]
+        modules = modules_to_import(book, wheels)
+        say(f"stack {channel or 'simple/'}: importing {', '.join(modules)} in one interpreter")
+        imported = _proc.run([str(vpy), "-c", _IMPORTER, json.dumps(modules)], env=env,
+                             log=log, check=False, timeout=900, cwd=work)
+        found = [ln for ln in imported.output.splitlines() if ln.startswith(_MARK)]
+        if not found:
+            return make.status("broken", "the import check did not finish: "
+                                      + _last_error(imported.output))
+        data = json.loads(found[-1][len(_MARK):])
+        return _judge(data, pinned, pip_check, make, log)
+    except _proc.CommandFailed as exc:
+        return make.status("broken", f"{exc}: {_last_error(exc.tail)}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Maker:
+    """The fields every status of one check shares."""
+
+    channel: str | None
+    pins: tuple[str, ...]
+    checked_at: str
+    python: str
+    dependencies_from: str
+
+    def status(self, state: health.StackState, reason: str = "", **kw: object) -> StackStatus:
+        return StackStatus(channel=self.channel, pins=self.pins, checked_at=self.checked_at,
+                           python=self.python, dependencies_from=self.dependencies_from,
+                           state=state, reason=reason, **kw)  # type: ignore[arg-type]
+
+
+def _judge(data: Mapping[str, object], pinned: set[str], pip_check: _proc.Completed,
+           make: _Maker, log: Path) -> StackStatus:
+    dists = data.get("dists", {})
+    assert isinstance(dists, dict)
+    resolved = {name: str(info.get("version")) for name, info in sorted(dists.items())
+                if name not in pinned and name not in ("pip", "setuptools", "wheel")}
+    outcomes = []
+    raw = data.get("imports", [])
+    for item in raw if isinstance(raw, list) else []:
+        outcomes.append(ImportOutcome(module=item["module"], ok=bool(item["ok"]),
+                                      error=item.get("error", ""),
+                                      through=tuple(item.get("through", []))))
+    failed = [o for o in outcomes if not o.ok]
+    reason, chains = "", []
+    if failed:
+        first = failed[0]
+        culprit = next((d for d in first.through if d not in pinned), None)
+        where = (f" in {first.through[-1]} {resolved.get(first.through[-1], '')}".rstrip()
+                 if first.through else "")
+        reason = f"import {first.module} failed: {first.error}{where}"
+        if culprit is not None:
+            chains = requirement_chains(dists, sorted(pinned), culprit)
+            reason += (f"; through {' -> '.join(first.through)}; {culprit} is installed "
+                       f"because {'; '.join(chains) or 'the user asked for it'}")
+        if len(failed) > 1:
+            reason += f" (and {len(failed) - 1} more failed import(s))"
+    check_text = "" if pip_check.returncode == 0 else pip_check.output.strip()[-2000:]
+    if check_text and not reason:
+        reason = "pip check: " + check_text.splitlines()[0][:300]
+    state: health.StackState = "broken" if reason else "good"
+    if reason:
+        reason += f" (log: {log})"
+    return make.status(state, reason, resolved=resolved, imports=tuple(outcomes),
+                       pip_check=check_text, culprit_chains=tuple(chains))
+
+
+def record(index_dir: Path, status: StackStatus) -> StackStatus | None:
+    """Record ``status`` in the index and regenerate the landing page; return the
+    status it replaces (None when there was none)."""
+    before = health.read_status(index_dir, status.channel)
+    health.write_status(index_dir, status)
+    index.rebuild(index_dir)
+    return before
+
+
+def changed_dependencies(before: StackStatus | None, after: StackStatus) -> list[str]:
+    """"tilelang 0.1.8 -> 0.1.9" for each dependency whose resolved version moved since the
+    last check (the nightly names them when a stack breaks)."""
+    if before is None:
+        return []
+    out = []
+    for name in sorted(set(before.resolved) | set(after.resolved)):
+        old, new = before.resolved.get(name), after.resolved.get(name)
+        if old != new:
+            out.append(f"{name} {old or '(none)'} -> {new or '(none)'}")
+    return out

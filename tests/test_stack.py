@@ -1,0 +1,188 @@
+"""The stack gate with real pip and real venvs, on fixture stacks of pure wheels (seconds):
+a dependency that breaks another wheel's optional import is caught and named with its
+requirement chain; a good stack names what it resolved; unreachable dependencies are "not
+checked", never "good"; the status is recorded in the index and shown on its landing page.
+
+The whole shipped stack (torch and the four recipes, dependencies from PyPI) is checked in
+tests/test_e2e_stack.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import make_wheel
+from wheelforge import _proc, index
+from wheelforge.consume import stack
+from wheelforge.index import health
+
+NO_TARGET: dict[str, Any] = {"channel": None, "cuda": None, "torch": None, "archs": [],
+                             "build_key": None}
+CU130: dict[str, Any] = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1",
+                         "archs": ["sm_120"], "build_key": "key-1"}
+#: the failure measured with tilelang 0.1.8 and apache-tvm-ffi 0.1.12, reproduced
+BREAKS = "raise AttributeError(\"attribute '__dict__' of 'type' objects is not writable\")\n"
+
+
+def wheelforge(*args: str, cwd: Path, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, **(env or {})}
+    full.pop("WHEELFORGE_STACK_CHECK", None)
+    return subprocess.run([sys.executable, "-m", "wheelforge", *args], cwd=cwd, env=full,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=600)
+
+
+def fixture_stack(tmp: Path, *, spoiler_breaks: bool) -> tuple[Path, Path]:
+    """An index with two pure wheels: alpha (whose optional `import spoiler` treats only an
+    ImportError as absence, as fla-core treats tilelang) and beta (which requires spoiler,
+    as mamba-ssm requires tilelang); and a directory of dependency wheels with spoiler."""
+    dist, deps, root = tmp / "dist", tmp / "deps", tmp / "index"
+    alpha = make_wheel(dist, {"alpha/__init__.py":
+                              "try:\n    import spoiler\nexcept ImportError:\n"
+                              "    spoiler = None\n"}, name="alpha", version="1.0+wf")
+    beta = make_wheel(dist, {"beta/__init__.py": "VALUE = 1\n"}, name="beta",
+                      version="2.0+wf", metadata_extra="Requires-Dist: spoiler>=1")
+    make_wheel(deps, {"spoiler/__init__.py": BREAKS if spoiler_breaks else "OK = True\n"},
+               name="spoiler", version="1.5")
+    for w in (alpha, beta):
+        index.publish(root, w, **NO_TARGET)
+    return root, deps
+
+
+def test_a_dependency_that_breaks_another_wheels_import_is_caught_and_named(
+        tmp_path: Path) -> None:
+    root, deps = fixture_stack(tmp_path, spoiler_breaks=True)
+    res = wheelforge("stack", "check", "--index", str(root), "--deps-dir", str(deps),
+                     "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert res.returncode == 13, res.stdout
+    assert ("stack simple/: broken: import alpha failed: AttributeError: attribute '__dict__' "
+            "of 'type' objects is not writable in spoiler 1.5; through alpha -> spoiler; "
+            "spoiler is installed because beta -> spoiler") in res.stdout
+    assert "Traceback" not in res.stdout
+    status = health.read_status(root, None)
+    assert status is not None and status.state == "broken"
+    assert status.resolved == {"spoiler": "1.5"}
+    assert status.culprit_chains == ("beta -> spoiler",)
+    assert [(o.module, o.ok) for o in status.imports] == [("alpha", False), ("beta", True)]
+    assert status.pins == ("alpha==1.0+wf", "beta==2.0+wf")
+    landing = (root / "index.html").read_text()
+    assert '<b>simple/</b>: <span class="bad">broken: import alpha failed' in landing
+    # the log keeps the whole traceback
+    log = Path(status.reason.rsplit("(log: ", 1)[1].rstrip(")"))
+    assert "spoiler/__init__.py" in log.read_text()
+    # the venv is gone, the log stays
+    assert not any((tmp_path / "cache" / "stack").iterdir())
+
+
+def test_a_good_stack_names_what_it_resolved(tmp_path: Path) -> None:
+    root, deps = fixture_stack(tmp_path, spoiler_breaks=False)
+    res = wheelforge("stack", "check", "--index", str(root), "--deps-dir", str(deps),
+                     "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout
+    assert "stack simple/: good" in res.stdout
+    status = health.read_status(root, None)
+    assert status is not None and status.state == "good" and status.reason == ""
+    assert status.resolved == {"spoiler": "1.5"}
+    assert all(o.ok for o in status.imports)
+    assert status.dependencies_from == str(deps)
+    assert '<span class="ok">good</span>' in (root / "index.html").read_text()
+
+
+def test_unreachable_dependencies_are_not_checked_never_good(tmp_path: Path) -> None:
+    """No network and no --deps-dir: pip's index is a port where nothing listens."""
+    root, _deps = fixture_stack(tmp_path, spoiler_breaks=False)
+    env = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/", "PIP_FIND_LINKS": "",
+           "PIP_CONFIG_FILE": os.devnull}
+    res = wheelforge("stack", "check", "--index", str(root),
+                     "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stdout
+    assert "stack simple/: not checked: the dependencies could not be reached" in res.stdout
+    status = health.read_status(root, None)
+    assert status is not None and status.state == "not checked"
+    assert "not checked" in (root / "index.html").read_text()
+
+
+def test_a_channel_is_checked_with_the_pure_wheels_and_a_wrong_python_is_not_checked(
+        tmp_path: Path) -> None:
+    """A channel's pages hold its wheels and the channel-less pure ones; a cp39 wheel is
+    not checked with this interpreter (it says which one to pass)."""
+    dist, root = tmp_path / "dist", tmp_path / "index"
+    index.publish(root, make_wheel(dist, {"ext/__init__.py": ""}, name="ext",
+                                   version="1.0+cu130", tag="cp39-cp39-linux_x86_64"), **CU130)
+    index.publish(root, make_wheel(dist, {"purep/__init__.py": ""}, name="purep",
+                                   version="1.0+wf"), **NO_TARGET)
+    res = wheelforge("stack", "check", "--index", str(root), "--channel", "cu130-torch2.14",
+                     "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert ("stack cu130-torch2.14: not checked: the channel's wheels are for cp39, the "
+            "interpreter ") in res.stdout and f"is {tag}: pass --python" in res.stdout
+    status = health.read_status(root, "cu130-torch2.14")
+    assert status is not None and status.pins == ("ext==1.0+cu130", "purep==1.0+wf")
+
+
+def test_an_unknown_channel_is_a_usage_error(tmp_path: Path) -> None:
+    root, _ = fixture_stack(tmp_path, spoiler_breaks=False)
+    res = wheelforge("stack", "check", "--index", str(root), "--channel", "cu999",
+                     cwd=tmp_path)
+    assert res.returncode == 2
+    assert "has no channel 'cu999'" in res.stdout and "Traceback" not in res.stdout
+
+
+def test_pip_check_failures_break_the_stack(tmp_path: Path) -> None:
+    """pip check's findings (a requirement an installed distribution does not meet) are a
+    broken stack even when every import works (a fake pip check result: unit level)."""
+    make = stack._Maker(channel=None, pins=("a==1",), checked_at="t", python="py",
+                        dependencies_from="x")
+    bad = _proc.Completed(("pip", "check"), 1, "a 1 has requirement b>=2, but you have b 1.\n")
+    data = {"imports": [{"module": "a", "ok": True}], "dists": {"a": {"version": "1",
+                                                                      "requires": ["b>=2"]},
+                                                                "b": {"version": "1"}}}
+    status = stack._judge(data, {"a"}, bad, make, tmp_path / "log")
+    assert status.state == "broken"
+    assert status.reason.startswith("pip check: a 1 has requirement b>=2, but you have b 1.")
+    ok = stack._judge(data, {"a"}, _proc.Completed(("pip", "check"), 0, "No broken"), make,
+                      tmp_path / "log")
+    assert ok.state == "good" and ok.resolved == {"b": "1"}
+
+
+@pytest.mark.parametrize("dists, expected", [
+    ({"mamba-ssm": {"requires": ["tilelang==0.1.8", "einops"]}, "fla-core": {"requires": []},
+      "tilelang": {"requires": ["apache-tvm-ffi"]}}, ["mamba-ssm -> tilelang"]),
+    # an extra that was not asked for installs nothing
+    ({"mamba-ssm": {"requires": ['tilelang; extra == "mamba3"']}, "fla-core": {}}, []),
+    ({"fla-core": {"requires": ["x"]}, "x": {"requires": ["tilelang"]},
+      "mamba-ssm": {"requires": ["tilelang"]}},
+     ["fla-core -> x -> tilelang", "mamba-ssm -> tilelang"]),
+])
+def test_requirement_chains(dists: dict[str, dict[str, object]], expected: list[str]) -> None:
+    assert stack.requirement_chains(dists, ["fla-core", "mamba-ssm"], "tilelang") == expected
+
+
+@pytest.mark.parametrize("text", [
+    "", "[]", '{"schema": 1}', '{"schema": 1, "state": "great"}',
+    '{"schema": 1, "state": "good", "channel": "../x"}',
+    '{"schema": 1, "state": "good", "resolved": {"a": 1}}',
+    '{"schema": 2, "state": "good"}',
+])
+def test_a_damaged_status_file_reads_as_never_checked(tmp_path: Path, text: str) -> None:
+    (tmp_path / health.STACK_FILE).write_text(text)
+    assert health.read_status(tmp_path, None) is None
+
+
+def test_the_status_round_trips(tmp_path: Path) -> None:
+    status = health.StackStatus(
+        channel=None, state="broken", checked_at="2026-12-02T07:00:00Z", reason="r",
+        pins=("a==1",), resolved={"b": "2"},
+        imports=(health.ImportOutcome(module="a", ok=False, error="E: x", through=("a", "b")),),
+        culprit_chains=("a -> b",))
+    assert health.from_json(health.to_json(status)) == status
+    assert json.loads(health.to_json(status))["schema"] == health.SCHEMA
