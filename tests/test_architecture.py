@@ -25,11 +25,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("wheelforge.recipe",),
     ("wheelforge.index",),
     ("wheelforge.builder",),
-    ("wheelforge.consume", "wheelforge.nightly"),
+    ("wheelforge.consume",),  # the nightly checks the stack as users install it
+    ("wheelforge.nightly",),
     ("wheelforge.cli", "wheelforge.__main__"),
 )
 #: Packages of one layer that must not import each other.
-SIBLINGS = {("wheelforge.consume", "wheelforge.nightly")}
+SIBLINGS: set[tuple[str, str]] = set()
 LAZY_IMPORTS_ALLOWED = ("wheelforge.cli",)
 
 

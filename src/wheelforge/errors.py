@@ -12,7 +12,7 @@ class WheelforgeError(Exception):
 
     exit_code = 1
     label = "error"
-    meaning = "a nightly run with failed cells"
+    meaning = "a nightly run with failed cells or a broken stack"
 
     def __init__(self, what: str, why: str = "", fix: str = "", *, log: str | None = None):
         super().__init__(what)

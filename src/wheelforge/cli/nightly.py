@@ -16,9 +16,11 @@ from .. import __version__
 from .._log import Reporter, clear_live
 from ..builder.config import resolve
 from ..errors import ConfigError, WheelforgeError
+from ..index.health import summary_line
 from ..recipe.format import RecipeBook
 from ._options import EPILOG, config_option, recipes_option
 from ._options import book as _book
+from .stack import deps_dir_option, gate_disabled
 
 jobs_option = click.option(
     "-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each build "
@@ -62,8 +64,15 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
                    sources_dirs=sources_dirs, jobs=jobs, project_file=path)
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
                               work_dir=base.work_dir, sources_dirs=base.sources_dirs,
-                              jobs=jobs, project_file=path)
+                              jobs=jobs, project_file=path, stack_check=_stack_check())
     return matrix, book, settings
+
+
+def _stack_check() -> bool:
+    off = gate_disabled()
+    if off:
+        click.echo(f"stack: not checked ({off})", err=True)
+    return off is None
 
 
 def _echo_report(report: Any, reports: Path) -> None:
@@ -71,6 +80,8 @@ def _echo_report(report: Any, reports: Path) -> None:
     for r in report.results:
         target = "pure" if r.archs is None else f"{r.torch} cu{r.cuda} arch {r.archs}"
         click.echo(f"{r.status:8} {r.recipe} [{target}] {r.wheel or r.note or ''}".rstrip())
+    for s in report.stacks:
+        click.echo(f"stack {s.channel or 'simple/'}: {summary_line(s)}")
     click.echo(f"report: {reports / 'nightly-latest.html'}")
     click.echo(report.summary())
 
@@ -138,8 +149,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
         report = night.run(matrix, book, settings, reporter=reporter, report_dir=reports)
     _echo_report(report, reports)
     if report.failed:
-        raise WheelforgeError(f"{report.count('failed')} of {len(report.results)} cell(s) "
-                              "failed", fix=f"see {reports / 'nightly-latest.html'}")
+        raise WheelforgeError(report.summary(), fix=f"see {reports / 'nightly-latest.html'}")
 
 
 @nightly.command("plan", epilog=EPILOG)
@@ -247,9 +257,12 @@ def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
 @report_option
 @cache_option
 @config_option
+@deps_dir_option
+@recipes_option
 def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path | None,
                     report_dir: Path | None, cache_dir: Path | None,
-                    project_file: Path | None) -> None:
+                    project_file: Path | None, deps_dir: Path | None,
+                    recipes: Path | None) -> None:
     """Publish the stage directories of a plan: the single writer of the index.
 
     Each decision is taken under the index lock: a build key already published is skipped
@@ -264,13 +277,19 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     plan = fanout.load_plan(plan_file)
     base = resolve(index_dir=index_dir, cache_dir=cache_dir, project_file=project_file)
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
-                              project_file=project_file)
+                              project_file=project_file, stack_check=_stack_check(),
+                              deps_dir=deps_dir)
     reporter = Reporter()
     reports = report_dir or settings.index_dir / night.REPORTS_DIR
+    recipes_dir = recipes or Path("recipes")
+    book = (RecipeBook(recipes_dir, recipes_dir.parent / "patches") if recipes_dir.is_dir()
+            else None)
     report = fanout.publish(plan, fanout.stage_dirs(stages), settings, reporter=reporter,
-                            report_dir=reports)
+                            report_dir=reports, book=book)
     _echo_report(report, reports)
     bad = report.count("failed") + report.count("not run")
     if bad:
         raise WheelforgeError(f"{bad} of {len(report.results)} cell(s) failed or did not run",
                               fix=f"see {reports / 'nightly-latest.html'}")
+    if report.failed:
+        raise WheelforgeError(report.summary(), fix=f"see {reports / 'nightly-latest.html'}")

@@ -4,11 +4,13 @@
 run); :mod:`.state` one run's plans of its cells; :mod:`.fanout` the plan / run / publish
 parts (a cell built into a stage, stages published under the index lock) and the GitHub
 Actions matrix; :mod:`.inprocess` the nightly on one machine, through the same parts;
-:mod:`.rayexec` the Ray executor; :mod:`.report` the JSON and HTML report;
+:mod:`.rayexec` the Ray executor; :mod:`.gate` the stack check of the channels a night
+changed; :mod:`.report` the JSON and HTML report;
 :mod:`.prune` the retention.
 
-May import: :mod:`wheelforge.builder`, :mod:`wheelforge.index`, :mod:`wheelforge.recipe` and
-the primitives; never the CLI.  The names below are the nightly's API.
+May import: :mod:`wheelforge.consume`, :mod:`wheelforge.builder`, :mod:`wheelforge.index`,
+:mod:`wheelforge.recipe` and the primitives; never the CLI.  The names below are the
+nightly's API.
 """
 
 from .cells import (

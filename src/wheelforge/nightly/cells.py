@@ -16,6 +16,7 @@ from .. import __version__, _proc
 from .._log import Reporter
 from ..builder import config, pipeline
 from ..errors import ToolchainError
+from ..index.health import StackStatus
 from ..recipe.format import Recipe
 
 CellStatus = Literal["built", "skipped", "failed", "not run"]
@@ -38,6 +39,10 @@ class Settings:
     jobs: int | None = None
     project_file: Path | None = None
     environ: Mapping[str, str] | None = None
+    #: the stack gate after publishing (wheelforge stack check); its dependency wheels
+    #: when they cannot come from pip's index
+    stack_check: bool = True
+    deps_dir: Path | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,18 +76,23 @@ class NightlyReport:
     results: tuple[CellResult, ...]
     interrupted: bool = False
     wheelforge: str = __version__
+    #: the stack check of each channel the night changed (empty when off or none changed)
+    stacks: tuple[StackStatus, ...] = ()
 
     def count(self, status: CellStatus) -> int:
         return sum(1 for r in self.results if r.status == status)
 
     @property
     def failed(self) -> bool:
-        return self.interrupted or self.count("failed") > 0
+        return (self.interrupted or self.count("failed") > 0
+                or any(s.state == "broken" for s in self.stacks))
 
     def summary(self) -> str:
         counts = ", ".join(f"{self.count(s)} {s}" for s in ("built", "skipped", "failed",
                                                              "not run") if self.count(s))
+        broken = [s.channel or "simple/" for s in self.stacks if s.state == "broken"]
         return (f"{len(self.results)} cell(s): {counts or 'none'}"
+                + (f"; stack broken: {', '.join(broken)}" if broken else "")
                 + (" (interrupted)" if self.interrupted else ""))
 
 

@@ -53,6 +53,7 @@ from ..recipe.format import Recipe, RecipeBook
 from ..recipe.matrix import Cell, Matrix, TorchPin, cells
 from ..wheel import retag
 from .cells import REPORTS_DIR, Builder, CellResult, CellStatus, NightlyReport, Settings, log_tail
+from .gate import check_night
 from .report import link_from_landing_page, write_report
 from .state import CellPlan, CellRunner, with_companions
 
@@ -507,8 +508,8 @@ def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
 
 
 def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
-            report_dir: Path | None = None,
-            started: float | None = None) -> NightlyReport:
+            report_dir: Path | None = None, started: float | None = None,
+            book: RecipeBook | None = None) -> NightlyReport:
     """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
     nightly report (every cell of the plan; a planned cell without a stage is "not
     run").  A stage that does not belong to the plan, or whose wheel does not match its
@@ -551,10 +552,11 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
             results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
                                    log_tail=exc.why or exc.what, note=f"on {r.host}"))
     record_durations(settings.cache_dir, timed)
+    stacks = check_night(settings, book, results, reporter)
     report = NightlyReport(
         started=plan.created or _now(), finished=_now(),
         duration_s=round(time.monotonic() - t0, 3), config=plan.config,
-        index=str(settings.index_dir), results=tuple(results))
+        index=str(settings.index_dir), results=tuple(results), stacks=stacks)
     reports = report_dir or settings.index_dir / REPORTS_DIR
     write_report(report, reports)
     link_from_landing_page(settings.index_dir, reports)

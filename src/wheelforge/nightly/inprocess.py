@@ -29,10 +29,12 @@ from .. import index
 from .._fs import locked, owned_lock
 from .._log import Reporter
 from ..builder import pipeline
+from ..index.health import StackStatus
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Matrix, cells
 from .cells import REPORTS_DIR, Builder, CellResult, NightlyReport, Settings
 from .fanout import record_durations, run_and_publish
+from .gate import check_night
 from .report import iso, link_from_landing_page, write_report
 from .state import CellPlan, CellRunner, lock_path, with_companions
 
@@ -63,6 +65,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     results: dict[int, CellResult] = {}
     deferred: list[tuple[int, CellPlan]] = []
     interrupted = False
+    stacks: tuple[StackStatus, ...] = ()
     try:
         for i, cell in enumerate(todo):
             plan = state.plan(cell)
@@ -87,6 +90,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
             with owned_lock(lock_path(settings.cache_dir, plan.key)):
                 results[i] = _build_cell(state, plan)
+        stacks = check_night(settings, book, list(results.values()), reporter)
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -98,7 +102,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             started=iso(started_wall), finished=iso(datetime.now(timezone.utc)),
             duration_s=round(time.monotonic() - started, 3), config=str(matrix.path),
             index=str(settings.index_dir), interrupted=interrupted,
-            results=tuple(results[i] for i in range(len(todo))))
+            results=tuple(results[i] for i in range(len(todo))), stacks=stacks)
         reports = report_dir or settings.index_dir / REPORTS_DIR
         inside = os.path.abspath(reports).startswith(os.path.abspath(settings.index_dir) + os.sep)
         try:

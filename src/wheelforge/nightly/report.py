@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import index
 from .._fs import atomic_copy, atomic_write
 from ..errors import WheelforgeError
+from ..index.health import summary_line
 from .cells import LOGS_DIR, REPORT_SCHEMA, REPORTS_DIR, CellResult, NightlyReport
 
 
@@ -90,6 +91,21 @@ def _copy_logs(report: NightlyReport, report_dir: Path) -> NightlyReport:
     return dataclasses.replace(report, results=tuple(results))
 
 
+def _stacks_html(report: NightlyReport) -> str:
+    """The stack check of each channel the night changed: its wheels installed together
+    with their dependencies, then imported together."""
+    if not report.stacks:
+        return ""
+    items = []
+    for s in report.stacks:
+        css = {"good": "built", "broken": "failed"}.get(s.state, "skipped")
+        items.append(f"<li><b>{_e(s.channel or 'simple/')}</b>: "
+                     f'<span class="{css}">{_e(summary_line(s))}</span></li>\n')
+    return ("<h2>Stack check</h2>\n<p>Each channel's wheels installed together, with their "
+            "dependencies, into one fresh venv, then imported together:</p>\n<ul>\n"
+            + "".join(items) + "</ul>\n")
+
+
 def render_html(report: NightlyReport, report_dir: Path) -> str:
     """One table of the cells; failures follow with their error and log tail."""
     files = Path(report.index) / index.FILES_DIR
@@ -132,6 +148,7 @@ def render_html(report: NightlyReport, report_dir: Path) -> str:
         "<th>Archs</th><th>Status</th><th>Time</th><th>Wheel</th><th>Archs found</th>"
         "<th>Build key</th><th>Note</th><th>Log</th></tr></thead>\n<tbody>\n"
         + "".join(rows) + "</tbody>\n</table>\n"
+        + _stacks_html(report)
         + (("<h2>Failures</h2>\n" + "".join(failures)) if failures else "")
         + "</body>\n</html>\n")
 
