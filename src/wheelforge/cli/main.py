@@ -345,7 +345,15 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
 
 
 @cli.command(epilog=EPILOG)
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option("--stack", is_flag=True, help="Test the whole channel instead of NAME: every "
+              "wheel installed together into one venv over --python, every recipe's GPU test "
+              "there, and tiny hybrid models (gputests/stack/) checked for the fast path by "
+              "the CUDA kernels that ran.")
+@click.option("--channel", help="With --stack: the channel (default: the index's only one).")
+@click.option("--report", "report_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="With --stack: also write the result as JSON to this file.")
+@deps_dir_option
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
               help="The index to install from (default: defaults.index of wheelforge.yaml, "
                    "else ./index).")
@@ -365,9 +373,10 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
                    "pytest-xdist is installed, else 1).")
 @git_mirror_option
 @recipes_option
-def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tuple[Path, ...],
-         cache_dir: Path | None, workers: int | None, git_mirrors: tuple[str, ...],
-         recipes: Path | None) -> None:
+def test(name: str | None, stack: bool, channel: str | None, report_file: Path | None,
+         deps_dir: Path | None, index_dir: Path | None, python: str | None,
+         sources_dirs: tuple[Path, ...], cache_dir: Path | None, workers: int | None,
+         git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
     """Prove a published wheel on this machine's GPU.
 
     Installs NAME from the index into a fresh environment, runs the recipe's GPU test
@@ -381,6 +390,14 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
     from ..builder.config import default_cache_dir, find_python, project_python
     from ..consume.gputest import run_test
 
+    if stack or name is None:
+        if name is not None or not stack:
+            raise ConfigError("wheelforge test takes a recipe NAME, or --stack without one",
+                              why=f"got {'NAME and --stack' if stack else 'neither'}",
+                              fix="wheelforge test causal-conv1d, or wheelforge test --stack")
+        _test_stack(channel, report_file, deps_dir, index_dir, python, sources_dirs, cache_dir,
+                    workers, git_mirrors, recipes)
+        return
     recipe = _book(recipes).load(name)
     index_dir = _existing_index(index_dir)
     _repair_or_warn(index_dir)
@@ -405,6 +422,51 @@ def test(name: str, index_dir: Path | None, python: str | None, sources_dirs: tu
         raise GpuTestError(f"the GPU test of {record.filename} failed",
                            why=f"{outcome.failed} failed, {outcome.errors} errors",
                            fix="read the log; the index marks the wheel as failed", log=str(log))
+
+
+def _test_stack(channel: str | None, report_file: Path | None, deps_dir: Path | None,
+                index_dir: Path | None, python: str | None, sources_dirs: tuple[Path, ...],
+                cache_dir: Path | None, workers: int | None, git_mirrors: tuple[str, ...],
+                recipes: Path | None) -> None:
+    """wheelforge test --stack: the channel whole, on this machine's GPU."""
+    import time as _time
+
+    from .. import index
+    from ..builder.config import default_cache_dir, find_python, project_python
+    from ..consume.gpustack import run_stack_test, write_report
+    from ..errors import GpuTestError
+
+    book = _book(recipes)
+    index_dir = _existing_index(index_dir)
+    _repair_or_warn(index_dir)
+    known = sorted({r.channel for r in index.load_records(index_dir) if r.channel})
+    if channel is None and len(known) > 1:
+        raise ConfigError(f"{index_dir} has {len(known)} channels", why=", ".join(known),
+                          fix="pass one with --channel")
+    channel = channel or (known[0] if known else None)
+    interp = project_python(python) or find_python("python3", "the default interpreter")
+    cache = cache_dir or default_cache_dir()
+    log = cache / "logs" / f"test-stack-{_time.strftime('%Y%m%dT%H%M%S')}.log"
+    reporter = Reporter()
+    reporter.info(f"python {interp}" + (f"  [--python {python}]" if python else ""))
+    hybrids = book.recipes_dir.parent / "gputests" / "stack" / "hybrid_models.py"
+    with reporter.step(f"stack of {channel or 'simple/'} from {index_dir}"):
+        report = run_stack_test(
+            index_dir, channel, book, python=interp, cache_dir=cache,
+            sources_dirs=sources_dirs, git_mirrors=dict(resolve(git_mirrors=git_mirrors)
+                                                        .git_mirrors),
+            deps_dir=deps_dir, workers=workers or min(8, os.cpu_count() or 1),
+            hybrids=hybrids if hybrids.is_file() else None, log=log, say=reporter.info)
+    clear_live()
+    for line in report.lines():
+        click.echo(line)
+    if report_file is not None:
+        write_report(report, report_file)
+    click.echo(f"{'passed' if report.passed else 'failed'}: the stack of "
+               f"{channel or 'simple/'} on {report.gpu}  [log {log}]")
+    if not report.passed:
+        raise GpuTestError(f"the stack of {channel or 'simple/'} failed on {report.gpu}",
+                           why="see the lines above", fix="read the log", log=str(log))
 
 
 index_option = click.option(

@@ -157,7 +157,7 @@ _SITE_PROBE = (
 )
 
 
-def _overlay_venv(python: Path, root: Path, log: Path | None) -> Path:
+def overlay_venv(python: Path, root: Path, log: Path | None) -> Path:
     """A fresh venv of ``python`` that also sees that interpreter's packages (torch, pytest).
 
     ``--system-site-packages`` is not enough: when ``python`` is itself a venv, the new
@@ -193,6 +193,42 @@ def _junit_counts(path: Path) -> tuple[int, int, int, int]:
     errors = sum(int(s.get("errors", 0)) for s in suites)
     skipped = sum(int(s.get("skipped", 0)) for s in suites)
     return tests - failures - errors - skipped, failures, skipped, errors
+
+
+def collect_tests(recipe: Recipe, tests: Path, src: Path, *, cache_dir: Path,
+                  sources_dirs: tuple[Path, ...], git_mirrors: Mapping[str, Path] | None,
+                  say: Progress) -> Path:
+    """The recipe's test files in ``tests``: those of the pinned, patched source tree
+    (unpacked under ``src``) and those shipped beside the recipe."""
+    tests.mkdir(parents=True)
+    if recipe.test.source_files:
+        fetched = fetch(recipe, cache_dir, sources_dirs, say, git_mirrors=git_mirrors)
+        tree = extract(fetched.archive, src, recipe.extract)
+        apply_series(tree, recipe.patches, project=recipe.name)
+        for rel in recipe.test.source_files:
+            shutil.copy2(tree / rel, tests / Path(rel).name)
+    for f in recipe.test.files:
+        shutil.copy2(f, tests / f.name)
+    return tests
+
+
+def run_pytest(vpy: Path, tests: Path, junit: Path, *, workers: int, log: Path | None,
+               say: Progress, what: str) -> tuple[_proc.Completed, tuple[int, int, int, int]]:
+    """pytest over ``tests`` in the venv of ``vpy`` (``-n workers`` when above 1: several
+    processes share the one GPU); the result and (passed, failed, skipped, errors)."""
+    parallel = ["-n", str(workers)] if workers > 1 else []
+    if parallel:
+        say(f"pytest-xdist: {workers} workers")
+    result = _proc.run([str(vpy), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        *parallel, f"--junitxml={junit}", str(tests)], cwd=tests, log=log,
+                       check=False, env={**os.environ, "PYTHONNOUSERSITE": "1"},
+                       on_line=lambda ln: say(ln) if ("passed" in ln or "failed" in ln)
+                       and ln.startswith("=") else None)
+    if not junit.exists():
+        raise GpuTestError(f"the test of {what} did not run",
+                           why=result.output.strip()[-800:],
+                           fix="read the log", log=str(log) if log else None)
+    return result, _junit_counts(junit)
 
 
 def run_test(
@@ -233,7 +269,7 @@ def run_test(
                              fix=f"{python} -m pip install " + " ".join(missing))
     with tempfile.TemporaryDirectory(prefix="wf-test-") as tmp:
         work = Path(tmp)
-        vpy = _overlay_venv(python, work / "venv", log)
+        vpy = overlay_venv(python, work / "venv", log)
         simple = (index_dir / "simple").as_uri()
         say(f"installing {recipe.name}=={record.version} from {simple}")
         try:
@@ -247,35 +283,15 @@ def run_test(
                                why=exc.tail.strip()[-800:],
                                fix="check the wheel's requirements against the environment",
                                log=str(log) if log else None) from exc
-        tests = work / "tests"
-        tests.mkdir()
-        if recipe.test.source_files:
-            fetched = fetch(recipe, cache_dir, sources_dirs, say, git_mirrors=git_mirrors)
-            tree = extract(fetched.archive, work / "src", recipe.extract)
-            apply_series(tree, recipe.patches, project=recipe.name)
-            for rel in recipe.test.source_files:
-                shutil.copy2(tree / rel, tests / Path(rel).name)
-        for f in recipe.test.files:
-            shutil.copy2(f, tests / f.name)
-        junit = work / "junit.xml"
+        tests = collect_tests(recipe, work / "tests", work / "src", cache_dir=cache_dir,
+                              sources_dirs=sources_dirs, git_mirrors=git_mirrors, say=say)
         say(f"running {', '.join(sorted(p.name for p in tests.iterdir()))} on {gpu.name}")
         start = time.monotonic()
-        parallel: list[str] = []
-        if workers > 1 and "pytest-xdist" in dict(env.distributions):
-            parallel = ["-n", str(workers)]  # several processes share the one GPU
-            say(f"pytest-xdist: {workers} workers")
-        result = _proc.run([str(vpy), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *parallel, f"--junitxml={junit}", str(tests)], cwd=tests, log=log,
-                           check=False,
-                           env={**os.environ, "PYTHONNOUSERSITE": "1"},
-                           on_line=lambda ln: say(ln) if ("passed" in ln or "failed" in ln)
-                           and ln.startswith("=") else None)
+        xdist = workers > 1 and "pytest-xdist" in dict(env.distributions)
+        result, (passed, failed, skipped, errors) = run_pytest(
+            vpy, tests, work / "junit.xml", workers=workers if xdist else 1, log=log, say=say,
+            what=recipe.name)
         duration = time.monotonic() - start
-        if not junit.exists():
-            raise GpuTestError(f"the test of {recipe.name} did not run",
-                               why=result.output.strip()[-800:],
-                               fix="read the log", log=str(log) if log else None)
-        passed, failed, skipped, errors = _junit_counts(junit)
     outcome = TestOutcome(
         status="passed" if result.returncode == 0 and failed == errors == 0 and passed > 0
         else "failed",

@@ -59,9 +59,9 @@ _UNREACHABLE = re.compile(
     r"resolution|Name or service not known|Network is unreachable|No route to host|"
     r"ConnectTimeoutError|Connection refused|ProxyError|No matching distribution found for "
     r"\S+ \(from versions: none\)")
-_MARK = "WHEELFORGE-STACK "
+MARK = "WHEELFORGE-STACK "
 
-_IMPORTER = r"""
+IMPORTER = r"""
 import importlib, json, os, sys, traceback
 from importlib import metadata as md
 
@@ -98,7 +98,7 @@ for module in json.loads(sys.argv[1]):
                     "error": ("%s: %s" % (type(exc).__name__, exc))[:600],
                     "traceback": text[-6000:]})
 print(%(mark)r + json.dumps({"imports": out, "dists": dists}))
-""".replace("%(mark)r", repr(_MARK))
+""".replace("%(mark)r", repr(MARK))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,13 +275,13 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
         wheels = [index_dir / index.FILES_DIR / r.filename for r in chosen]
         modules = modules_to_import(book, wheels)
         say(f"stack {channel or 'simple/'}: importing {', '.join(modules)} in one interpreter")
-        imported = _proc.run([str(vpy), "-c", _IMPORTER, json.dumps(modules)], env=env,
+        imported = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env,
                              log=log, check=False, timeout=900, cwd=work)
-        found = [ln for ln in imported.output.splitlines() if ln.startswith(_MARK)]
+        found = [ln for ln in imported.output.splitlines() if ln.startswith(MARK)]
         if not found:
             return make.status("broken", "the import check did not finish: "
                                       + _last_error(imported.output))
-        data = json.loads(found[-1][len(_MARK):])
+        data = json.loads(found[-1][len(MARK):])
         return _judge(data, pinned, pip_check, make, log)
     except _proc.CommandFailed as exc:
         return make.status("broken", f"{exc}: {_last_error(exc.tail)}")

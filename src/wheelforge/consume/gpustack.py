@@ -1,0 +1,170 @@
+"""The stack on a GPU: every wheel of a channel installed together into one venv over the
+given interpreter, every recipe's GPU test run in that venv, and tiny hybrid models from
+the interpreter's transformers checked for the fast path by the CUDA kernels that ran.
+
+The venv is layered on the interpreter (:func:`wheelforge.consume.gputest.overlay_venv`):
+its torch, transformers and triton are used, the channel's wheels come from the index, and
+pip resolves every other dependency from ``deps_dir`` (a GPU machine without network gets
+the missing packages carried as wheels).  Nothing is installed with ``--no-deps``: pip
+resolves the whole stack, as for a user; what the interpreter already holds satisfies its
+requirements and is named in the output.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from .. import _proc, index
+from .._fs import atomic_write
+from ..errors import GpuTestError
+from ..recipe.format import RecipeBook
+from .gputest import collect_tests, overlay_venv, probe_gpu, run_pytest
+from .install import plan as install_plan
+from .stack import IMPORTER, MARK, modules_to_import
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeRun:
+    recipe: str
+    passed: int
+    failed: int
+    skipped: int
+    errors: int
+    duration_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackGpuReport:
+    channel: str | None
+    gpu: str
+    capability: str
+    date: str
+    python: str
+    pins: tuple[str, ...]
+    from_interpreter: tuple[str, ...]  # requirements the interpreter already satisfied
+    installed: tuple[str, ...]  # what pip installed into the venv
+    pip_check: str
+    imports: Mapping[str, str]  # module -> "ok" or the error
+    tests: tuple[RecipeRun, ...] = ()
+    hybrids: Mapping[str, Any] = field(default_factory=dict)
+    passed: bool = False
+
+    def lines(self) -> list[str]:
+        out = [f"stack on {self.gpu} (sm {self.capability}): {', '.join(self.pins)}",
+               "installed into the venv: " + (", ".join(self.installed) or "nothing"),
+               "from the interpreter: " + (", ".join(self.from_interpreter) or "nothing"),
+               "pip check: " + (self.pip_check or "no broken requirements"),
+               "imports: " + ", ".join(f"{m} {v}" for m, v in self.imports.items())]
+        for t in self.tests:
+            out.append(f"test {t.recipe}: {t.passed} passed, {t.failed} failed, "
+                       f"{t.skipped} skipped, {t.errors} errors in {t.duration_s:.0f}s")
+        for family, h in self.hybrids.items():
+            if "model" not in h:
+                out.append(f"hybrid {family}: {h.get('unavailable') or h.get('error', '?')[:300]}")
+                continue
+            out.append(
+                f"hybrid {family}: {h['model']}: fast path "
+                f"{'taken' if h['fast_path_taken'] else 'NOT taken'}; kernels "
+                f"{', '.join(k[:60] for k in h['kernels'][:8]) or 'none of the stack'}; "
+                f"max |d logits| {h['max_abs_delta_logits_fp32']:.3g} (max |logits| "
+                f"{h['max_abs_logits_fp32']:.3g}); {h['speedup']}x the fallback in bf16")
+        return out
+
+
+def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, python: Path,
+                   cache_dir: Path, sources_dirs: tuple[Path, ...] = (),
+                   git_mirrors: Mapping[str, Path] | None = None, deps_dir: Path | None = None,
+                   workers: int = 1, hybrids: Path | None = None, log: Path,
+                   say: Progress = lambda _: None) -> StackGpuReport:
+    gpu = probe_gpu(python)
+    say(f"GPU: {gpu.name} (compute capability {gpu.capability})")
+    records = index.load_records(index_dir)
+    p = install_plan(records, index_dir=index_dir, url=None, channel=channel)
+    chosen = [r for r in records if f"{r.project}=={r.version}" in p.pins]
+    with tempfile.TemporaryDirectory(prefix="wf-stack-gpu-") as tmp:
+        work = Path(tmp)
+        vpy = overlay_venv(python, work / "venv", log)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+               "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
+        source = ["--find-links", str(deps_dir)] if deps_dir else []
+        say(f"installing {', '.join(p.pins)} from {p.index_url}"
+            + (f" (dependencies from {deps_dir})" if deps_dir else ""))
+        res = _proc.run([str(vpy), "-m", "pip", "install", "--disable-pip-version-check",
+                         "--no-cache-dir", "--index-url", p.index_url, *source, *p.pins],
+                        env=env, log=log, check=False)
+        if res.returncode != 0:
+            missing = [ln.split("for ", 1)[-1] for ln in res.output.splitlines()
+                       if "No matching distribution found for" in ln]
+            raise GpuTestError(
+                f"pip could not install the stack of {channel or 'simple/'} over {python}",
+                why=(f"missing: {', '.join(missing)}" if missing else
+                     res.output.strip()[-800:]),
+                fix="carry the missing packages as wheels and pass their directory with "
+                    "--deps-dir", log=str(log))
+        satisfied = sorted({ln.split("Requirement already satisfied: ", 1)[1].split(" in ")[0]
+                            for ln in res.output.splitlines()
+                            if ln.startswith("Requirement already satisfied: ")})
+        installed = next((ln.split("Successfully installed ", 1)[1].split()
+                          for ln in res.output.splitlines()
+                          if ln.startswith("Successfully installed ")), [])
+        check = _proc.run([str(vpy), "-m", "pip", "check", "--disable-pip-version-check"],
+                          env=env, log=log, check=False)
+        wheels = [index_dir / index.FILES_DIR / r.filename for r in chosen]
+        modules = modules_to_import(book, wheels)
+        say(f"importing {', '.join(modules)} in one interpreter")
+        imp = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env, log=log,
+                        check=False, cwd=work)
+        found = [ln for ln in imp.output.splitlines() if ln.startswith(MARK)]
+        outcomes = json.loads(found[-1][len(MARK):])["imports"] if found else []
+        imports = {o["module"]: "ok" if o["ok"] else o["error"] for o in outcomes}
+        runs = []
+        names = {canonicalize_name(r.project) for r in chosen}
+        for name in sorted(n for n in names if n in book.names()):
+            recipe = book.load(name)
+            if recipe.test.empty:
+                continue
+            tests = collect_tests(recipe, work / "tests" / name, work / "src" / name,
+                                  cache_dir=cache_dir, sources_dirs=sources_dirs,
+                                  git_mirrors=git_mirrors, say=say)
+            say(f"test {name}: {', '.join(sorted(f.name for f in tests.iterdir()))}")
+            start = time.monotonic()
+            _res, (passed, failed, skipped, errors) = run_pytest(
+                vpy, tests, work / f"junit-{name}.xml", workers=workers, log=log, say=say,
+                what=name)
+            runs.append(RecipeRun(recipe=name, passed=passed, failed=failed, skipped=skipped,
+                                  errors=errors, duration_s=round(time.monotonic() - start, 1)))
+        hybrid_report: dict[str, Any] = {}
+        if hybrids is not None and hybrids.is_file():
+            say("hybrid models: fast run (profiled) and fallback run of each family")
+            out = work / "hybrids"
+            _proc.run([str(vpy), str(hybrids), str(out)], env=env, log=log, check=False,
+                      cwd=work, timeout=3600)
+            if (out / "hybrids.json").is_file():
+                hybrid_report = json.loads((out / "hybrids.json").read_text())
+    ok = (check.returncode == 0 and bool(imports) and all(v == "ok" for v in imports.values())
+          and all(r.failed == r.errors == 0 and r.passed > 0 for r in runs)
+          and all(h.get("fast_path_taken", True) and "error" not in h
+                  for h in hybrid_report.values()))
+    return StackGpuReport(
+        channel=channel, gpu=gpu.name, capability=gpu.capability,
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        python=str(python), pins=p.pins, from_interpreter=tuple(satisfied),
+        installed=tuple(installed),
+        pip_check="" if check.returncode == 0 else check.output.strip()[-1500:],
+        imports=imports, tests=tuple(runs), hybrids=hybrid_report, passed=ok)
+
+
+def write_report(report: StackGpuReport, path: Path) -> None:
+    atomic_write(path, json.dumps(asdict(report), indent=1) + "\n")

@@ -1,0 +1,109 @@
+"""The stack as users install it: the four shipped recipes built as `make build` builds them
+(real nvcc, the managed torch 2.14.1), the stack gate run for real (a fresh venv, pip
+resolving the dependencies from the package index users have), and then the install lines
+the build printed, pasted into a shell from another directory, and one interpreter that
+imports the whole stack.
+
+Where `make build` or the other end-to-end tests ran before, the compile cache serves their
+objects; the wheels are still built, verified and published here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_e2e_mamba_ssm import URL, bundle
+from wheelforge.index import health
+
+pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
+
+RECIPES = ["causal-conv1d", "fla-core", "flash-linear-attention", "mamba-ssm"]
+CHANNEL = "cu130-torch2.14"
+IMPORTS = "torch, causal_conv1d, causal_conv1d_cuda, selective_scan_cuda, mamba_ssm, fla, " \
+          "fla.layers"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> tuple[Path, str]:
+    from conftest import require_tool
+
+    require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
+    index = tmp_path_factory.mktemp("e2e-stack") / "index"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS",
+                        "WHEELFORGE_STACK_CHECK")}  # the gate runs, as in `make build`
+    res = subprocess.run(
+        [sys.executable, "-m", "wheelforge", "build", *RECIPES, "--arch", "12.0",
+         "--index", str(index), "--cache-dir", str(shared_cache),
+         "--git-mirror", f"{URL}={bundle()}"],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=5400)
+    assert res.returncode == 0, res.stdout[-8000:]
+    return index, res.stdout
+
+
+def test_the_gate_finds_the_stack_good_and_names_what_it_resolved(
+        built: tuple[Path, str]) -> None:
+    index, out = built
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"stack {CHANNEL}: "))
+    assert line.startswith(f"stack {CHANNEL}: good (with "), out[-4000:]
+    assert "torch 2.14.1" in line
+    status = health.read_status(index, CHANNEL)
+    assert status is not None and status.state == "good", status
+    assert status.resolved["torch"] == "2.14.1"
+    assert sorted(p.split("==")[0] for p in status.pins) == sorted(RECIPES)
+    modules = [o.module for o in status.imports]
+    for m in ("torch", "causal_conv1d_cuda", "causal_conv1d", "selective_scan_cuda",
+              "mamba_ssm", "fla", "fla.layers", "fla.models"):
+        assert m in modules
+    assert all(o.ok for o in status.imports)
+    assert status.pip_check == ""
+    page = (index / "index.html").read_text()
+    assert f'<b>{CHANNEL}</b>: <span class="ok">good (with ' in page
+
+
+def test_the_printed_install_pasted_from_another_directory_imports_the_stack(
+        built: tuple[Path, str], tmp_path: Path) -> None:
+    """The pip lines `wheelforge build` printed, run by a shell in a fresh venv whose
+    `python` is first on PATH, from a directory that is not the checkout."""
+    _, out = built
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("install ("))
+    block = "\n".join(ln for ln in lines[start + 1:] if not ln.startswith("stack "))
+    assert block.count("pip install") >= 2, block
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{env_dir / 'bin'}:{env['PATH']}"
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=elsewhere, env=env,
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=3600)
+    assert res.returncode == 0, res.stdout[-6000:]
+    probe = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-c",
+         f"import json, {IMPORTS}; import importlib.metadata as md; "
+         "print(json.dumps({d: md.version(d) for d in ('causal-conv1d', 'mamba-ssm', "
+         "'fla-core', 'flash-linear-attention')}))"],
+        cwd=elsewhere, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=600)
+    assert probe.returncode == 0, probe.stdout[-6000:]
+    versions = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert versions["causal-conv1d"].endswith("+cu130torch2.14sm120")
+    assert versions["mamba-ssm"].endswith(".cu130torch2.14sm120")
+    assert versions["fla-core"].endswith("+wf")
+    check = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "check"],
+                           cwd=elsewhere, env=env, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=300)
+    assert check.returncode == 0, check.stdout
