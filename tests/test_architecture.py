@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("wheelforge.recipe",),
     ("wheelforge.index",),
     ("wheelforge.builder",),
-    ("wheelforge.consume", "wheelforge.nightly"),
+    ("wheelforge.consume", "wheelforge.nightly", "wheelforge.maintain"),
     ("wheelforge.cli", "wheelforge.__main__"),
 )
 #: Packages of one layer that must not import each other.
