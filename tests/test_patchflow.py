@@ -245,3 +245,46 @@ def test_causal_conv1d_round_trip(tmp_path: Path, shared_cache: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert snapshot(tmp_path) == before
     assert git("status", "--porcelain", cwd=tmp_path / "patch-work" / "causal-conv1d") == ""
+
+
+def test_git_recipe_rebase_onto_a_tag_then_export(tmp_path: Path) -> None:
+    up = tmp_path / "upstream"
+    up.mkdir()
+    git("init", "-q", "-b", "main", cwd=up)
+    (up / "setup.py").write_text(SETUP)
+    git("add", ".", cwd=up)
+    git("commit", "-qm", "one", cwd=up)
+    git("tag", "v1.0", cwd=up)
+    v10 = git("rev-parse", "HEAD", cwd=up)
+    (up / "setup.py").write_text("first\n" + SETUP)  # shifts every line: the patch moves
+    git("commit", "-qam", "two", cwd=up)
+    git("tag", "-a", "-m", "release", "v1.1", cwd=up)
+    v11 = git("rev-parse", "HEAD", cwd=up)
+    mirror = tmp_path / "mirror.git"
+    git("clone", "-q", "--mirror", str(up), str(mirror), cwd=tmp_path)
+    remote = "http://127.0.0.1:9/demo.git"  # never contacted: the mirror serves it
+    patch = ("--- a/setup.py\n+++ b/setup.py\n@@ -4,3 +4,3 @@\n line 4\n-line 5\n+LINE 5\n"
+             " line 6\n")
+    recipe = (f"format: 1\nname: demo\nversion: '1.0'\nsources:\n  - git: {{url: '{remote}', "
+              f"commit: {v10}, tag: v1.0}}\npatches: [0001-fix.patch]\nbuild: {{kind: pure}}\n")
+    write_recipe(tmp_path, "demo", recipe, {"0001-fix.patch": patch})
+    mirror_arg = ("--git-mirror", f"{remote}={mirror}")
+    res = wf("patch", "demo", "start", "--cache-dir", "cache", *mirror_arg, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    work = tmp_path / "patch-work" / "demo"
+    assert git("log", "-1", "--format=%s", cwd=work) == "fix"  # a plain diff: named by file
+    res = wf("patch", "demo", "rebase", "--onto", "v1.1", "--cache-dir", "cache", *mirror_arg,
+             cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"commit: {v11}" in res.stdout and "tag: v1.1" in res.stdout
+    assert 'version: "1.1"' in res.stdout
+    res = wf("patch", "demo", "export", cwd=tmp_path)
+    assert res.returncode == 5  # the recipe still pins 1.0
+    assert "the recipe pins git:" in res.stderr.splitlines()[0]
+    (tmp_path / "recipes" / "demo.yaml").write_text(
+        recipe.replace(v10, v11).replace("v1.0", "v1.1").replace("'1.0'", "'1.1'"))
+    res = wf("patch", "demo", "export", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "patches" / "demo" / "0001-fix.patch").read_text()
+    assert "@@ -3,7 +3,7 @@ line 1\n line 2\n" in text and "Subject: [PATCH] fix" in text
+    assert wf("check", cwd=tmp_path).returncode == 0

@@ -276,5 +276,5 @@ def outdated(names: tuple[str, ...], index_url: str, as_json: bool, no_check: bo
         rows += r.rows()
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) +
-                   "  " + row[3])
+        click.echo(("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) +
+                    "  " + row[3]).rstrip())
