@@ -13,8 +13,10 @@ pinned sources are never written.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
+import subprocess
 import tempfile
 import urllib.error
 import urllib.parse
@@ -137,7 +139,7 @@ def _get_json(url: str, timeout: float) -> Any:
                                   fix="a project the index does not have has no releases "
                                       "to list") from None
         raise WheelforgeError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         raise WheelforgeError(f"{url}: cannot be read", why=str(reason),
                               fix="check --index-url and the network") from None
@@ -169,7 +171,7 @@ def index_releases(index_url: str, name: str, pinned: Version, timeout: float
             continue
         if version <= pinned or (version.is_prerelease and not pinned.is_prerelease):
             continue
-        files = [f for f in files or [] if isinstance(f, dict)]
+        files = [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
         if files and all(f.get("yanked") for f in files):
             continue
         sdist = None
@@ -209,8 +211,14 @@ def _git(args: list[str], *, local: bool, cwd: Path | None = None,
     env.update(LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_CONFIG_NOSYSTEM="1")
     if local:
         env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_ALLOW_PROTOCOL="file")
-    return _proc.run(["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd, env=env,
-                     check=False, timeout=timeout)
+    elif timeout is not None:  # a server that stops sending: git gives up, as a download does
+        env.update(GIT_HTTP_LOW_SPEED_LIMIT="1",
+                   GIT_HTTP_LOW_SPEED_TIME=str(max(1, round(timeout))))
+    try:
+        return _proc.run(["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd, env=env,
+                         check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return _proc.Completed(("git", *args), 124, f"no answer within {timeout:g} s")
 
 
 def git_news(src: GitSource, pinned: Version, git_mirrors: Mapping[str, Path],
