@@ -25,12 +25,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("wheelforge.recipe",),
     ("wheelforge.index",),
     ("wheelforge.builder",),
-    ("wheelforge.consume",),  # the nightly checks the stack as users install it
+    ("wheelforge.consume", "wheelforge.maintain"),  # the nightly checks the stack
     ("wheelforge.nightly",),
     ("wheelforge.cli", "wheelforge.__main__"),
 )
 #: Packages of one layer that must not import each other.
-SIBLINGS: set[tuple[str, str]] = set()
+SIBLINGS: set[tuple[str, str]] = {("wheelforge.consume", "wheelforge.maintain")}
 LAZY_IMPORTS_ALLOWED = ("wheelforge.cli",)
 
 

@@ -37,6 +37,7 @@ from ._options import (
 from ._options import (
     existing_index as _existing_index,
 )
+from .maintain import outdated, patch_group
 from .nightly import nightly
 from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
 
@@ -642,6 +643,8 @@ def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
 
 cli.add_command(nightly)  # the nightly commands: their own module, nightly.py
 cli.add_command(stack_group)  # wheelforge stack check: stack.py
+cli.add_command(patch_group)  # the maintainer's commands: maintain.py
+cli.add_command(outdated)
 
 
 def _install_signal_handlers() -> None:

@@ -1,0 +1,276 @@
+"""What upstream has beyond each recipe's pin, and whether the series still applies.
+
+Releases come from the package index's PyPI JSON API (``INDEX/pypi/NAME/json``, one
+request with a deadline); for a git source, the tags and the default branch from
+``git ls-remote`` of the repository or of its configured mirror (with a mirror, the
+commits after the pin are counted too).  For each newer release the series is tried in a
+scratch directory: the release's sdist (or the tag's tree) is fetched and verified into
+a temporary cache, extracted and patched with
+:func:`~wheelforge.builder.patch.apply_series`.  The recipes, the patches and the cache of
+pinned sources are never written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import subprocess
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from .. import _proc
+from .._fs import TMP_PREFIX
+from ..builder.patch import apply_series
+from ..builder.source import NetLimits, extract, fetch, mirror_for
+from ..errors import WheelforgeError
+from ..recipe.format import GitSource, Recipe, SdistSource, Source
+
+Progress = Callable[[str], None]
+MAX_JSON_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Newer:
+    """A release after the pin: where it was found, its source, and the series on it."""
+
+    version: str
+    found: str  # "index" or "tag NAME"
+    source: str  # the identity of the source tried (sdist:FILE@sha256:HEX, git:URL@COMMIT)
+    series: str  # "applies", "does not apply", "not checked", "no sdist", "fetch failed"
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    name: str
+    pinned: str
+    source: str
+    newer: tuple[Newer, ...] = ()
+    head: str | None = None  # git: the default branch's commit
+    commits_after_pin: int | None = None  # git with a mirror: commits from the pin to head
+    problems: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        out: list[tuple[str, str, str, str]] = []
+        for n in self.newer:
+            out.append((self.name, self.pinned, f"{n.version} ({n.found})",
+                        n.series + (f": {n.detail}" if n.detail else "")))
+        if self.head is not None:
+            ahead = ("" if self.commits_after_pin is None else
+                     f", {self.commits_after_pin} commit(s) after the pin")
+            out.append((self.name, self.pinned, f"HEAD {self.head[:12]}{ahead}", ""))
+        for p in self.problems:
+            out.append((self.name, self.pinned, "?", f"error: {p}"))
+        if not out:
+            out.append((self.name, self.pinned, "up to date", ""))
+        return out
+
+
+def check_recipes(recipes: Sequence[Recipe], *, index_url: str, timeout: float,
+                  git_mirrors: Mapping[str, Path], try_patches: bool = True,
+                  progress: Progress | None = None) -> list[Report]:
+    say = progress or (lambda _m: None)
+    return [check_recipe(r, index_url=index_url, timeout=timeout, git_mirrors=git_mirrors,
+                         try_patches=try_patches, say=say) for r in recipes]
+
+
+def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
+                 git_mirrors: Mapping[str, Path], try_patches: bool, say: Progress) -> Report:
+    src = recipe.sources[0]
+    problems: list[str] = []
+    candidates: list[tuple[Version, str, Source | None]] = []
+    head = ahead = None
+    git_src = next((s for s in recipe.sources if isinstance(s, GitSource)), None)
+    if git_src is None or any(isinstance(s, SdistSource) for s in recipe.sources):
+        say(f"{recipe.name}: asking {index_url}")
+        try:
+            candidates += [(v, "index", s) for v, s in index_releases(
+                index_url, recipe.name, recipe.version, timeout)]
+        except WheelforgeError as exc:
+            problems.append(f"{exc.what} ({exc.why})" if exc.why else exc.what)
+    if git_src is not None:
+        say(f"{recipe.name}: listing {git_src.url}")
+        try:
+            head, ahead, tags = git_news(git_src, recipe.version, git_mirrors, timeout)
+            seen = {v for v, _, _ in candidates}
+            candidates += [(v, f"tag {t}", GitSource(url=git_src.url, commit=c, tag=t))
+                           for v, t, c in tags if v not in seen]
+        except WheelforgeError as exc:
+            problems.append(f"{exc.what} ({exc.why})" if exc.why else exc.what)
+    newer = []
+    for version, found, source in sorted(candidates, key=lambda c: c[0]):
+        if source is None:
+            newer.append(Newer(version=str(version), found=found, source="",
+                               series="no sdist", detail="the release has no sdist"))
+            continue
+        series, detail = "not checked", ""
+        if try_patches:
+            say(f"{recipe.name}: trying the series on {version}")
+            series, detail = try_series(recipe, version, source, git_mirrors, timeout)
+        newer.append(Newer(version=str(version), found=found, source=source.identity,
+                           series=series, detail=detail))
+    return Report(name=recipe.name, pinned=str(recipe.version), source=src.identity,
+                  newer=tuple(newer), head=head, commits_after_pin=ahead,
+                  problems=tuple(problems))
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    req = urllib.request.Request(url, headers={"Accept": "application/json",
+                                               "User-Agent": "wheelforge"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            data = resp.read(MAX_JSON_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise WheelforgeError(f"{url}: not on the index (HTTP 404)",
+                                  fix="a project the index does not have has no releases "
+                                      "to list") from None
+        raise WheelforgeError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise WheelforgeError(f"{url}: cannot be read", why=str(reason),
+                              fix="check --index-url and the network") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise WheelforgeError(f"{url}: larger than {MAX_JSON_BYTES} bytes")
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise WheelforgeError(f"{url}: not JSON", why=str(exc)) from None
+
+
+def index_releases(index_url: str, name: str, pinned: Version, timeout: float
+                   ) -> list[tuple[Version, SdistSource | None]]:
+    """The releases after ``pinned`` (no pre-releases unless the pin is one; none whose
+    files are all yanked), each with its sdist when it has one."""
+    url = f"{index_url.rstrip('/')}/pypi/{urllib.parse.quote(name)}/json"
+    doc = _get_json(url, timeout)
+    releases = doc.get("releases") if isinstance(doc, dict) else None
+    if not isinstance(releases, dict):
+        raise WheelforgeError(f"{url}: no 'releases' mapping",
+                              why="the index does not speak the PyPI JSON API",
+                              fix="pass --index-url the root of an index that does "
+                                  "(https://pypi.org)")
+    out: list[tuple[Version, SdistSource | None]] = []
+    for raw, files in releases.items():
+        try:
+            version = Version(str(raw))
+        except InvalidVersion:
+            continue
+        if version <= pinned or (version.is_prerelease and not pinned.is_prerelease):
+            continue
+        files = [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
+        if files and all(f.get("yanked") for f in files):
+            continue
+        sdist = None
+        for f in files:
+            sha = (f.get("digests") or {}).get("sha256")
+            if f.get("packagetype") == "sdist" and f.get("url") and sha and not f.get("yanked"):
+                sdist = SdistSource(filename=str(f.get("filename") or f["url"].rsplit("/")[-1]),
+                                    sha256=str(sha), url=str(f["url"]))
+                break
+        out.append((version, sdist))
+    return out
+
+
+def remote_refs(url: str, git_mirrors: Mapping[str, Path],
+                timeout: float | None = None) -> dict[str, str]:
+    """ref name -> commit (annotated tags peeled) of the repository or its mirror."""
+    mirror = mirror_for(url, git_mirrors)
+    where = str(mirror.resolve()) if mirror else url
+    result = _git(["ls-remote", "--", where], local=mirror is not None, timeout=timeout)
+    if result.returncode != 0:
+        raise WheelforgeError(f"git ls-remote {where} failed",
+                              why=" ".join(result.output.split())[-400:],
+                              fix="check the URL or the --git-mirror mapping")
+    refs: dict[str, str] = {}
+    for line in result.output.splitlines():
+        sha, _, ref = line.partition("\t")
+        if ref.endswith("^{}"):
+            refs[ref[:-3]] = sha
+        else:
+            refs.setdefault(ref, sha)
+    return refs
+
+
+def _git(args: list[str], *, local: bool, cwd: Path | None = None,
+         timeout: float | None = None) -> _proc.Completed:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_CONFIG_NOSYSTEM="1")
+    if local:
+        env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_ALLOW_PROTOCOL="file")
+    elif timeout is not None:  # a server that stops sending: git gives up, as a download does
+        env.update(GIT_HTTP_LOW_SPEED_LIMIT="1",
+                   GIT_HTTP_LOW_SPEED_TIME=str(max(1, round(timeout))))
+    try:
+        return _proc.run(["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd, env=env,
+                         check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return _proc.Completed(("git", *args), 124, f"no answer within {timeout:g} s")
+
+
+def git_news(src: GitSource, pinned: Version, git_mirrors: Mapping[str, Path],
+             timeout: float) -> tuple[str | None, int | None, list[tuple[Version, str, str]]]:
+    """The default branch's head, the commits from the pin to it (with a mirror), and
+    the tags naming versions after ``pinned``."""
+    refs = remote_refs(src.url, git_mirrors, timeout)
+    head = refs.get("HEAD")
+    tags = []
+    for ref, commit in refs.items():
+        if not ref.startswith("refs/tags/"):
+            continue
+        tag = ref[len("refs/tags/"):]
+        try:
+            version = Version(tag[1:] if tag[:1] in "vV" else tag)
+        except InvalidVersion:
+            continue
+        if version > pinned and (not version.is_prerelease or pinned.is_prerelease):
+            tags.append((version, tag, commit))
+    ahead = None
+    mirror = mirror_for(src.url, git_mirrors)
+    if mirror is not None and head and head != src.commit:
+        with tempfile.TemporaryDirectory(prefix=TMP_PREFIX) as tmp:
+            fetched = _git(["clone", "--quiet", "--bare", "--no-tags", str(mirror.resolve()),
+                            tmp + "/r.git"], local=True, timeout=timeout)
+            if fetched.returncode == 0:
+                count = _git(["rev-list", "--count", f"{src.commit}..{head}"], local=True,
+                             cwd=Path(tmp) / "r.git", timeout=timeout)
+                if count.returncode == 0 and count.output.strip().isdigit():
+                    ahead = int(count.output.strip())
+    elif head == src.commit:
+        ahead = 0
+    return head, ahead, sorted(tags)
+
+
+def try_series(recipe: Recipe, version: Version, source: Source,
+               git_mirrors: Mapping[str, Path], timeout: float) -> tuple[str, str]:
+    """("applies" | "does not apply" | "fetch failed", detail): the series on ``source``,
+    fetched into a scratch cache and patched in a scratch tree."""
+    trial = dataclasses.replace(recipe, version=version, sources=(source,))
+    limits = NetLimits(connect_timeout=timeout, stall_timeout=timeout, retries=1)
+    with tempfile.TemporaryDirectory(prefix=TMP_PREFIX) as tmp:
+        try:
+            fetched = fetch(trial, Path(tmp) / "cache", (), limits=limits,
+                            git_mirrors=git_mirrors)
+            tree = extract(fetched.archive, Path(tmp) / "tree", recipe.extract)
+        except WheelforgeError as exc:
+            return "fetch failed", exc.what
+        if not recipe.patches:
+            return "applies", "no patches"
+        try:
+            apply_series(tree, recipe.patches, project=f"{recipe.name} {version}")
+        except WheelforgeError as exc:
+            return "does not apply", exc.what
+    return "applies", f"{len(recipe.patches)} patch(es)"
