@@ -297,7 +297,7 @@ def test_a_python_warning_of_wheelforge_itself_clears_the_live_line() -> None:
     import warnings
 
     from wheelforge._log import Reporter
-    from wheelforge.cli.main import main as cli_module
+    from wheelforge.cli import main as cli_module
 
     out = FakeTty()
     reporter = Reporter(out)

@@ -1200,7 +1200,7 @@ def test_an_eof_error_is_not_reported_as_ctrl_c(monkeypatch: pytest.MonkeyPatch,
     report (exit 70, traceback), never exit 130."""
     import signal
 
-    from wheelforge.cli.main import main as cli
+    from wheelforge.cli import main as cli
 
     @cli.cli.command("wf-test-eof")
     def boom() -> None:
