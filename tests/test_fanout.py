@@ -22,6 +22,7 @@ from conftest import IN_CI, make_wheel
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
 from wheelforge.errors import ConfigError
 from wheelforge.nightly import fanout
+from wheelforge.nightly.durations import read_durations
 from wheelforge.recipe.matrix import Cell, TorchPin
 from wheelforge.wheel import inspect_wheel, retag
 
@@ -61,7 +62,7 @@ def test_estimates_come_from_the_recorded_durations(tmp_path: Path) -> None:
     pin = TorchPin(spec="torch==2.14.1", cuda="13.0")
     a = Cell(recipe="a", python=None, torch=pin, archs="12.0")
     fanout.record_durations(tmp_path, [(a, 300.0)])
-    durations = fanout._durations(tmp_path)
+    durations = read_durations(tmp_path)
     assert fanout.estimate(durations, a) == 300.0
     other_torch = Cell(recipe="a", python=None, torch=TorchPin(spec="torch==2.13.0",
                                                                cuda="12.8"), archs="12.0")

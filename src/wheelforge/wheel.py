@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -192,6 +193,71 @@ def record_problems(path: Path) -> list[str]:
             if name not in names:
                 problems.append(f"RECORD lists {name}, which the wheel does not contain")
     return problems
+
+
+def _header_fields(text: str) -> dict[str, list[str]]:
+    """The ``Key: value`` lines of an email-header file (WHEEL, METADATA's head)."""
+    fields: dict[str, list[str]] = {}
+    for line in text.partition("\n\n")[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not line[:1].isspace():
+            fields.setdefault(key.strip().lower(), []).append(value.strip())
+    return fields
+
+
+def integrity_problems(path: Path) -> list[str]:
+    """What a publisher refuses in a wheel it did not build itself, one line each (the
+    zip and its member names are checked first: :func:`inspect_wheel` raises on those):
+    RECORD hashes and sizes, the WHEEL file's tags against the file name's, METADATA's
+    Name and Version against the file name's, a ``*.libs/`` directory of grafted
+    libraries (wheelforge never grafts: torch and CUDA provide them)."""
+    info = inspect_wheel(path)
+    problems = record_problems(path)
+    with reading(path) as zf:
+        wheel_text = zf.read(f"{info.dist_info}/WHEEL").decode("utf-8", "replace")
+        meta_text = zf.read(f"{info.dist_info}/METADATA").decode("utf-8", "replace")
+        tops = sorted({n.split("/", 1)[0] for n in zf.namelist() if "/" in n})
+    wheel_fields = _header_fields(wheel_text)
+    declared = sorted(wheel_fields.get("tag", []))
+    try:
+        expanded = sorted(str(t) for d in declared for t in parse_tag(d))
+    except ValueError as exc:
+        problems.append(f"{info.dist_info}/WHEEL: a Tag is not parseable: {exc}")
+        expanded = declared
+    if not declared:
+        problems.append(f"{info.dist_info}/WHEEL has no Tag line")
+    elif expanded != list(info.tags):
+        problems.append(f"{info.dist_info}/WHEEL says Tag {', '.join(declared)}, the file "
+                        f"name says {', '.join(info.tags)}")
+    meta = _header_fields(meta_text)
+    meta_name = (meta.get("name") or [""])[0]
+    if canonicalize_name(meta_name) != canonicalize_name(info.name):
+        problems.append(f"METADATA Name is {meta_name!r}, the file name says {info.name!r}")
+    meta_version = (meta.get("version") or [""])[0]
+    try:
+        same_version = Version(meta_version) == info.version
+    except InvalidVersion:
+        same_version = False
+    if not same_version:
+        problems.append(f"METADATA Version is {meta_version!r}, the file name says "
+                        f"{info.version}")
+    problems.extend(f"{top}/: a directory of grafted libraries (auditwheel repair's "
+                    "*.libs): torch and CUDA provide them, none may be vendored"
+                    for top in tops if top.endswith(".libs"))
+    return problems
+
+
+def check_wheel(path: Path) -> WheelInfo:
+    """:func:`integrity_problems`, all of them in one VerifyError; the wheel's info."""
+    info = inspect_wheel(path)
+    problems = integrity_problems(path)
+    if problems:
+        raise VerifyError(f"{path.name} failed verification ({len(problems)} problem(s)); "
+                          "it was not published",
+                          why="\n    " + "\n    ".join(problems),
+                          fix="the file is not the wheel that was built (changed, truncated "
+                              "or malformed): rebuild it; never edit a wheel by hand")
+    return info
 
 
 def _text(path: Path, member: str, data: bytes) -> str:
