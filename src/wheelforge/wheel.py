@@ -6,12 +6,14 @@ A wheel is rewritten into a new file; the input is never modified.
 from __future__ import annotations
 
 import base64
+import calendar
 import contextlib
 import csv
 import hashlib
 import io
 import os
 import stat
+import time
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -397,6 +399,75 @@ def relabel(
         zf.writestr(rzi, record.getvalue())
     os.replace(tmp, final)
     return final
+
+
+def zip_date(epoch: int) -> tuple[int, int, int, int, int, int]:
+    """A zip member's date_time for a SOURCE_DATE_EPOCH (UTC; zip cannot go before 1980)."""
+    moment = time.gmtime(max(epoch, 315532800))
+    return (moment.tm_year, moment.tm_mon, moment.tm_mday, moment.tm_hour, moment.tm_min,
+            moment.tm_sec)
+
+
+def newest_member_epoch(path: Path) -> int:
+    """The newest member date of a wheel as a Unix time (the backend's SOURCE_DATE_EPOCH
+    when it honoured one): a stable date for what is added to the wheel after the build."""
+    with reading(path) as zf:
+        newest = max((zi.date_time for zi in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
+    return calendar.timegm((*newest, 0, 0, 0))
+
+
+def add_files(path: Path, files: Mapping[str, bytes], *, epoch: int) -> Path:
+    """Add (or replace) ``files`` (paths relative to the .dist-info directory, e.g.
+    ``sboms/wheelforge.cdx.json``) to the wheel at ``path``, in place and atomically.
+
+    The other members keep their order, dates, modes and bytes; the new ones go after
+    them, before RECORD, dated ``epoch``; RECORD gets a hash and size line for each.  The
+    same input gives the same bytes."""
+    info = inspect_wheel(path)
+    record_name = f"{info.dist_info}/RECORD"
+    added = {f"{info.dist_info}/{rel}": data for rel, data in sorted(files.items())}
+    for name in added:
+        problems = member_problems([zipfile.ZipInfo(name)])
+        if problems or name == record_name:
+            raise VerifyError(f"cannot add {name} to {path.name}",
+                              why="; ".join(problems) or "RECORD is written, not added",
+                              fix="name a file inside the .dist-info directory")
+    entries: list[tuple[zipfile.ZipInfo, bytes]] = []
+    with reading(path) as zf:
+        rows = [row for row in csv.reader(io.StringIO(zf.read(record_name).decode("utf-8")))
+                if row and row[0] not in added and row[0] != record_name]
+        for zi in zf.infolist():
+            if zi.filename != record_name and zi.filename not in added:
+                entries.append((zi, zf.read(zi)))
+    date = zip_date(epoch)
+    for name, data in added.items():
+        zi = zipfile.ZipInfo(name, date_time=date)
+        zi.external_attr = 0o644 << 16
+        zi.compress_type = zipfile.ZIP_DEFLATED
+        entries.append((zi, data))
+        rows.append([name, record_hash(data), str(len(data))])
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    writer.writerows([*rows, [record_name, "", ""]])
+    rzi = zipfile.ZipInfo(record_name, date_time=date)
+    rzi.external_attr = 0o644 << 16
+    rzi.compress_type = zipfile.ZIP_DEFLATED
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    with zipfile.ZipFile(tmp, "w") as out:
+        for zi, data in [*entries, (rzi, record.getvalue().encode("utf-8"))]:
+            out.writestr(zi, data)
+    os.replace(tmp, path)
+    return path
+
+
+def read_dist_info_file(path: Path, rel: str) -> bytes | None:
+    """A file of the wheel's .dist-info directory (``rel`` relative to it), or None."""
+    info = inspect_wheel(path)
+    with reading(path) as zf:
+        try:
+            return zf.read(f"{info.dist_info}/{rel}")
+        except KeyError:
+            return None
 
 
 def retag(path: Path, out_dir: Path, build_tag: str | None) -> Path:

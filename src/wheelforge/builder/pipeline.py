@@ -1,7 +1,7 @@
 """The ordered build steps with typed hand-offs.
 
 fetch -> patch -> preflight -> build key (skip if published) -> build env ->
-compile -> relabel -> verify -> publish.  A build holds its build key's lock
+compile -> relabel -> SBOM (PEP 770) -> verify -> publish.  A build holds its build key's lock
 (``CACHE/locks/KEY.lock``, the nightly's too) from before the fetch to the end of the
 publish, in a work directory of its own; the directory is removed after a successful
 publish and kept (and named) after a failure.
@@ -29,8 +29,8 @@ from .._log import Reporter
 from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
-from ..wheel import relabel, relabeled_name
-from . import buildenv, compilecache, doctor, preflight, toolchain
+from ..wheel import newest_member_epoch, relabel, relabeled_name
+from . import buildenv, compilecache, doctor, preflight, sbom, toolchain
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires
 from .buildenv import BuildEnv
 from .compilecache import CacheStats
@@ -341,10 +341,21 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 env.torch_major_minor else None
             local = local_label(recipe, env, config)
 
+            made_by = sbom.Toolchain(
+                python=env.python_version, nvcc=str(cuda.version) if cuda else None,
+                cxx=(toolchain.host_compiler() or None) if extension else None,
+                torch=env.torch_version if extension else None,
+                torch_cuda=env.torch_cuda if extension else None)
+            epoch = sbom_epoch(raw)
+
             def relabeled(tag: str | None) -> Path:
-                return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
-                               drop_requires=recipe.build.drop_requires, build_tag=tag,
-                               pins=pins)
+                out = relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
+                              drop_requires=recipe.build.drop_requires, build_tag=tag,
+                              pins=pins)
+                name, version, _build, _tags = parse_wheel_filename(out.name)
+                return sbom.add_sbom(out, name=str(name), version=str(version), recipe=recipe,
+                                     archs=tuple(config.arch_list.split(";")) if extension
+                                     else (), build_key=key, toolchain=made_by, epoch=epoch)
 
             # a name published with another build key gets the next build number; the
             # number is decided again under the index lock at the publish
@@ -401,6 +412,13 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     shutil.rmtree(work, ignore_errors=True)
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
                        cache=stats)
+
+
+def sbom_epoch(wheel: Path) -> int:
+    """The SBOM's timestamp: SOURCE_DATE_EPOCH when set, else the built wheel's newest
+    member date (what the backend wrote), so a rebuild gives the same SBOM."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return int(value) if value.isdigit() else newest_member_epoch(wheel)
 
 
 def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
