@@ -18,6 +18,7 @@ from cyclonedx.schema import OutputFormat, SchemaVersion
 from cyclonedx.validation import make_schemabased_validator
 
 from conftest import REPO, make_wheel
+from wheelforge.builder.platform import PlatformTag
 from wheelforge.builder.sbom import SBOM_PATH, Toolchain, add_sbom, read_sbom
 from wheelforge.cli.main import cli
 from wheelforge.recipe.format import RecipeBook
@@ -129,3 +130,15 @@ def test_inspect_summarises_the_sbom(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["inspect", str(plain)])
     assert res.exit_code == 0 and "sbom:      none" in res.output
     json.dumps(read_sbom(wheel))
+
+
+def test_the_platform_analysis_is_recorded_and_shown(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path, "mamba-ssm", "1.0")
+    plat = PlatformTag("manylinux_2_34_x86_64", "manylinux_2_34_x86_64",
+                       ("CXXABI_1.3.9", "GCC_3.0", "GLIBC_2.32", "GLIBCXX_3.4.21"))
+    add_sbom(wheel, name="mamba-ssm", version="1.0", recipe=BOOK.load("mamba-ssm"),
+             archs=("12.0",), build_key=KEY, toolchain=TOOLS, epoch=EPOCH, platform=plat)
+    res = CliRunner().invoke(cli, ["inspect", str(wheel)])
+    assert res.exit_code == 0, res.output
+    assert "  platform:  manylinux_2_34_x86_64 (policy manylinux_2_34_x86_64; highest symbol " \
+        "versions CXXABI_1.3.9 GCC_3.0 GLIBC_2.32 GLIBCXX_3.4.21)" in res.output

@@ -316,19 +316,26 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
     return "\n".join(out) + sep + body
 
 
-def _rewrite_build(text: str, build_tag: str | None) -> str:
-    """The WHEEL file with its ``Build`` field set to ``build_tag`` (None: no field)."""
+def _rewrite_build(text: str, build_tag: str | None, platform: str | None = None) -> str:
+    """The WHEEL file with its ``Build`` field set to ``build_tag`` (None: no field) and,
+    with ``platform``, the platform part of each ``Tag`` replaced."""
     lines = [line for line in text.splitlines() if not line.startswith("Build:")]
+    if platform:
+        lines = [f"Tag: {line.split(':', 1)[1].strip().rsplit('-', 1)[0]}-{platform}"
+                 if line.startswith("Tag:") else line for line in lines]
     while lines and not lines[-1].strip():
         lines.pop()
     return "\n".join([*lines, *([f"Build: {build_tag}"] if build_tag else [])]) + "\n"
 
 
-def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None) -> str:
+def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None,
+                   platform: str | None = None) -> str:
     """The file name :func:`relabel` gives a wheel, without writing anything."""
     _name, version, _build, _tags = parse_wheel_filename(wheel_name)
     new_version = f"{version.public}+{local}" if local else version.public
     tags = wheel_name[:-4].split("-")[-3:]
+    if platform:
+        tags[-1] = platform
     build = [build_tag] if build_tag else []
     return f"{wheel_name.split('-', 1)[0]}-{'-'.join([new_version, *build, *tags])}.whl"
 
@@ -342,6 +349,7 @@ def relabel(
     drop_requires: Iterable[str] = (),
     build_tag: str | None = None,
     pins: Mapping[str, str] | None = None,
+    platform: str | None = None,
 ) -> Path:
     """Write a copy of the wheel with version ``V+local``, pins and a fresh RECORD.
 
@@ -349,6 +357,8 @@ def relabel(
     ``Build`` field: it tells a rebuild of the same version and tags from the first
     build, and installers prefer the highest.  ``pins`` (name -> exact version) become
     ``Requires-Dist: name==version``: the companions built for the same target.
+    ``platform`` (e.g. ``manylinux_2_34_x86_64``) replaces the platform tag of the file
+    name and of the WHEEL file's ``Tag`` lines; None keeps the wheel's.
     """
     info = inspect_wheel(path)
     base = info.version.public  # as relabeled_name has it
@@ -371,8 +381,9 @@ def relabel(
                 if rel == "METADATA":
                     data = _rewrite_metadata(_text(path, name, data), new_version, torch_pin,
                                              drop_requires, pins).encode("utf-8")
-                elif rel == "WHEEL" and (build_tag or b"\nBuild:" in data):
-                    data = _rewrite_build(_text(path, name, data), build_tag).encode("utf-8")
+                elif rel == "WHEEL" and (build_tag or platform or b"\nBuild:" in data):
+                    data = _rewrite_build(_text(path, name, data), build_tag,
+                                          platform).encode("utf-8")
             new = zipfile.ZipInfo(name, date_time=zi.date_time)
             new.external_attr = zi.external_attr
             new.compress_type = zipfile.ZIP_DEFLATED
@@ -385,7 +396,7 @@ def relabel(
         writer.writerow([zi.filename, record_hash(data), len(data)])
     record_name = f"{new_dist_info}/RECORD"
     writer.writerow([record_name, "", ""])
-    out_name = relabeled_name(path.name, local, build_tag)
+    out_name = relabeled_name(path.name, local, build_tag, platform)
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / out_name
     tmp = out_dir / f"{TMP_PREFIX}{out_name}"

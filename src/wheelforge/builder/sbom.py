@@ -49,6 +49,7 @@ from packageurl import PackageURL
 from .. import __version__
 from ..recipe.format import GitSource, Recipe, Source
 from ..wheel import add_files, read_dist_info_file
+from .platform import PlatformTag
 
 __all__ = ["SBOM_PATH", "Toolchain", "add_sbom", "make_sbom", "read_sbom", "summary_lines"]
 
@@ -121,7 +122,8 @@ def _tool(name: str, version: str | None, purl: PackageURL,
 
 
 def make_sbom(*, name: str, version: str, recipe: Recipe, archs: tuple[str, ...],
-              build_key: str, toolchain: Toolchain, epoch: int) -> bytes:
+              build_key: str, toolchain: Toolchain, epoch: int,
+              platform: PlatformTag | None = None) -> bytes:
     """The CycloneDX 1.6 JSON document of one built wheel."""
     purl = PackageURL("pypi", None, name, version)
     pedigree = Pedigree(ancestors=[_ancestor(recipe, s) for s in recipe.sources],
@@ -135,6 +137,12 @@ def make_sbom(*, name: str, version: str, recipe: Recipe, archs: tuple[str, ...]
                        ("torch", toolchain.torch), ("torch-cuda", toolchain.torch_cuda)):
         if value:
             props[f"wheelforge:{key}"] = value
+    if platform is not None:
+        props["wheelforge:platform-tag"] = platform.tag
+        props["wheelforge:platform-policy"] = platform.policy
+        props["wheelforge:symbol-versions"] = " ".join(platform.symbols) or "none"
+        if platform.note:
+            props["wheelforge:platform-note"] = platform.note
     package = Component(name=name, version=version, purl=purl, bom_ref=str(purl),
                         type=ComponentType.LIBRARY, pedigree=pedigree,
                         description=recipe.summary or None,
@@ -164,10 +172,11 @@ def make_sbom(*, name: str, version: str, recipe: Recipe, archs: tuple[str, ...]
 
 def add_sbom(wheel: Path, *, name: str, version: str, recipe: Recipe,
              archs: tuple[str, ...], build_key: str, toolchain: Toolchain,
-             epoch: int) -> Path:
+             epoch: int, platform: PlatformTag | None = None) -> Path:
     """Write the SBOM into ``wheel`` (in place; RECORD gets its line)."""
     data = make_sbom(name=name, version=version, recipe=recipe, archs=archs,
-                     build_key=build_key, toolchain=toolchain, epoch=epoch)
+                     build_key=build_key, toolchain=toolchain, epoch=epoch,
+                     platform=platform)
     return add_files(wheel, {SBOM_PATH: data}, epoch=epoch)
 
 
@@ -203,4 +212,10 @@ def summary_lines(sbom: Mapping[str, Any] | None) -> list[str]:
             f"  patches:   {len(pedigree.get('patches') or [])}",
             f"  toolchain: {'; '.join(made_by) or 'unknown'}",
             f"  archs:     {props.get('wheelforge:archs', 'unknown')}",
+            *([f"  platform:  {props['wheelforge:platform-tag']} (policy "
+               f"{props.get('wheelforge:platform-policy', '?')}; highest symbol versions "
+               f"{props.get('wheelforge:symbol-versions', '?')})"
+               + (f": {props['wheelforge:platform-note']}"
+                  if "wheelforge:platform-note" in props else "")]
+              if "wheelforge:platform-tag" in props else []),
             f"  build key: {props.get('wheelforge:build-key', 'unknown')}"]

@@ -16,7 +16,7 @@ from .. import _proc
 from ..arch import Arch, expected_ptx, expected_sass
 from ..errors import VerifyError
 from ..recipe.format import Recipe
-from ..wheel import WheelInfo, inspect_wheel, reading, record_problems
+from ..wheel import WheelInfo, inspect_wheel, integrity_problems, reading
 from .buildenv import BuildEnv
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 
@@ -135,7 +135,7 @@ def verify_wheel(
         issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
     if info.version.public != str(recipe.version):
         issues.append(f"version is {info.version}, the recipe pins {recipe.version}")
-    issues.extend(record_problems(wheel))
+    issues.extend(integrity_problems(wheel))  # RECORD, WHEEL tags, METADATA, no *.libs
 
     found, cuda_sos = _code_problems(wheel, info, recipe.build.kind == "extension", archs)
     issues.extend(found)
