@@ -20,6 +20,7 @@ import pytest
 
 from conftest import IN_CI, make_wheel
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
+from wheelforge.builder.sbom import read_sbom
 from wheelforge.errors import ConfigError
 from wheelforge.nightly import fanout
 from wheelforge.nightly.durations import read_durations
@@ -208,6 +209,9 @@ def test_a_tampered_stage_publishes_nothing(tmp_path: Path, shared_cache: Path) 
     assert _run(tmp_path, shared_cache, plan["cells"][0]["id"]).returncode == 0
     stage = tmp_path / "stage" / f"cell-{plan['cells'][0]['id']}"
     wheel = next(stage.glob("*.whl"))
+    bom = read_sbom(wheel)  # the pipeline's SBOM (PEP 770), covered by RECORD
+    assert bom is not None and bom["metadata"]["component"]["purl"] == \
+        "pkg:pypi/purea@0.1.0%2Bwf"
     wheel.write_bytes(wheel.read_bytes() + b"\0")
     res = _publish(tmp_path, stage)
     assert res.returncode != 0
