@@ -27,6 +27,16 @@ IN_CI = os.environ.get("CI") == "true"
 # build) is off for the tests whose subject is something else: they build fixture wheels by
 # the hundred.  tests/test_stack.py and tests/test_e2e_stack.py run it for real.
 os.environ["WHEELFORGE_STACK_CHECK"] = "off"
+#: the platform tag an extension built here gets (builder/platform.py: the newest manylinux
+#: policy its symbols allow, which the host's compiler and glibc decide)
+MANYLINUX = r"manylinux_2_[0-9]+_x86_64"
+
+
+def built_wheel(files: Path, stem: str) -> Path:
+    """The one wheel ``STEM-manylinux_X_Y_x86_64.whl`` in ``files``."""
+    found = sorted(files.glob(f"{stem}-manylinux_*_x86_64.whl"))
+    assert len(found) == 1, f"expected one {stem}-manylinux_*.whl in {files}: {found}"
+    return found[0]
 
 
 def require_tool(name: str, path: str | None = None) -> str:

@@ -7,13 +7,14 @@ environment is shared with `make build` through the user's wheelforge cache.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGES, make_sdist, tinyext_project, write_recipe
+from conftest import MANYLINUX, PACKAGES, built_wheel, make_sdist, tinyext_project, write_recipe
 from wheelforge.builder.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
@@ -53,7 +54,9 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     res = wheelforge("build", "tinyext", "tinypure", "--arch", "12.0",
                      *common(project, shared_cache), cwd=project)
     assert res.returncode == 0, res.stderr[-3000:]
-    ext = "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
+    stem = "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311"
+    ext = built_wheel(project / "index" / "files", stem).name  # the platform tag: manylinux
+    assert re.fullmatch(rf"{re.escape(stem)}-{MANYLINUX}\.whl", ext)
     assert f"published: {ext}  [sm_120]" in res.stdout
     assert "published: tinypure-0.1.0+wf-py3-none-any.whl  [pure Python]" in res.stdout
     # the install lines are consumer.render's for the build's channel: the safe ones
@@ -70,7 +73,8 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     [(so, archs)] = shared_object_archs(wheel)
     assert so.startswith("tinyext_cuda") and archs.sass == {"sm_120"} and not archs.ptx
     inspect = wheelforge("inspect", wheel, cwd=project)
-    assert inspect.stdout.strip().endswith("SASS sm_120; PTX none")
+    assert "SASS sm_120; PTX none\n" in inspect.stdout
+    assert "  patches:   0" in inspect.stdout and "  platform:  manylinux_2_" in inspect.stdout
 
     # a second build of the same inputs is skipped by build key
     again = wheelforge("build", "tinyext", "--arch", "12.0", *common(project, shared_cache),

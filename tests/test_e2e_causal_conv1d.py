@@ -8,6 +8,7 @@ About ten minutes on 2 cores (the causal-conv1d compile dominates).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -15,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import MANYLINUX, REPO, built_wheel
 from wheelforge.builder.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
 
-CC = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
+CC = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311"  # + the manylinux tag
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +41,12 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
          "--cache-dir", str(shared_cache), "--force"],
         cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, timeout=3600)
     assert res.returncode == 0, res.stdout
-    assert f"published: {CC}  [sm_120]" in res.stdout
+    assert re.search(rf"published: {re.escape(CC)}-{MANYLINUX}\.whl  \[sm_120\]", res.stdout)
     return index
 
 
 def test_causal_conv1d_wheel_holds_sm120_only(built: Path) -> None:
-    wheel = built / "files" / CC
+    wheel = built_wheel(built / "files", CC)
     per_so = shared_object_archs(wheel)
     assert [so for so, _ in per_so] == [n for n, _ in per_so if n.startswith("causal_conv1d_cuda")]
     for _, archs in per_so:
@@ -66,7 +67,8 @@ def test_fresh_venv_installs_from_the_index(built: Path, tmp_path: Path) -> None
          "fla-core==0.6.0", "flash-linear-attention==0.6.0"],
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
     assert install.returncode == 0, install.stdout[-4000:]
-    assert CC in install.stdout  # taken from the local index, not built from PyPI's sdist
+    # taken from the local index, not built from PyPI's sdist
+    assert built_wheel(built / "files", CC).name in install.stdout
     check = subprocess.run(
         [str(py), "-c", "import torch, causal_conv1d_cuda, causal_conv1d, fla, fla.layers;"
          "print(causal_conv1d_cuda.__file__); print(torch.__version__)"],

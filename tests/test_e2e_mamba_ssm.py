@@ -10,6 +10,7 @@ before, the cache serves what they compiled and the wheels are still verified in
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, REPO
+from conftest import IN_CI, MANYLINUX, REPO, built_wheel
 from wheelforge.builder.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
@@ -26,8 +27,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
 LABEL = "cu130torch2.14sm120"
 CC_VERSION = f"1.7.0+{LABEL}"
 MAMBA_VERSION = f"2.3.2.post1+ge9594ce1c732.{LABEL}"
-CC = f"causal_conv1d-{CC_VERSION}-cp311-cp311-linux_x86_64.whl"
-MAMBA = f"mamba_ssm-{MAMBA_VERSION}-cp311-cp311-linux_x86_64.whl"
+CC = f"causal_conv1d-{CC_VERSION}-cp311-cp311"  # + the manylinux tag
+MAMBA = f"mamba_ssm-{MAMBA_VERSION}-cp311-cp311"
 URL = "https://github.com/state-spaces/mamba"
 
 
@@ -59,8 +60,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
         timeout=5400)
     assert res.returncode == 0, res.stdout[-6000:]
     # the companion first, for the same target; then mamba-ssm from the mirror, never GitHub
-    assert f"published: {CC}  [sm_120]" in res.stdout
-    assert f"published: {MAMBA}  [sm_120]" in res.stdout
+    for stem in (CC, MAMBA):
+        assert re.search(rf"published: {re.escape(stem)}-{MANYLINUX}\.whl  \[sm_120\]",
+                         res.stdout), res.stdout
     assert res.stdout.index(f"published: {CC}") < res.stdout.index(f"published: {MAMBA}")
     assert f"git mirror     {URL} -> {bundle()}  [--git-mirror]" in res.stdout
     assert "cloning" not in res.stdout and "github.com/state-spaces/mamba.git" not in res.stdout
@@ -68,7 +70,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
 
 
 def test_mamba_ssm_wheel_holds_sm120_only(built: Path) -> None:
-    wheel = built / "files" / MAMBA
+    wheel = built_wheel(built / "files", MAMBA)
     per_so = shared_object_archs(wheel)
     assert [so.split(".")[0] for so, _ in per_so] == ["selective_scan_cuda"]
     for _, archs in per_so:
@@ -95,7 +97,8 @@ def test_fresh_venv_installs_both_from_the_index(built: Path, tmp_path: Path) ->
          "--extra-index-url", simple, f"mamba-ssm=={MAMBA_VERSION}"],
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=3000)
     assert install.returncode == 0, install.stdout[-4000:]
-    assert MAMBA in install.stdout and CC in install.stdout  # both from the local index
+    assert built_wheel(built / "files", MAMBA).name in install.stdout and \
+        built_wheel(built / "files", CC).name in install.stdout  # both from the local index
     check = subprocess.run(
         [str(py), "-c", "import torch, selective_scan_cuda, causal_conv1d_cuda, mamba_ssm;"
          "print(selective_scan_cuda.__file__); print(torch.__version__)"],

@@ -20,8 +20,10 @@ import pytest
 
 from conftest import IN_CI, make_wheel
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
+from wheelforge.builder.sbom import read_sbom
 from wheelforge.errors import ConfigError
 from wheelforge.nightly import fanout
+from wheelforge.nightly.durations import read_durations
 from wheelforge.recipe.matrix import Cell, TorchPin
 from wheelforge.wheel import inspect_wheel, retag
 
@@ -61,7 +63,7 @@ def test_estimates_come_from_the_recorded_durations(tmp_path: Path) -> None:
     pin = TorchPin(spec="torch==2.14.1", cuda="13.0")
     a = Cell(recipe="a", python=None, torch=pin, archs="12.0")
     fanout.record_durations(tmp_path, [(a, 300.0)])
-    durations = fanout._durations(tmp_path)
+    durations = read_durations(tmp_path)
     assert fanout.estimate(durations, a) == 300.0
     other_torch = Cell(recipe="a", python=None, torch=TorchPin(spec="torch==2.13.0",
                                                                cuda="12.8"), archs="12.0")
@@ -207,6 +209,9 @@ def test_a_tampered_stage_publishes_nothing(tmp_path: Path, shared_cache: Path) 
     assert _run(tmp_path, shared_cache, plan["cells"][0]["id"]).returncode == 0
     stage = tmp_path / "stage" / f"cell-{plan['cells'][0]['id']}"
     wheel = next(stage.glob("*.whl"))
+    bom = read_sbom(wheel)  # the pipeline's SBOM (PEP 770), covered by RECORD
+    assert bom is not None and bom["metadata"]["component"]["purl"] == \
+        "pkg:pypi/purea@0.1.0%2Bwf"
     wheel.write_bytes(wheel.read_bytes() + b"\0")
     res = _publish(tmp_path, stage)
     assert res.returncode != 0

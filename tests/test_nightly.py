@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import IN_CI, PACKAGES, REPO, make_sdist, make_wheel, write_recipe
+from conftest import IN_CI, MANYLINUX, PACKAGES, REPO, make_sdist, make_wheel, write_recipe
 from wheelforge import index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
@@ -484,8 +484,10 @@ def test_matrix_builds_once_skips_then_rebuilds_only_what_a_patch_changes(
                                 ("tinypure", None, "built")]
     wheels = [c["wheel"] for c in report["cells"]]
     assert len(set(wheels)) == 5
-    assert wheels[0] == "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
-    assert wheels[2] == "tinyext-0.1.0+cu130torch2.14sm120-1-cp311-cp311-linux_x86_64.whl"
+    assert re.fullmatch(rf"tinyext-0\.1\.0\+cu130torch2\.14sm120-cp311-cp311-{MANYLINUX}\.whl",
+                        wheels[0]), wheels[0]
+    assert re.fullmatch(rf"tinyext-0\.1\.0\+cu130torch2\.14sm120-1-cp311-cp311-{MANYLINUX}\.whl",
+                        wheels[2]), wheels[2]
     assert [c["archs_found"] for c in report["cells"]][:2] == [["sm_120"], ["sm_100", "sm_120"]]
     assert "5 cell(s): 5 built" in first.stdout
     landing = (root / "index" / "index.html").read_text()

@@ -6,12 +6,14 @@ A wheel is rewritten into a new file; the input is never modified.
 from __future__ import annotations
 
 import base64
+import calendar
 import contextlib
 import csv
 import hashlib
 import io
 import os
 import stat
+import time
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -194,6 +197,71 @@ def record_problems(path: Path) -> list[str]:
     return problems
 
 
+def _header_fields(text: str) -> dict[str, list[str]]:
+    """The ``Key: value`` lines of an email-header file (WHEEL, METADATA's head)."""
+    fields: dict[str, list[str]] = {}
+    for line in text.partition("\n\n")[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not line[:1].isspace():
+            fields.setdefault(key.strip().lower(), []).append(value.strip())
+    return fields
+
+
+def integrity_problems(path: Path) -> list[str]:
+    """What a publisher refuses in a wheel it did not build itself, one line each (the
+    zip and its member names are checked first: :func:`inspect_wheel` raises on those):
+    RECORD hashes and sizes, the WHEEL file's tags against the file name's, METADATA's
+    Name and Version against the file name's, a ``*.libs/`` directory of grafted
+    libraries (wheelforge never grafts: torch and CUDA provide them)."""
+    info = inspect_wheel(path)
+    problems = record_problems(path)
+    with reading(path) as zf:
+        wheel_text = zf.read(f"{info.dist_info}/WHEEL").decode("utf-8", "replace")
+        meta_text = zf.read(f"{info.dist_info}/METADATA").decode("utf-8", "replace")
+        tops = sorted({n.split("/", 1)[0] for n in zf.namelist() if "/" in n})
+    wheel_fields = _header_fields(wheel_text)
+    declared = sorted(wheel_fields.get("tag", []))
+    try:
+        expanded = sorted(str(t) for d in declared for t in parse_tag(d))
+    except ValueError as exc:
+        problems.append(f"{info.dist_info}/WHEEL: a Tag is not parseable: {exc}")
+        expanded = declared
+    if not declared:
+        problems.append(f"{info.dist_info}/WHEEL has no Tag line")
+    elif expanded != list(info.tags):
+        problems.append(f"{info.dist_info}/WHEEL says Tag {', '.join(declared)}, the file "
+                        f"name says {', '.join(info.tags)}")
+    meta = _header_fields(meta_text)
+    meta_name = (meta.get("name") or [""])[0]
+    if canonicalize_name(meta_name) != canonicalize_name(info.name):
+        problems.append(f"METADATA Name is {meta_name!r}, the file name says {info.name!r}")
+    meta_version = (meta.get("version") or [""])[0]
+    try:
+        same_version = Version(meta_version) == info.version
+    except InvalidVersion:
+        same_version = False
+    if not same_version:
+        problems.append(f"METADATA Version is {meta_version!r}, the file name says "
+                        f"{info.version}")
+    problems.extend(f"{top}/: a directory of grafted libraries (auditwheel repair's "
+                    "*.libs): torch and CUDA provide them, none may be vendored"
+                    for top in tops if top.endswith(".libs"))
+    return problems
+
+
+def check_wheel(path: Path) -> WheelInfo:
+    """:func:`integrity_problems`, all of them in one VerifyError; the wheel's info."""
+    info = inspect_wheel(path)
+    problems = integrity_problems(path)
+    if problems:
+        raise VerifyError(f"{path.name} failed verification ({len(problems)} problem(s)); "
+                          "it was not published",
+                          why="\n    " + "\n    ".join(problems),
+                          fix="the file is not the wheel that was built (changed, truncated "
+                              "or malformed): rebuild it; never edit a wheel by hand")
+    return info
+
+
 def _text(path: Path, member: str, data: bytes) -> str:
     try:
         return data.decode("utf-8")
@@ -248,19 +316,26 @@ def _rewrite_metadata(text: str, version: str, torch_pin: str | None,
     return "\n".join(out) + sep + body
 
 
-def _rewrite_build(text: str, build_tag: str | None) -> str:
-    """The WHEEL file with its ``Build`` field set to ``build_tag`` (None: no field)."""
+def _rewrite_build(text: str, build_tag: str | None, platform: str | None = None) -> str:
+    """The WHEEL file with its ``Build`` field set to ``build_tag`` (None: no field) and,
+    with ``platform``, the platform part of each ``Tag`` replaced."""
     lines = [line for line in text.splitlines() if not line.startswith("Build:")]
+    if platform:
+        lines = [f"Tag: {line.split(':', 1)[1].strip().rsplit('-', 1)[0]}-{platform}"
+                 if line.startswith("Tag:") else line for line in lines]
     while lines and not lines[-1].strip():
         lines.pop()
     return "\n".join([*lines, *([f"Build: {build_tag}"] if build_tag else [])]) + "\n"
 
 
-def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None) -> str:
+def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None,
+                   platform: str | None = None) -> str:
     """The file name :func:`relabel` gives a wheel, without writing anything."""
     _name, version, _build, _tags = parse_wheel_filename(wheel_name)
     new_version = f"{version.public}+{local}" if local else version.public
     tags = wheel_name[:-4].split("-")[-3:]
+    if platform:
+        tags[-1] = platform
     build = [build_tag] if build_tag else []
     return f"{wheel_name.split('-', 1)[0]}-{'-'.join([new_version, *build, *tags])}.whl"
 
@@ -274,6 +349,7 @@ def relabel(
     drop_requires: Iterable[str] = (),
     build_tag: str | None = None,
     pins: Mapping[str, str] | None = None,
+    platform: str | None = None,
 ) -> Path:
     """Write a copy of the wheel with version ``V+local``, pins and a fresh RECORD.
 
@@ -281,6 +357,8 @@ def relabel(
     ``Build`` field: it tells a rebuild of the same version and tags from the first
     build, and installers prefer the highest.  ``pins`` (name -> exact version) become
     ``Requires-Dist: name==version``: the companions built for the same target.
+    ``platform`` (e.g. ``manylinux_2_34_x86_64``) replaces the platform tag of the file
+    name and of the WHEEL file's ``Tag`` lines; None keeps the wheel's.
     """
     info = inspect_wheel(path)
     base = info.version.public  # as relabeled_name has it
@@ -303,8 +381,9 @@ def relabel(
                 if rel == "METADATA":
                     data = _rewrite_metadata(_text(path, name, data), new_version, torch_pin,
                                              drop_requires, pins).encode("utf-8")
-                elif rel == "WHEEL" and (build_tag or b"\nBuild:" in data):
-                    data = _rewrite_build(_text(path, name, data), build_tag).encode("utf-8")
+                elif rel == "WHEEL" and (build_tag or platform or b"\nBuild:" in data):
+                    data = _rewrite_build(_text(path, name, data), build_tag,
+                                          platform).encode("utf-8")
             new = zipfile.ZipInfo(name, date_time=zi.date_time)
             new.external_attr = zi.external_attr
             new.compress_type = zipfile.ZIP_DEFLATED
@@ -317,7 +396,7 @@ def relabel(
         writer.writerow([zi.filename, record_hash(data), len(data)])
     record_name = f"{new_dist_info}/RECORD"
     writer.writerow([record_name, "", ""])
-    out_name = relabeled_name(path.name, local, build_tag)
+    out_name = relabeled_name(path.name, local, build_tag, platform)
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / out_name
     tmp = out_dir / f"{TMP_PREFIX}{out_name}"
@@ -331,6 +410,75 @@ def relabel(
         zf.writestr(rzi, record.getvalue())
     os.replace(tmp, final)
     return final
+
+
+def zip_date(epoch: int) -> tuple[int, int, int, int, int, int]:
+    """A zip member's date_time for a SOURCE_DATE_EPOCH (UTC; zip cannot go before 1980)."""
+    moment = time.gmtime(max(epoch, 315532800))
+    return (moment.tm_year, moment.tm_mon, moment.tm_mday, moment.tm_hour, moment.tm_min,
+            moment.tm_sec)
+
+
+def newest_member_epoch(path: Path) -> int:
+    """The newest member date of a wheel as a Unix time (the backend's SOURCE_DATE_EPOCH
+    when it honoured one): a stable date for what is added to the wheel after the build."""
+    with reading(path) as zf:
+        newest = max((zi.date_time for zi in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
+    return calendar.timegm((*newest, 0, 0, 0))
+
+
+def add_files(path: Path, files: Mapping[str, bytes], *, epoch: int) -> Path:
+    """Add (or replace) ``files`` (paths relative to the .dist-info directory, e.g.
+    ``sboms/wheelforge.cdx.json``) to the wheel at ``path``, in place and atomically.
+
+    The other members keep their order, dates, modes and bytes; the new ones go after
+    them, before RECORD, dated ``epoch``; RECORD gets a hash and size line for each.  The
+    same input gives the same bytes."""
+    info = inspect_wheel(path)
+    record_name = f"{info.dist_info}/RECORD"
+    added = {f"{info.dist_info}/{rel}": data for rel, data in sorted(files.items())}
+    for name in added:
+        problems = member_problems([zipfile.ZipInfo(name)])
+        if problems or name == record_name:
+            raise VerifyError(f"cannot add {name} to {path.name}",
+                              why="; ".join(problems) or "RECORD is written, not added",
+                              fix="name a file inside the .dist-info directory")
+    entries: list[tuple[zipfile.ZipInfo, bytes]] = []
+    with reading(path) as zf:
+        rows = [row for row in csv.reader(io.StringIO(zf.read(record_name).decode("utf-8")))
+                if row and row[0] not in added and row[0] != record_name]
+        for zi in zf.infolist():
+            if zi.filename != record_name and zi.filename not in added:
+                entries.append((zi, zf.read(zi)))
+    date = zip_date(epoch)
+    for name, data in added.items():
+        zi = zipfile.ZipInfo(name, date_time=date)
+        zi.external_attr = 0o644 << 16
+        zi.compress_type = zipfile.ZIP_DEFLATED
+        entries.append((zi, data))
+        rows.append([name, record_hash(data), str(len(data))])
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    writer.writerows([*rows, [record_name, "", ""]])
+    rzi = zipfile.ZipInfo(record_name, date_time=date)
+    rzi.external_attr = 0o644 << 16
+    rzi.compress_type = zipfile.ZIP_DEFLATED
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    with zipfile.ZipFile(tmp, "w") as out:
+        for zi, data in [*entries, (rzi, record.getvalue().encode("utf-8"))]:
+            out.writestr(zi, data)
+    os.replace(tmp, path)
+    return path
+
+
+def read_dist_info_file(path: Path, rel: str) -> bytes | None:
+    """A file of the wheel's .dist-info directory (``rel`` relative to it), or None."""
+    info = inspect_wheel(path)
+    with reading(path) as zf:
+        try:
+            return zf.read(f"{info.dist_info}/{rel}")
+        except KeyError:
+            return None
 
 
 def retag(path: Path, out_dir: Path, build_tag: str | None) -> Path:

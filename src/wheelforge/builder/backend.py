@@ -8,9 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import build as pypa_build
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion
 
 from .. import _proc
-from ..errors import BuildError, ToolchainError
+from ..errors import BuildError, ToolchainError, VerifyError
 from .buildenv import BuildEnv, missing_requirements
 from .diagnose import diagnose, first_error_line
 
@@ -70,9 +72,24 @@ def build_wheel(
         except pypa_build.BuildException as exc:
             raise BuildError(f"the build of {tree.name} failed", why=str(exc),
                              fix="check the project's pyproject.toml", log=str(log)) from exc
+        check_wheel_name(built.name, tree.name, log)
         final = out_dir / built.name
         built.replace(final)
     return final
+
+
+def check_wheel_name(name: str, what: str, log: Path | None = None) -> None:
+    """A VerifyError (never a traceback) when a build backend named its wheel in a way
+    :func:`packaging.utils.parse_wheel_filename` refuses."""
+    try:
+        parse_wheel_filename(name)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise VerifyError(f"the build backend of {what} wrote {name!r}, not a valid wheel "
+                          "file name; nothing was published", why=str(exc),
+                          fix="a wheel is NAME-VERSION(-BUILD)-PYTHON-ABI-PLATFORM.whl: fix "
+                              "the project's build configuration (its name, version or tags) "
+                              "with a patch in the recipe",
+                          log=str(log) if log else None) from None
 
 
 def failure(what: str, exc: _proc.CommandFailed, log: Path, jobs: int | None) -> BuildError:

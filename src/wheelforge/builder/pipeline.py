@@ -1,7 +1,7 @@
 """The ordered build steps with typed hand-offs.
 
 fetch -> patch -> preflight -> build key (skip if published) -> build env ->
-compile -> relabel -> verify -> publish.  A build holds its build key's lock
+compile -> relabel -> SBOM (PEP 770) -> verify -> publish.  A build holds its build key's lock
 (``CACHE/locks/KEY.lock``, the nightly's too) from before the fetch to the end of the
 publish, in a work directory of its own; the directory is removed after a successful
 publish and kept (and named) after a failure.
@@ -29,13 +29,14 @@ from .._log import Reporter
 from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
-from ..wheel import relabel, relabeled_name
-from . import buildenv, compilecache, doctor, preflight, toolchain
+from ..wheel import newest_member_epoch, relabel, relabeled_name
+from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires
 from .buildenv import BuildEnv
 from .compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
 from .patch import apply_series
+from .platform import PlatformTag
 from .source import extract, fetch
 from .verify import verify_wheel
 
@@ -50,6 +51,7 @@ class BuildResult:
     skipped: bool = False
     log: Path | None = None
     cache: CacheStats | None = None
+    platform: PlatformTag | None = None  # the manylinux analysis (extensions built here)
 
 
 def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str],
@@ -117,7 +119,9 @@ def toolchain_identity(recipe: Recipe, config: BuildConfig,
         torch = " ".join([config.torch, *config.torch_pip_args])
     if recipe.build.kind == "pure":
         return {"python": "py3"}
-    return {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else ""}
+    # the host compiler decides the glibc/libstdc++ symbol versions, hence the manylinux tag
+    return {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else "",
+            "cxx": toolchain.host_compiler()}
 
 
 def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:
@@ -341,14 +345,33 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 env.torch_major_minor else None
             local = local_label(recipe, env, config)
 
+            plat = platform.platform_tag(raw) if extension else None
+            if plat is not None:
+                reporter.info(f"platform tag {plat.tag}" + (
+                    f" (highest symbol versions {', '.join(plat.symbols)})" if plat.symbols
+                    else "") + (f": {plat.note}" if plat.note else ""))
+            made_by = sbom.Toolchain(
+                python=env.python_version, nvcc=str(cuda.version) if cuda else None,
+                cxx=(toolchain.host_compiler() or None) if extension else None,
+                torch=env.torch_version if extension else None,
+                torch_cuda=env.torch_cuda if extension else None)
+            epoch = sbom_epoch(raw)
+            manylinux = plat.tag if plat is not None and plat.manylinux else None
+
             def relabeled(tag: str | None) -> Path:
-                return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
-                               drop_requires=recipe.build.drop_requires, build_tag=tag,
-                               pins=pins)
+                out = relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
+                              drop_requires=recipe.build.drop_requires, build_tag=tag,
+                              pins=pins, platform=manylinux)
+                name, version, _build, _tags = parse_wheel_filename(out.name)
+                return sbom.add_sbom(out, name=str(name), version=str(version), recipe=recipe,
+                                     archs=tuple(config.arch_list.split(";")) if extension
+                                     else (), build_key=key, toolchain=made_by, epoch=epoch,
+                                     platform=plat)
 
             # a name published with another build key gets the next build number; the
             # number is decided again under the index lock at the publish
-            final = relabeled(next_build_tag(config.index_dir, relabeled_name(raw.name, local)))
+            final = relabeled(next_build_tag(config.index_dir,
+                                             relabeled_name(raw.name, local, None, manylinux)))
             reporter.info(final.name)
             for cname, cversion in pins.items():
                 reporter.info(f"requires its companion {cname}=={cversion}")
@@ -400,7 +423,14 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         held.close()
     shutil.rmtree(work, ignore_errors=True)
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
-                       cache=stats)
+                       cache=stats, platform=plat)
+
+
+def sbom_epoch(wheel: Path) -> int:
+    """The SBOM's timestamp: SOURCE_DATE_EPOCH when set, else the built wheel's newest
+    member date (what the backend wrote), so a rebuild gives the same SBOM."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    return int(value) if value.isdigit() else newest_member_epoch(wheel)
 
 
 def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,

@@ -112,6 +112,20 @@ def nvcc_version(nvcc: Path) -> Version:
     return Version(m.group(1))
 
 
+def host_compiler(environ: Mapping[str, str] | None = None) -> str:
+    """The first line of ``$CXX --version`` (default ``c++``, what torch's extension
+    builder runs), e.g. ``g++ (Ubuntu 13.3.0-6ubuntu2~24.04) 13.3.0``; "" when there is
+    none.  It decides which glibc and libstdc++ symbol versions a wheel needs."""
+    environ = os.environ if environ is None else environ
+    cxx = environ.get("CXX") or "c++"
+    found = shutil.which(cxx, path=environ.get("PATH"))
+    if found is None:
+        return ""
+    result = _proc.run([found, "--version"], check=False, timeout=60)
+    first = result.output.strip().splitlines()[:1]
+    return first[0].strip() if result.returncode == 0 and first else ""
+
+
 def supported_sass(nvcc: Path) -> frozenset[str]:
     """Ask nvcc which real architectures it can compile for (``sm_120`` ...)."""
     try:

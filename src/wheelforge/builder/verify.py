@@ -16,7 +16,7 @@ from .. import _proc
 from ..arch import Arch, expected_ptx, expected_sass
 from ..errors import VerifyError
 from ..recipe.format import Recipe
-from ..wheel import inspect_wheel, reading, record_problems
+from ..wheel import WheelInfo, inspect_wheel, integrity_problems, reading
 from .buildenv import BuildEnv
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 
@@ -74,30 +74,18 @@ def _import_problems(wheel: Path, env: BuildEnv, modules: tuple[str, ...], exten
                          f"{result.output.strip()[-300:]}"]
 
 
-def verify_wheel(
-    wheel: Path,
-    recipe: Recipe,
-    *,
-    archs: tuple[Arch, ...],
-    env: BuildEnv | None,
-    log: Path | None = None,
-) -> Verified:
-    """Run every check; raise one VerifyError with all issues, or return what was found."""
+def _code_problems(wheel: Path, info: WheelInfo, extension: bool, archs: tuple[Arch, ...],
+                   ) -> tuple[list[str], list[tuple[str, CudaArchs]]]:
+    """The device code against the kind and the requested archs: issues, and each CUDA
+    shared object's archs."""
     issues: list[str] = []
-    info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
-    if canonicalize_name(info.name) != recipe.name:
-        issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
-    if info.version.public != str(recipe.version):
-        issues.append(f"version is {info.version}, the recipe pins {recipe.version}")
-    issues.extend(record_problems(wheel))
-
     per_so: list[tuple[str, CudaArchs]] = []
     try:
         per_so = shared_object_archs(wheel)
     except FatbinError as exc:
         issues.append(f"cannot read CUDA code from a shared object: {exc}")
     cuda_sos = [(n, a) for n, a in per_so if not a.empty]
-    if recipe.build.kind == "pure":
+    if not extension:
         if not info.pure:
             issues.append(f"tags {', '.join(info.tags)}: the recipe says pure, "
                           "expected py3-none-any")
@@ -122,6 +110,35 @@ def verify_wheel(
                 issues.append(f"{name}: unrequested PTX {', '.join(sorted(found.ptx - want_ptx))}")
             if want_ptx - found.ptx:
                 issues.append(f"{name}: no PTX for {', '.join(sorted(want_ptx - found.ptx))}")
+    return issues, cuda_sos
+
+
+def code_problems(wheel: Path, *, extension: bool, archs: tuple[Arch, ...]) -> list[str]:
+    """The wheel's CUDA code checked as :func:`verify_wheel` checks it (SASS and PTX per
+    shared object against ``archs``; a pure wheel holds no shared object): for a
+    publisher that verifies a wheel built elsewhere."""
+    return _code_problems(wheel, inspect_wheel(wheel), extension, archs)[0]
+
+
+def verify_wheel(
+    wheel: Path,
+    recipe: Recipe,
+    *,
+    archs: tuple[Arch, ...],
+    env: BuildEnv | None,
+    log: Path | None = None,
+) -> Verified:
+    """Run every check; raise one VerifyError with all issues, or return what was found."""
+    issues: list[str] = []
+    info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
+    if canonicalize_name(info.name) != recipe.name:
+        issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
+    if info.version.public != str(recipe.version):
+        issues.append(f"version is {info.version}, the recipe pins {recipe.version}")
+    issues.extend(integrity_problems(wheel))  # RECORD, WHEEL tags, METADATA, no *.libs
+
+    found, cuda_sos = _code_problems(wheel, info, recipe.build.kind == "extension", archs)
+    issues.extend(found)
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,

@@ -242,7 +242,8 @@ def check(recipes: Path | None) -> None:
 @click.argument("wheel", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def inspect(wheel: Path) -> None:
     """Print WHEEL's version, tags, torch pin and size, then per shared object its SASS and
-    PTX architectures (read from the ELF .nv_fatbin section; no GPU needed).
+    PTX architectures (read from the ELF .nv_fatbin section; no GPU needed), then its SBOM
+    (PEP 770): upstream source, patch count, toolchain, archs and build key.
 
     \b
     Examples:
@@ -255,6 +256,7 @@ def inspect(wheel: Path) -> None:
     from packaging.utils import InvalidWheelFilename
 
     from ..builder.fatbin import FatbinError
+    from ..builder.sbom import read_sbom, summary_lines
     from ..builder.verify import shared_object_archs
     from ..errors import VerifyError
     from ..wheel import inspect_wheel, read_metadata
@@ -263,6 +265,7 @@ def inspect(wheel: Path) -> None:
         info = inspect_wheel(wheel)  # a malformed or unsafe wheel: VerifyError naming the member
         meta = email.parser.BytesParser().parsebytes(read_metadata(wheel), headersonly=True)
         found = shared_object_archs(wheel)
+        bom = read_sbom(wheel)
     except (InvalidWheelFilename, FatbinError, OSError, KeyError, ValueError) as exc:
         raise VerifyError(f"cannot read {wheel}", why=str(exc),
                           fix="give the path of a wheel (.whl) file") from exc
@@ -286,6 +289,8 @@ def inspect(wheel: Path) -> None:
         sass = ", ".join(sorted(archs.sass)) or "none"
         ptx = ", ".join(sorted(archs.ptx)) or "none"
         click.echo(f"{name}: SASS {sass}; PTX {ptx}")
+    for line in summary_lines(bom):
+        click.echo(line)
 
 
 def _size(n: int) -> str:

@@ -257,19 +257,27 @@ def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
 @report_option
 @cache_option
 @config_option
+@click.option("--require-reproduced", "require_reproduced", type=click.IntRange(min=1),
+              default=1, show_default=True, metavar="N",
+              help="Publish a cell only when N different builders (a stage record's host) "
+                   "staged byte-identical wheels; else the cell fails, listing each "
+                   "builder's sha256.")
 @deps_dir_option
 @recipes_option
 def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path | None,
                     report_dir: Path | None, cache_dir: Path | None,
-                    project_file: Path | None, deps_dir: Path | None,
+                    project_file: Path | None, require_reproduced: int, deps_dir: Path | None,
                     recipes: Path | None) -> None:
     """Publish the stage directories of a plan: the single writer of the index.
 
     Each decision is taken under the index lock: a build key already published is skipped
     (a retried job is a no-op), else the build number is chosen and the wheel published.
     STAGES are stage directories, or directories holding them (downloaded artifacts).
-    Writes the nightly report with every cell of the plan; exits 1 when a cell failed or
-    did not run.
+    Every stage is verified again before anything is published (no link or special file,
+    the wheel's RECORD, tags, metadata and, for an extension, its SASS against the cell's
+    archs): a failure publishes nothing and exits 8.  Writes the nightly report with
+    every cell of the plan; exits 1 when a cell failed (not reproduced by
+    --require-reproduced builders, too) or did not run.
     """
     from .. import nightly as night
     from ..nightly import fanout
@@ -285,7 +293,8 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     book = (RecipeBook(recipes_dir, recipes_dir.parent / "patches") if recipes_dir.is_dir()
             else None)
     report = fanout.publish(plan, fanout.stage_dirs(stages), settings, reporter=reporter,
-                            report_dir=reports, book=book)
+                            report_dir=reports, book=book,
+                            require_reproduced=require_reproduced)
     _echo_report(report, reports)
     bad = report.count("failed") + report.count("not run")
     if bad:

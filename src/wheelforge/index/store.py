@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from .._fs import fsync_path, locked, sha256_file
 from ..errors import IndexWarning, PublishError
-from ..wheel import retag
+from ..wheel import check_wheel, retag
 from ._writes import Data, _index_errors
 from ._writes import disk_error as disk_error  # index.store.disk_error: the callers' name
 from .records import (
@@ -135,10 +135,18 @@ def publish(
 
 
 def _prepare(wheel: Path) -> tuple[_WheelInfo, str]:
-    """The wheel's name and METADATA checked, and its sha256 (before the lock is taken)."""
-    if not wheel.is_file():
-        raise PublishError(f"{wheel} does not exist", fix="publish the wheel the build produced")
-    return _inspect_wheel(wheel), sha256_file(wheel)
+    """The wheel's name and METADATA checked, then verified again as a file (RECORD
+    hashes and sizes, WHEEL tags, METADATA name and version: VerifyError), and its sha256
+    (before the lock is taken).  The index trusts no caller: a wheel changed between its
+    build's verification and its publish is refused here."""
+    if wheel.is_symlink() or not wheel.is_file():
+        raise PublishError(f"{wheel} does not exist or is not a plain file",
+                           why="a symlink or a special file is never published (its target "
+                               "could change after the check)",
+                           fix="publish the wheel the build produced")
+    info = _inspect_wheel(wheel)
+    check_wheel(wheel)
+    return info, sha256_file(wheel)
 
 
 _Target = tuple[str | None, str | None, str | None, tuple[str, ...], str | None]

@@ -44,17 +44,19 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from .. import __version__, index
-from .._fs import atomic_write, locked
+from .._fs import atomic_write
 from .._log import Reporter
 from ..builder import pipeline
 from ..builder.config import BuildConfig, recorded_gib_per_job
-from ..errors import ConfigError, PublishError, ToolchainError, WheelforgeError
+from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
 from ..recipe.matrix import Cell, Matrix, TorchPin, cells
 from ..wheel import retag
 from .cells import REPORTS_DIR, Builder, CellResult, CellStatus, NightlyReport, Settings, log_tail
+from .durations import estimate, read_durations, record_durations
 from .gate import check_night
 from .report import link_from_landing_page, write_report
+from .stagecheck import Staged, refuse_links, reproduced, verify_stage_wheel
 from .state import CellPlan, CellRunner, with_companions
 
 __all__ = [
@@ -82,7 +84,6 @@ STAGE_SCHEMA = 1
 GITHUB_MATRIX_LIMIT = 256
 RECORD = "cell.json"
 LOG = "build.log"
-DURATIONS = "durations.json"
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -149,49 +150,6 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# --------------------------------------------------------------------------- durations
-
-
-def _signature(cell: Cell) -> str:
-    return "|".join([cell.recipe, cell.python or "", cell.torch.spec, cell.archs or "pure"])
-
-
-def _durations(cache_dir: Path) -> dict[str, float]:
-    try:
-        data = json.loads((cache_dir / "stats" / DURATIONS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
-
-
-def record_durations(cache_dir: Path, timed: Iterable[tuple[Cell, float]]) -> None:
-    """Remember how long cells took to build (the last build of each counts)."""
-    timed = list(timed)
-    if not timed:
-        return
-    path = cache_dir / "stats" / DURATIONS
-    with locked(cache_dir / "stats" / f"{DURATIONS}.lock"):
-        data = _durations(cache_dir)
-        data.update({_signature(c): round(s, 1) for c, s in timed})
-        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
-def estimate(durations: Mapping[str, float], cell: Cell) -> float | None:
-    """The cell's last duration; else the mean of the recipe's cells for that arch set,
-    else of all its cells; None when the recipe was never timed."""
-    if (found := durations.get(_signature(cell))) is not None:
-        return found
-    parts = [(k.split("|"), v) for k, v in durations.items()]
-    same_recipe = [(p, v) for p, v in parts if len(p) == 4 and p[0] == cell.recipe]
-    same_archs = [v for p, v in same_recipe if p[3] == (cell.archs or "pure")]
-    for values in (same_archs, [v for _, v in same_recipe]):
-        if values:
-            return sum(values) / len(values)
-    return None
-
-
 # --------------------------------------------------------------------------- plan
 
 
@@ -200,7 +158,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
     """The cells of the matrix whose build key is not published, longest first."""
     state = CellRunner(matrix, book, settings, reporter, with_companions(book))
     state.check_companions()
-    durations = _durations(settings.cache_dir)
+    durations = read_durations(settings.cache_dir)
     todo: list[PlannedCell] = []
     done: list[CellResult] = []
     for i, cell in enumerate(cells(matrix, state.kinds())):
@@ -439,8 +397,9 @@ def _write_stage(stage: Path, record: StageRecord, log: str | None) -> StageReco
 
 
 def load_stage(stage: Path) -> StageRecord:
-    """A stage directory's record, checked: its wheel is there, is a plain file name and
-    has the recorded sha256."""
+    """A stage directory's record, checked: the stage holds no link or special file, its
+    wheel is there, is a plain file name and has the recorded sha256."""
+    refuse_links(stage)
     path = stage / RECORD
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -476,7 +435,10 @@ def load_stage(stage: Path) -> StageRecord:
         try:
             project, version, _build, _tags = parse_wheel_filename(name)
         except (InvalidWheelFilename, InvalidVersion) as exc:
-            raise _bad(path, f"its wheel {name!r} is not a valid wheel file name") from exc
+            raise VerifyError(f"the stage {stage} holds {name!r}, not a valid wheel file "
+                              "name; nothing was published", why=str(exc),
+                              fix="a wheel is NAME-VERSION(-BUILD)-PYTHON-ABI-PLATFORM.whl: "
+                                  "run the cell again") from None
         if project != canonicalize_name(record.cell.recipe) or \
                 version.public != Version(record.cell.version).public:
             raise PublishError(
@@ -509,11 +471,14 @@ def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
 
 def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
             report_dir: Path | None = None, started: float | None = None,
-            book: RecipeBook | None = None) -> NightlyReport:
+            book: RecipeBook | None = None, require_reproduced: int = 1) -> NightlyReport:
     """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
     nightly report (every cell of the plan; a planned cell without a stage is "not
-    run").  A stage that does not belong to the plan, or whose wheel does not match its
-    record, is an error before anything is published."""
+    run").  A stage that does not belong to the plan, holds a link, or whose wheel does
+    not match its record or fails verification (:mod:`.stagecheck`), is an error before
+    anything is published.  ``require_reproduced`` N > 1 publishes a cell only when N
+    different builders staged byte-identical wheels (else the cell fails, naming each
+    builder's sha256)."""
     t0 = time.monotonic() if started is None else started
     by_id = {c.id: c for c in plan.cells}
     loaded: dict[int, list[tuple[Path, StageRecord]]] = {}
@@ -526,6 +491,9 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
                 why=f"plan {plan.created} has no cell {rec.cell.id} with build key "
                     f"{rec.cell.build_key[:16]}",
                 fix="publish the stages of one plan with that plan")
+        if rec.status == "built":
+            assert rec.wheel is not None
+            verify_stage_wheel(stage, rec.wheel, mine.archs)
         loaded.setdefault(rec.cell.id, []).append((stage, rec))
     results: list[CellResult] = list(plan.done)
     timed: list[tuple[Cell, float]] = []
@@ -546,9 +514,13 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
         stage, r = built[0]  # a retried job staged it twice: the first is published
         timed.append((c.cell, r.duration_s))
         try:
+            if require_reproduced > 1:
+                chosen = reproduced(c.label, [Staged(s, x.host, str(x.sha256))
+                                              for s, x in built], require_reproduced)
+                stage, r = next((s, x) for s, x in built if s == chosen.stage)
             results.append(_publish_one(c, stage, r, settings.index_dir, reporter))
         except WheelforgeError as exc:
-            reporter.info(f"FAILED to publish {c.label}: {exc.what}")
+            reporter.info(f"FAILED to publish {c.label}: {exc.render()}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
                                    log_tail=exc.why or exc.what, note=f"on {r.host}"))
     record_durations(settings.cache_dir, timed)

@@ -33,7 +33,8 @@ from ..index.health import StackStatus
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Matrix, cells
 from .cells import REPORTS_DIR, Builder, CellResult, NightlyReport, Settings
-from .fanout import record_durations, run_and_publish
+from .durations import record_durations
+from .fanout import run_and_publish
 from .gate import check_night
 from .report import iso, link_from_landing_page, write_report
 from .state import CellPlan, CellRunner, lock_path, with_companions

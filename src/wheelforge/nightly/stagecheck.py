@@ -1,0 +1,103 @@
+"""The publisher's checks of a stage: it trusts no builder.
+
+A stage directory comes back from a builder as a downloaded artifact; before anything of
+it is published, ``nightly publish`` checks it here: no symlink and no special file
+anywhere in it (a wheel that is a symlink to a file outside the stage is refused, never
+followed), the wheel verified again as a file (RECORD hashes and sizes, WHEEL tags,
+METADATA name and version, no grafted ``*.libs/``) and, for an extension cell, its SASS
+and PTX against the cell's arch list; and, with ``--require-reproduced N``, N builders
+that agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..arch import parse_arch_list
+from ..builder.verify import code_problems
+from ..errors import VerifyError
+from ..wheel import integrity_problems
+
+__all__ = ["Staged", "refuse_links", "reproduced", "verify_stage_wheel"]
+
+_FIX_STAGE = "run the cell again; never edit a stage by hand, and publish only stage " \
+             "directories as `wheelforge nightly run` wrote them"
+
+
+def refuse_links(stage: Path) -> None:
+    """VerifyError when ``stage`` is, or holds at any depth, a symlink or a file that is
+    neither a regular file nor a directory (a FIFO, a device, a socket)."""
+    bad: list[str] = []
+    if stage.is_symlink():
+        bad.append(f"{stage}: the stage directory itself is a symlink")
+    else:
+        for root, dirs, files in os.walk(stage, followlinks=False):
+            for name in sorted([*dirs, *files]):
+                path = Path(root) / name
+                mode = os.lstat(path).st_mode
+                if stat.S_ISLNK(mode):
+                    bad.append(f"{path}: a symlink (to {os.readlink(path)})")
+                elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    bad.append(f"{path}: a special file (mode {oct(mode)})")
+    if bad:
+        raise VerifyError(f"the stage {stage} holds links or special files; nothing was "
+                          "published",
+                          why="\n    " + "\n    ".join(bad) + "\n  a stage holds plain "
+                              "files only: a link is never followed (its target is outside "
+                              "what the builder produced)",
+                          fix=_FIX_STAGE)
+
+
+def verify_stage_wheel(stage: Path, wheel_name: str, archs: str | None) -> None:
+    """The stage's wheel verified as the build verified it, without its build environment:
+    VerifyError listing every problem.  ``archs`` is the cell's arch list (None: a pure
+    cell, which must hold no shared object)."""
+    wheel = stage / wheel_name
+    problems = integrity_problems(wheel)  # a broken zip or member list raises itself
+    requested = parse_arch_list(archs) if archs is not None else ()
+    problems += code_problems(wheel, extension=archs is not None, archs=requested)
+    if problems:
+        raise VerifyError(
+            f"{wheel} failed the publisher's verification ({len(problems)} problem(s)); "
+            "nothing was published",
+            why="\n    " + "\n    ".join(problems),
+            fix="the wheel is not the one its builder verified (changed after the build, or "
+                "a builder that does not verify): " + _FIX_STAGE)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One built stage of a cell: where, which builder, the wheel's sha256."""
+
+    stage: Path
+    builder: str
+    sha256: str
+
+
+def reproduced(label: str, staged: Sequence[Staged], required: int) -> Staged:
+    """The stage to publish when at least ``required`` different builders staged
+    byte-identical wheels (the first stage of the largest agreeing group); else a
+    VerifyError listing each builder's sha256."""
+    by_sha: dict[str, list[Staged]] = {}
+    for s in staged:
+        by_sha.setdefault(s.sha256, []).append(s)
+    best = max(by_sha.values(), key=lambda group: len({s.builder for s in group}))
+    agree = len({s.builder for s in best})
+    if agree >= required:
+        return best[0]
+    builders = len({s.builder for s in staged})
+    lines = [f"builder {s.builder}: sha256 {s.sha256} ({s.stage})" for s in staged]
+    if len(by_sha) > 1:
+        what = (f"{label}: the builders disagree: {len(by_sha)} different wheels from "
+                f"{builders} builder(s); not published")
+        fix = ("the build is not reproducible, or a builder is not what it claims: compare "
+               "the wheels (unzip both, or `diffoscope A.whl B.whl`) before trusting either")
+    else:
+        what = (f"{label}: built by {builders} builder(s), --require-reproduced asks for "
+                f"{required}; not published")
+        fix = f"run the cell on {required - agree} more builder(s), then publish again"
+    raise VerifyError(what, why="\n    " + "\n    ".join(lines), fix=fix)
