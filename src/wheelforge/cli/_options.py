@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import ConfigError, exit_code_table
+from ..consume.install import Format
+from ..errors import ConfigError, WheelforgeError, exit_code_table
 from ..recipe.format import RecipeBook
 
 #: The exit-code table of errors.py, as --help shows it (\b keeps click from rewrapping).
@@ -70,3 +71,24 @@ recipes_option = click.option(
 config_option = click.option(
     "--config", "project_file", type=click.Path(path_type=Path, dir_okay=False, exists=True),
     help="Project file with the matrix: section (default ./wheelforge.yaml).")
+
+
+def instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
+    """consumer.render for the index's current records (the one source of install text)."""
+    from .. import index
+    from ..consume import install as consumer
+
+    return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
+                                         url=url, channel=channel), fmt)
+
+
+def repair_or_warn(index_dir: Path) -> None:
+    """Before a read-only command: finish a change a killed writer left in the index; when
+    the index cannot be written here, say so and go on with the pages as they are."""
+    from .. import index
+
+    try:
+        index.repair(index_dir)
+    except WheelforgeError as exc:
+        click.echo(f"warning: {exc.what}: {exc.why}; going on with the pages as they are "
+                   f"({exc.fix})", err=True)

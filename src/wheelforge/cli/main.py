@@ -9,14 +9,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import get_args
 
 import click
 
 from .. import __version__
 from .._log import Reporter, clear_live
 from ..builder.config import resolve
-from ..consume.install import Format
 from ..errors import (
     INTERNAL_ERROR_EXIT_CODE,
     INTERRUPT_EXIT_CODES,
@@ -27,7 +25,6 @@ from ..errors import (
 from ..recipe.format import SdistSource
 from ._options import (
     EPILOG,
-    config_option,
     git_mirror_option,
     recipes_option,
 )
@@ -37,6 +34,9 @@ from ._options import (
 from ._options import (
     existing_index as _existing_index,
 )
+from ._options import instructions as _instructions
+from ._options import repair_or_warn as _repair_or_warn
+from .index import INDEX_COMMANDS
 from .maintain import outdated, patch_group
 from .nightly import nightly
 from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
@@ -160,27 +160,6 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     except ConfigError as exc:  # e.g. every built version yanked: the build still succeeded
         click.echo(f"# none: {exc.what} ({exc.why})")
     raise_if_broken(statuses)
-
-
-def _instructions(index_dir: Path, url: str | None, channel: str | None, fmt: Format) -> str:
-    """consumer.render for the index's current records (the one source of install text)."""
-    from .. import index
-    from ..consume import install as consumer
-
-    return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
-                                         url=url, channel=channel), fmt)
-
-
-def _repair_or_warn(index_dir: Path) -> None:
-    """Before a read-only command: finish a change a killed writer left in the index; when
-    the index cannot be written here, say so and go on with the pages as they are."""
-    from .. import index
-
-    try:
-        index.repair(index_dir)
-    except WheelforgeError as exc:
-        click.echo(f"warning: {exc.what}: {exc.why}; going on with the pages as they are "
-                   f"({exc.fix})", err=True)
 
 
 def _version_of(wheel: Path) -> str:
@@ -475,178 +454,9 @@ def _test_stack(channel: str | None, report_file: Path | None, deps_dir: Path | 
                            why="see the lines above", fix="read the log", log=str(log))
 
 
-index_option = click.option(
-    "--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
-    help="The index directory (default: defaults.index of wheelforge.yaml, else ./index).")
-
-
-@cli.group("index")
-def index_group() -> None:
-    """Maintain the local package index (pages are generated from the files)."""
-
-
-@index_group.command("rebuild")
-@index_option
-def index_rebuild(index_dir: Path | None) -> None:
-    """Regenerate every page from files/ and the wheels' sidecar records."""
-    from .. import index
-
-    index_dir = _existing_index(index_dir)
-    n = index.rebuild(index_dir)
-    click.echo(f"rebuilt {index_dir}: {n} wheel(s)")
-
-
-@cli.command()
-@click.argument("requirement", metavar="NAME==VERSION")
-@click.option("--reason", default="", help="Shown to pip users (PEP 592).")
-@index_option
-def yank(requirement: str, reason: str, index_dir: Path | None) -> None:
-    """Yank every file of NAME==VERSION: unpinned installs skip it, exact pins still work."""
-    from .. import index
-
-    name, version = _split_pin(requirement)
-    index_dir = _existing_index(index_dir)
-    for f in index.yank(index_dir, name, version, reason):
-        click.echo(f"yanked {f}")
-
-
-@cli.command()
-@click.argument("requirement", metavar="NAME==VERSION")
-@index_option
-def unyank(requirement: str, index_dir: Path | None) -> None:
-    """Undo `wheelforge yank`."""
-    from .. import index
-
-    name, version = _split_pin(requirement)
-    index_dir = _existing_index(index_dir)
-    for f in index.unyank(index_dir, name, version):
-        click.echo(f"unyanked {f}")
-
-
-def _split_pin(requirement: str) -> tuple[str, str]:
-    name, sep, version = requirement.partition("==")
-    if not sep or not name.strip() or not version.strip():
-        raise click.BadParameter(f"{requirement!r}: write NAME==VERSION, e.g. "
-                                 "causal-conv1d==1.7.0+cu130torch2.14sm120")
-    return name.strip(), version.strip()
-
-
-@cli.command()
-@index_option
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; the default serves this machine only.")
-@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
-              help="TCP port; 0 takes a free one.")
-@click.option("--log-requests", is_flag=True, help="Log each request to stderr.")
-@click.option("--idle-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="Seconds a connection may take to send a complete request (idle keep-alive "
-                   "and slow clients alike), and to take each 256 KiB of a response.")
-@click.option("--max-connections", default=1024, show_default=True,
-              type=click.IntRange(1, 1_000_000),
-              help="Open connections at most; more wait in the listen queue.")
-def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle_timeout: float,
-          max_connections: int) -> None:
-    """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated).
-
-    Ctrl-C or SIGTERM stops it (exit 0).
-
-    \b
-    Examples:
-      wheelforge serve                              # ./index at http://127.0.0.1:8765/
-      wheelforge serve --index /srv/wheels --host 0.0.0.0 --port 8080
-      pip install --index-url http://127.0.0.1:8765/cu130-torch2.14/simple/ causal-conv1d
-    """
-    from .. import index
-
-    index_dir = _existing_index(index_dir)
-    _repair_or_warn(index_dir)
-    limits = index.ServeLimits(idle_timeout=idle_timeout, max_connections=max_connections)
-    server = index.make_server(index_dir, host, port, quiet=not log_requests, limits=limits)
-    bound_port = server.server_address[1]
-    url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
-    try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop
-        try:
-            text = _instructions(index_dir, f"{url}/simple/", None, "pip")
-        except ConfigError as exc:  # an empty index is still served
-            text = f"# {exc.what}\n"
-        banner = (f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops\n"
-                  f"install (per channel: wheelforge consumer-config --channel C "
-                  f"--url {url}/C/simple/):\n{text}")
-
-        def ready() -> None:  # printed once the server answers
-            click.echo(banner, nl=False)
-            sys.stdout.flush()
-
-        server.on_ready = ready
-        server.serve_forever()
-    except KeyboardInterrupt as exc:
-        reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"
-        click.echo(f"stopped serving {index_dir} ({reason})", err=True)
-    finally:
-        server.server_close()
-
-
-@cli.command("consumer-config")
-@index_option
-@click.option("--channel", help="The pages of one build target, e.g. cu130-torch2.14 "
-                                "(default: the top-level simple/, every wheel).")
-@click.option("--url", help="The simple/ URL consumers use (default: file:// of --index); "
-                            "e.g. http://HOST:8765/cu130-torch2.14/simple/ for "
-                            "`wheelforge serve`.")
-@click.option("--format", "fmt", type=click.Choice(get_args(Format)), default="all",
-              show_default=True, help="pip (a venv pip.conf and a two-step install), uv "
-                                      "(pyproject.toml and uv.toml), or all of them.")
-def consumer_config(index_dir: Path | None, channel: str | None, url: str | None,
-                    fmt: Format) -> None:
-    """Print the pip and uv set-up that installs the local wheels and keeps them through
-    later upgrades, even when a public index has the same names at higher versions or
-    with other bytes (dependency confusion).  See docs/index.md for what it protects.
-
-    \b
-    Examples:
-      wheelforge consumer-config                    # pip and uv, every wheel in ./index
-      wheelforge consumer-config --format uv >> pyproject.toml
-      wheelforge consumer-config --channel cu130-torch2.14 --url http://builder:8765/cu130-torch2.14/simple/
-    """
-    index_dir = _existing_index(index_dir)
-    _repair_or_warn(index_dir)
-    text = _instructions(index_dir, url, channel, fmt)
-    for line in text.splitlines():
-        if line.startswith("# not pinned: "):
-            click.echo(f"warning: {line[2:]}", err=True)
-    click.echo(text, nl=False)
-
-
-@cli.command(epilog=EPILOG)
-@click.option("--keep", type=click.IntRange(min=1), help="Builds kept per project and channel "
-              "(default: matrix.retention.keep of wheelforge.yaml, else 5).")
-@click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
-              help="The index (default: wheelforge.yaml, else ./index).")
-@config_option
-@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
-def prune(keep: int | None, index_dir: Path | None, project_file: Path | None,
-          dry_run: bool) -> None:
-    """Remove all but the newest builds per project and channel, then regenerate the pages.
-
-    A wheel that the newest build of a channel requires (Requires-Dist) is kept, e.g. the
-    fla-core that flash-linear-attention pins. Pages are rewritten without the removed
-    wheels before their files are deleted, so no page links a missing file.
-    """
-    from .. import nightly as night
-    from ..recipe.matrix import retention_keep
-
-    target = _existing_index(index_dir, project_file)
-    n = keep or retention_keep(project_file)
-    result = night.prune(target, n, dry_run=dry_run)
-    for name in result.removed:
-        click.echo(f"{'would remove' if dry_run else 'removed'} {name}")
-    for name, by in result.protected:
-        click.echo(f"kept {name} (required by {by})")
-    click.echo(f"{'would prune' if dry_run else 'pruned'} {len(result.removed)} wheel(s), "
-               f"keeping the newest {n} per project and channel")
-
-
 cli.add_command(nightly)  # the nightly commands: their own module, nightly.py
+for _command in INDEX_COMMANDS:  # index rebuild, yank, unyank, serve, consumer-config, prune
+    cli.add_command(_command)
 cli.add_command(stack_group)  # wheelforge stack check: stack.py
 cli.add_command(patch_group)  # the maintainer's commands: maintain.py
 cli.add_command(outdated)
