@@ -96,7 +96,8 @@ def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, py
     with tempfile.TemporaryDirectory(prefix="wf-stack-gpu-") as tmp:
         work = Path(tmp)
         vpy = overlay_venv(python, work / "venv", log)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")
+                  and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")},
                "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
         source = ["--find-links", str(deps_dir)] if deps_dir else []
         say(f"installing {', '.join(p.pins)} from {p.index_url}"

@@ -1,0 +1,116 @@
+"""`wheelforge test --stack` without a GPU: the GPU probe is faked (unit level; the real run
+is scripts/stack-on-gpu.sh on the GPU machine), everything else is real: the venv layered
+on an interpreter, pip installing the channel through the index with dependencies from a
+directory of wheels, pip check, the imports in one interpreter, each recipe's test files run
+by pytest in that venv, and the hybrid check's report read back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import make_wheel, write_recipe
+from wheelforge import index
+from wheelforge.consume import gpustack, gputest
+from wheelforge.errors import GpuTestError
+from wheelforge.recipe.format import RecipeBook
+
+NO_TARGET: dict[str, Any] = {"channel": None, "cuda": None, "torch": None, "archs": [],
+                             "build_key": None}
+RECIPE = """format: 1
+name: {name}
+version: "1.0"
+sources:
+  - sdist: {{filename: {name}-1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+test:
+  files: [test_{name}.py]
+  requires: [pytest]
+"""
+HYBRIDS = """import json, sys, pathlib
+out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+(out / "hybrids.json").write_text(json.dumps({"mamba2": {
+    "model": "NemotronHForCausalLM", "kernels": ["causal_conv1d_fwd_kernel", "_chunk_scan_fwd"],
+    "fast_path_taken": True, "max_abs_delta_logits_fp32": 1e-6, "max_abs_logits_fp32": 1.5,
+    "speedup": 3.0}}))
+"""
+
+
+@pytest.fixture
+def channel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, RecipeBook]:
+    monkeypatch.setattr(gpustack, "probe_gpu",
+                        lambda python: gputest.Gpu("Fake H200", "9.0", "580"))
+    dist, deps, root = tmp_path / "dist", tmp_path / "deps", tmp_path / "index"
+    alpha = make_wheel(dist, {"alpha/__init__.py": "import helper\nVALUE = helper.X\n"},
+                       name="alpha", version="1.0+wf", metadata_extra="Requires-Dist: helper")
+    beta = make_wheel(dist, {"beta/__init__.py": "import alpha\n"}, name="beta",
+                      version="1.0+wf", metadata_extra="Requires-Dist: alpha==1.0")
+    make_wheel(deps, {"helper/__init__.py": "X = 7\n"}, name="helper", version="2.0")
+    for w in (alpha, beta):
+        index.publish(root, w, **NO_TARGET)
+    tests = {"alpha": "import alpha\n\ndef test_value():\n    assert alpha.VALUE == 7\n",
+             "beta": "import beta\n\ndef test_imports():\n    assert beta\n"}
+    for name, body in tests.items():
+        write_recipe(tmp_path, name, RECIPE.format(name=name, sha="0" * 64))
+        (tmp_path / "gputests" / name).mkdir(parents=True)
+        (tmp_path / "gputests" / name / f"test_{name}.py").write_text(body)
+    book = RecipeBook(tmp_path / "recipes", tmp_path / "patches")
+    return root, deps, book
+
+
+def test_the_channel_is_installed_together_and_every_test_runs_in_one_venv(
+        channel: tuple[Path, Path, RecipeBook], tmp_path: Path) -> None:
+    root, deps, book = channel
+    hybrids = tmp_path / "hybrids.py"
+    hybrids.write_text(HYBRIDS)
+    report = gpustack.run_stack_test(
+        root, None, book, python=Path(sys.executable), cache_dir=tmp_path / "cache",
+        deps_dir=deps, hybrids=hybrids, log=tmp_path / "log")
+    assert report.passed, report.lines()
+    assert report.pins == ("alpha==1.0+wf", "beta==1.0+wf")
+    assert any(i.startswith("helper") for i in report.installed)
+    assert report.imports == {"alpha": "ok", "beta": "ok"}
+    assert [(t.recipe, t.passed, t.failed) for t in report.tests] == [("alpha", 1, 0),
+                                                                      ("beta", 1, 0)]
+    lines = report.lines()
+    assert lines[0] == "stack on Fake H200 (sm 9.0): alpha==1.0+wf, beta==1.0+wf"
+    assert ("hybrid mamba2: NemotronHForCausalLM: fast path taken; kernels "
+            "causal_conv1d_fwd_kernel, _chunk_scan_fwd; max |d logits| 1e-06 (max |logits| "
+            "1.5); 3.0x the fallback in bf16") in lines
+    gpustack.write_report(report, tmp_path / "r.json")
+    assert '"passed": true' in (tmp_path / "r.json").read_text()
+
+
+def test_a_hybrid_without_its_fast_path_fails_the_stack(
+        channel: tuple[Path, Path, RecipeBook], tmp_path: Path) -> None:
+    root, deps, book = channel
+    hybrids = tmp_path / "hybrids.py"
+    hybrids.write_text(HYBRIDS.replace('"fast_path_taken": True', '"fast_path_taken": False'))
+    report = gpustack.run_stack_test(
+        root, None, book, python=Path(sys.executable), cache_dir=tmp_path / "cache",
+        deps_dir=deps, hybrids=hybrids, log=tmp_path / "log")
+    assert not report.passed
+    assert any("fast path NOT taken" in ln for ln in report.lines())
+
+
+def test_a_dependency_the_machine_lacks_is_named(
+        channel: tuple[Path, Path, RecipeBook], tmp_path: Path) -> None:
+    root, _deps, book = channel
+    with pytest.raises(GpuTestError) as exc:
+        gpustack.run_stack_test(root, None, book, python=Path(sys.executable),
+                                cache_dir=tmp_path / "cache", deps_dir=tmp_path / "empty",
+                                log=tmp_path / "log")
+    assert "missing: helper" in exc.value.why
+    assert "--deps-dir" in exc.value.fix
+
+
+def test_test_takes_a_name_or_stack() -> None:
+    res = subprocess.run([sys.executable, "-m", "wheelforge", "test"], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    assert res.returncode == 2
+    assert "wheelforge test takes a recipe NAME, or --stack without one" in res.stdout
