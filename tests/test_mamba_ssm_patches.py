@@ -288,9 +288,9 @@ def test_ninja_not_required_at_runtime(trees: dict[str, Path], tmp_path: Path,
     patched = requires(trees["patched"], tmp_path, fake_cuda)
     assert "ninja" in upstream
     assert "ninja" not in patched
-    # nothing else changed: every other runtime requirement of upstream is kept
-    assert sorted(r for r in upstream if r != "ninja") == sorted(patched)
-    assert "tilelang==0.1.8" in patched and "quack-kernels>=0.3.4" in patched
+    # nothing else changed but 0009's move of the Mamba-3 stack to the extra
+    assert sorted(r for r in upstream if r != "ninja" and r not in MAMBA3_UPSTREAM) == \
+        sorted(patched)
     # and ninja stays a build requirement
     assert '"ninja"' in (trees["patched"] / "pyproject.toml").read_text().split("[build-system]")[1]
 
@@ -323,3 +323,81 @@ def test_broken_mamba3_stack_keeps_import_working(trees: dict[str, Path], tmp_pa
     after = run(trees["patched"])
     assert after.returncode == 0, after.stderr[-3000:]
     assert after.stdout.split() == ["None", "None", "Mamba2"]
+
+
+# -- 0009: the Mamba-3 kernel stack is the extra `mamba3`, with a tvm-ffi bound that imports --
+
+MAMBA3_UPSTREAM = ("tilelang==0.1.8", "apache-tvm-ffi<=0.1.12", "quack-kernels>=0.3.4")
+
+
+def extras(tree: Path, tmp_path: Path, fake_cuda: Path) -> dict[str, list[str]]:
+    out = tmp_path / f"egg-extras-{tree.parent.name}-{tree.name}"
+    out.mkdir()
+    proc, _ = run_setup(tree, tmp_path, ["-q", "egg_info", "-e", str(out)],
+                        {"CUDA_HOME": str(fake_cuda), "TORCH_CUDA_ARCH_LIST": "12.0"})
+    assert proc.returncode == 0, proc.stderr
+    (req,) = out.glob("*.egg-info/requires.txt")
+    sections: dict[str, list[str]] = {"": []}
+    name = ""
+    for line in req.read_text().splitlines():
+        if line.startswith("["):
+            name = line.strip("[]")
+            sections[name] = []
+        elif line.strip():
+            sections[name].append(line.strip())
+    return sections
+
+
+def test_mamba3_stack_is_an_extra(trees: dict[str, Path], tmp_path: Path,
+                                  fake_cuda: Path) -> None:
+    upstream = extras(trees["unpatched"], tmp_path, fake_cuda)
+    patched = extras(trees["patched"], tmp_path, fake_cuda)
+    assert all(r in upstream[""] for r in MAMBA3_UPSTREAM)
+    assert not any(r.startswith(("tilelang", "apache-tvm-ffi", "quack")) for r in patched[""])
+    assert patched["mamba3"] == ["tilelang==0.1.8", "apache-tvm-ffi<0.1.12",
+                                 "quack-kernels>=0.3.4"]
+
+
+@pytest.mark.parametrize("which", ["upstream", "patched"])
+def test_tilelang_imports_with_what_pip_resolves_for_the_bound(
+        which: str, trees: dict[str, Path], tmp_path: Path, managed_python: Path) -> None:
+    """The upstream failure, for real: pip resolves upstream's `apache-tvm-ffi<=0.1.12`
+    beside `tilelang==0.1.8` to 0.1.12, with which `import tilelang` raises AttributeError
+    (and so does `import fla` where fla-core finds tilelang); the patched bound resolves to
+    a tvm-ffi that tilelang 0.1.8 imports with.  Real tilelang and tvm-ffi wheels from the
+    package index, the managed torch 2.14.1."""
+    bound = "apache-tvm-ffi<=0.1.12" if which == "upstream" else "apache-tvm-ffi<0.1.12"
+    assert any(bound in line for line in (trees["unpatched" if which == "upstream" else
+                                                "patched"] / "pyproject.toml")
+               .read_text().splitlines())
+    # a venv layered on the managed environment: its torch satisfies tilelang's, pip
+    # resolves the rest (z3-solver, psutil, ...) as for a user
+    venv = tmp_path / "venv"
+    subprocess.run([str(managed_python), "-m", "venv", str(venv)], check=True, timeout=300)
+    vpy = venv / "bin" / "python"
+    site = subprocess.run([str(managed_python), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    own = subprocess.run([str(vpy), "-c",
+                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    Path(own, "zz-managed.pth").write_text(site + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    pip = subprocess.run([str(vpy), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          "tilelang==0.1.8", bound], capture_output=True, text=True,
+                         timeout=1800, env=env)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    probe = subprocess.run(
+        [str(vpy), "-c", "import importlib.metadata as md; "
+         "print(md.version('apache-tvm-ffi')); import tilelang; print('imported')"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    version = probe.stdout.split()[0]
+    if which == "upstream":
+        assert version == "0.1.12"
+        assert probe.returncode != 0
+        assert "AttributeError: attribute '__dict__' of 'type' objects is not writable" \
+            in probe.stderr
+    else:
+        assert version.startswith("0.1.") and int(version.split(".")[2].split("post")[0]) < 12
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        assert probe.stdout.split()[-1] == "imported"
