@@ -371,7 +371,7 @@ verify:
 
 def test_one_exit_code_table_in_help_and_readme() -> None:
     codes = [code for code, _ in exit_code_table()]
-    assert codes == [0, 1, *range(2, 13), 70, 124, 130, 143]
+    assert codes == [0, 1, *range(2, 14), 70, 124, 130, 143]
     readme = (REPO / "README.md").read_text()
     assert exit_code_markdown() in readme, "regenerate the README table: " \
         "python -c 'from wheelforge.errors import exit_code_markdown as m; print(m())'"
@@ -415,7 +415,8 @@ def test_inspect_prints_version_tags_torch_pin_and_size(tmp_path: Path) -> None:
     assert res.stdout.splitlines() == [
         f"wheel:     {wheel.name}", "project:   demo", "version:   1.0+cu130",
         "tags:      cp311-cp311-linux_x86_64", "torch pin: torch==2.14.*",
-        f"size:      {size:.1f} KiB", "shared objects: none"]
+        f"size:      {size:.1f} KiB", "shared objects: none",
+        "sbom:      none (no .dist-info/sboms/wheelforge.cdx.json)"]
 
 
 def test_show_names_the_source_kind_once() -> None:
