@@ -9,16 +9,19 @@ tests/test_e2e_stack.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import make_wheel
+from conftest import make_wheel, write_recipe
 from wheelforge import _proc, index
 from wheelforge.consume import stack
 from wheelforge.index import health
@@ -186,3 +189,57 @@ def test_the_status_round_trips(tmp_path: Path) -> None:
         culprit_chains=("a -> b",))
     assert health.from_json(health.to_json(status)) == status
     assert json.loads(health.to_json(status))["schema"] == health.SCHEMA
+
+
+def test_the_nightly_checks_every_channel_and_names_the_dependency_that_broke_it(
+        tmp_path: Path) -> None:
+    """Night 1: the stack is good with spoiler 1.0.  Night 2 builds nothing (the cell is
+    published), but spoiler 2.0 has come out and breaks alpha's optional import: the gate
+    still runs, the night fails, and the report names the dependency that moved."""
+    src = tmp_path / "pkgs" / "alpha"
+    (src / "alpha").mkdir(parents=True)
+    (src / "alpha" / "__init__.py").write_text(
+        "try:\n    import spoiler\nexcept ImportError:\n    spoiler = None\n")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=64", "wheel"]\n'
+        'build-backend = "setuptools.build_meta"\n\n[project]\nname = "alpha"\n'
+        'version = "0.1.0"\ndependencies = ["spoiler"]\n')
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    sdist = sdists / "alpha-0.1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(src, arcname="alpha-0.1.0")
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    write_recipe(tmp_path, "alpha", f"""format: 1
+name: alpha
+version: "0.1.0"
+sources:
+  - sdist: {{filename: alpha-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+""")
+    (tmp_path / "wheelforge.yaml").write_text(
+        "matrix:\n  recipes: [alpha]\n  torch:\n    - {spec: 'torch==2.14.1', cuda: '13.0'}\n"
+        "  archs: ['12.0']\n")
+    deps = tmp_path / "deps"
+    make_wheel(deps, {"spoiler/__init__.py": "OK = True\n"}, name="spoiler", version="1.0")
+    args = ["nightly", "--config", str(tmp_path / "wheelforge.yaml"), "--recipes",
+            str(tmp_path / "recipes"), "--sources", str(sdists), "--index",
+            str(tmp_path / "index"), "--cache-dir", str(tmp_path / "cache"), "--work-dir",
+            str(tmp_path / "work"), "--deps-dir", str(deps)]
+    first = wheelforge(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "stack simple/: good" in first.stdout
+    # spoiler 2.0 is released and breaks alpha's import
+    shutil.rmtree(deps)
+    make_wheel(deps, {"spoiler/__init__.py": BREAKS}, name="spoiler", version="2.0")
+    second = wheelforge(*args, cwd=tmp_path)
+    assert second.returncode == 1, second.stdout[-3000:]
+    assert "skipped  alpha" in second.stdout  # nothing was built
+    assert "stack simple/: broken: import alpha failed: AttributeError" in second.stdout
+    report = json.loads((tmp_path / "index" / "reports" / "nightly-latest.json").read_text())
+    (status,) = report["stacks"]
+    assert status["state"] == "broken"
+    assert "since then spoiler 1.0 -> 2.0" in status["reason"]
+    page = (tmp_path / "index" / "reports" / "nightly-latest.html").read_text()
+    assert "<h2>Stack check</h2>" in page and "spoiler 1.0 -&gt; 2.0" in page

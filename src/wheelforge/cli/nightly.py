@@ -7,6 +7,7 @@ command line (whose ``main`` turns their errors into messages and exit codes).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +102,14 @@ def _echo_report(report: Any, reports: Path) -> None:
 @click.option("--ray-address", metavar="ADDRESS", help="The Ray cluster to connect to (default "
               "$RAY_ADDRESS, else 'auto': the cluster `ray start` runs on this machine).")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@deps_dir_option
 @recipes_option
 @click.pass_context
 def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | None,
             report_dir: Path | None, jobs: int | None, sources_dirs: tuple[Path, ...],
             cache_dir: Path | None, work_dir: Path | None, executor: str,
-            ray_address: str | None, verbose: bool, recipes: Path | None) -> None:
+            ray_address: str | None, verbose: bool, deps_dir: Path | None,
+            recipes: Path | None) -> None:
     """Build every out-of-date cell of the build matrix (matrix: in wheelforge.yaml).
 
     A cell whose build key is published is skipped without creating an environment; a
@@ -133,6 +136,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
 
     matrix, book, settings = _matrix_and_settings(project_file, recipes, index_dir,
                                                   cache_dir, work_dir, sources_dirs, jobs)
+    settings = dataclasses.replace(settings, deps_dir=deps_dir)
     reporter = Reporter(verbose=verbose)
     reporter.header(f"wheelforge {__version__}: nightly, matrix {matrix.path}"
                     + (" on a Ray cluster" if executor == "ray" else ""))

@@ -1,5 +1,5 @@
-"""The stack gate after a night: every channel a built cell published into is installed
-whole, with its dependencies, and imported (:mod:`wheelforge.consume.stack`); the statuses
+"""The stack gate after a night: every channel of the matrix's cells is installed whole,
+with its dependencies, and imported (:mod:`wheelforge.consume.stack`); the statuses
 go into the index and the night's report, with the dependencies that moved since the last
 good check named when a stack broke."""
 
@@ -19,13 +19,15 @@ from ..recipe.format import RecipeBook
 from .cells import CellResult, Settings
 
 
-def channels_built(index_dir: Path, results: Sequence[CellResult]) -> dict[str | None, str]:
-    """Each channel that a built cell changed, with the interpreter of one of its cells (a
-    pure wheel is on every channel's pages)."""
+def channels_of_night(index_dir: Path, results: Sequence[CellResult]) -> dict[str | None, str]:
+    """Each channel of the night's cells, built or already published, with the interpreter
+    of one of its cells (a pure wheel is on every channel's pages).  Every channel is
+    checked every night, changed or not: a new upstream release of a dependency can break a
+    stack whose wheels did not change."""
     out: dict[str | None, str] = {}
     pure_python: str | None = None
     for r in results:
-        if r.status != "built":
+        if r.status not in ("built", "skipped"):
             continue
         if r.archs is None:  # a pure cell
             pure_python = pure_python or r.python
@@ -46,7 +48,7 @@ def check_night(settings: Settings, book: RecipeBook | None, results: Sequence[C
     if not settings.stack_check:
         return ()
     statuses = []
-    for channel, python in sorted(channels_built(settings.index_dir, results).items(),
+    for channel, python in sorted(channels_of_night(settings.index_dir, results).items(),
                                   key=lambda kv: kv[0] or ""):
         options = stack.StackOptions(python=Path(python), work_dir=settings.cache_dir / "stack",
                                      log_dir=settings.cache_dir / "logs",
