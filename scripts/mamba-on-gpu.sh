@@ -3,7 +3,7 @@
 # against the machine's own python/torch into an index there, then prove it as a user
 # installs it: `wheelforge test mamba-ssm` (upstream's tests/ops/test_selective_scan.py from
 # the pinned tree and gputests/mamba-ssm/), and a tiny Mamba-2 hybrid from the machine's
-# transformers taking the fast path (scripts/mamba-hybrid-fast-path.py).
+# transformers taking the fast path, shown by kernel name (gputests/stack/hybrid_models.py).
 #
 #   scripts/mamba-on-gpu.sh PAYLOAD OUT_DIR
 #
@@ -94,6 +94,6 @@ if [ ! -e "$st/test.done" ]; then
 fi
 "$v" -c "import torch, selective_scan_cuda, causal_conv1d_cuda, mamba_ssm; \
 print('imports ok', mamba_ssm.__file__)" || rc=1
-"$v" "$W/scripts/mamba-hybrid-fast-path.py" "$st/hybrid" || rc=1
-cp "$st/hybrid/hybrid.json" "$out/" 2>/dev/null
+"$v" "$W/gputests/stack/hybrid_models.py" "$st/hybrid" || rc=1
+cp "$st/hybrid/hybrids.json" "$out/" 2>/dev/null
 exit $rc
