@@ -191,12 +191,10 @@ def test_the_status_round_trips(tmp_path: Path) -> None:
     assert json.loads(health.to_json(status))["schema"] == health.SCHEMA
 
 
-def test_the_nightly_checks_every_channel_and_names_the_dependency_that_broke_it(
-        tmp_path: Path) -> None:
-    """Night 1: the stack is good with spoiler 1.0.  Night 2 builds nothing (the cell is
-    published), but spoiler 2.0 has come out and breaks alpha's optional import: the gate
-    still runs, the night fails, and the report names the dependency that moved."""
-    src = tmp_path / "pkgs" / "alpha"
+def alpha_project(root: Path) -> Path:
+    """A pure recipe `alpha` (a real sdist) whose package requires spoiler and treats only an
+    ImportError of it as absence; returns the sdists directory."""
+    src = root / "pkgs" / "alpha"
     (src / "alpha").mkdir(parents=True)
     (src / "alpha" / "__init__.py").write_text(
         "try:\n    import spoiler\nexcept ImportError:\n    spoiler = None\n")
@@ -204,13 +202,13 @@ def test_the_nightly_checks_every_channel_and_names_the_dependency_that_broke_it
         '[build-system]\nrequires = ["setuptools>=64", "wheel"]\n'
         'build-backend = "setuptools.build_meta"\n\n[project]\nname = "alpha"\n'
         'version = "0.1.0"\ndependencies = ["spoiler"]\n')
-    sdists = tmp_path / "sdists"
+    sdists = root / "sdists"
     sdists.mkdir()
     sdist = sdists / "alpha-0.1.0.tar.gz"
     with tarfile.open(sdist, "w:gz") as tf:
         tf.add(src, arcname="alpha-0.1.0")
     sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    write_recipe(tmp_path, "alpha", f"""format: 1
+    write_recipe(root, "alpha", f"""format: 1
 name: alpha
 version: "0.1.0"
 sources:
@@ -218,6 +216,15 @@ sources:
 build:
   kind: pure
 """)
+    return sdists
+
+
+def test_the_nightly_checks_every_channel_and_names_the_dependency_that_broke_it(
+        tmp_path: Path) -> None:
+    """Night 1: the stack is good with spoiler 1.0.  Night 2 builds nothing (the cell is
+    published), but spoiler 2.0 has come out and breaks alpha's optional import: the gate
+    still runs, the night fails, and the report names the dependency that moved."""
+    sdists = alpha_project(tmp_path)
     (tmp_path / "wheelforge.yaml").write_text(
         "matrix:\n  recipes: [alpha]\n  torch:\n    - {spec: 'torch==2.14.1', cuda: '13.0'}\n"
         "  archs: ['12.0']\n")
@@ -243,3 +250,23 @@ build:
     assert "since then spoiler 1.0 -> 2.0" in status["reason"]
     page = (tmp_path / "index" / "reports" / "nightly-latest.html").read_text()
     assert "<h2>Stack check</h2>" in page and "spoiler 1.0 -&gt; 2.0" in page
+
+
+def test_a_build_whose_stack_breaks_stays_published_and_exits_13(tmp_path: Path) -> None:
+    """What a broken stack does to publishing: the verified wheel stays published (the index
+    is immutable), the channel is marked broken, and the build exits 13 naming the culprit."""
+    sdists = alpha_project(tmp_path)
+    deps = tmp_path / "deps"
+    make_wheel(deps, {"spoiler/__init__.py": BREAKS}, name="spoiler", version="2.0")
+    res = wheelforge("build", "alpha", "--recipes", str(tmp_path / "recipes"), "--sources",
+                     str(sdists), "--index", str(tmp_path / "index"), "--cache-dir",
+                     str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"),
+                     "--deps-dir", str(deps), cwd=tmp_path)
+    assert res.returncode == 13, res.stdout[-3000:]
+    assert "published: alpha-0.1.0+wf-py3-none-any.whl  [pure Python]" in res.stdout
+    assert ("stack simple/: broken: import alpha failed: AttributeError: attribute "
+            "'__dict__' of 'type' objects is not writable in spoiler 2.0") in res.stdout
+    assert "the stack of simple/ is broken" in res.stdout and "Traceback" not in res.stdout
+    assert [r.filename for r in index.load_records(tmp_path / "index")] == [
+        "alpha-0.1.0+wf-py3-none-any.whl"]
+    assert '<span class="bad">broken' in (tmp_path / "index" / "index.html").read_text()
