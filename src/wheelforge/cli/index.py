@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 import click
 
@@ -16,6 +16,9 @@ from ._options import EPILOG, config_option
 from ._options import existing_index as _existing_index
 from ._options import instructions as _instructions
 from ._options import repair_or_warn as _repair_or_warn
+
+if TYPE_CHECKING:
+    from ..index.records import WheelRecord
 
 index_option = click.option(
     "--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
@@ -48,6 +51,7 @@ def yank(requirement: str, reason: str, index_dir: Path | None) -> None:
 
     name, version = _split_pin(requirement)
     index_dir = _existing_index(index_dir)
+    _published(index_dir, name, version)
     for f in index.yank(index_dir, name, version, reason):
         click.echo(f"yanked {f}")
 
@@ -61,8 +65,47 @@ def unyank(requirement: str, index_dir: Path | None) -> None:
 
     name, version = _split_pin(requirement)
     index_dir = _existing_index(index_dir)
+    if not any(r.yanked is not None for r in _published(index_dir, name, version)):
+        click.echo(f"{name}=={version} is not yanked: nothing to do")
+        return
     for f in index.unyank(index_dir, name, version):
         click.echo(f"unyanked {f}")
+
+
+def _published(index_dir: Path, name: str, version: str) -> list[WheelRecord]:
+    """The records of NAME==VERSION; a usage error with a did-you-mean when there are
+    none (a version without its local label, a misspelt project)."""
+    import difflib
+
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    from .. import index
+
+    records = index.load_records(index_dir)
+    project = canonicalize_name(name)
+    mine = [r for r in records if canonicalize_name(r.project) == project]
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        raise ConfigError(f"{version!r} is not a version", why="PEP 440 says how versions are "
+                          "written", fix="copy the pin from the landing page") from None
+    found = [r for r in mine if Version(r.version) == wanted]
+    if found:
+        return found
+    if mine:
+        same = sorted({r.version for r in mine if Version(r.version).public == wanted.public})
+        others = sorted({r.version for r in mine}, key=Version)
+        raise ConfigError(
+            f"{index_dir} has no wheel of {name}=={version}",
+            why=(f"its {name} {'versions are' if len(others) > 1 else 'version is'} "
+                 f"{', '.join(others)}"),
+            fix=(f"did you mean {name}=={same[-1]}? (the local label is part of the version)"
+                 if same else "copy the pin from the landing page"))
+    close = difflib.get_close_matches(project, sorted({str(r.project) for r in records}), n=1)
+    raise ConfigError(f"{index_dir} has no project {name!r}",
+                      why=f"its projects are: {', '.join(sorted({r.project for r in records}))}",
+                      fix=f"did you mean {close[0]}?" if close else "check the project name")
 
 
 def _split_pin(requirement: str) -> tuple[str, str]:

@@ -81,6 +81,12 @@ def probe_gpu(python: Path) -> Gpu:
     try:
         out = _proc.run([str(python), "-c", _GPU_PROBE]).output
     except _proc.CommandFailed as exc:
+        if "No module named 'torch'" in exc.tail:  # not a missing GPU: a missing torch
+            raise ToolchainError(f"{python} has no torch",
+                                 why="wheelforge test runs the tests with the interpreter's "
+                                     "torch (No module named 'torch')",
+                                 fix="pass --python an interpreter with a CUDA build of torch "
+                                     "(e.g. your training venv's python)") from exc
         raise NoGpuError(f"cannot ask torch in {python} about the GPU",
                          why=exc.tail.strip()[-400:],
                          fix="pass --python an interpreter with a CUDA build of torch") from exc

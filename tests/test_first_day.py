@@ -1,0 +1,74 @@
+"""A user's first day (issue 23), the smaller defects: each as a user meets it, through the
+real command, with its message and exit code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import make_wheel
+from wheelforge import index
+
+CU130: dict[str, Any] = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1",
+                         "archs": ["sm_120"], "build_key": "key-1"}
+LABELLED = "1.7.0+cu130torch2.14sm120"
+
+
+def wf(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
+                          text=True, capture_output=True, timeout=300)
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Path:
+    root = tmp_path / "index"
+    index.publish(root, make_wheel(tmp_path / "dist", {"causal_conv1d/__init__.py": ""},
+                                   name="causal-conv1d", version=LABELLED,
+                                   tag="cp311-cp311-linux_x86_64"), **CU130)
+    return root
+
+
+@pytest.mark.parametrize("command", ["yank", "unyank"])
+def test_a_version_without_its_local_label_is_a_usage_error_with_a_did_you_mean(
+        published: Path, tmp_path: Path, command: str) -> None:
+    res = wf(command, "causal-conv1d==1.7.0", "--index", published, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "has no wheel of causal-conv1d==1.7.0" in res.stderr
+    assert f"did you mean causal-conv1d=={LABELLED}? (the local label is part of the " \
+           "version)" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_misspelt_project_gets_a_did_you_mean(published: Path, tmp_path: Path) -> None:
+    res = wf("yank", f"causal-conv1b=={LABELLED}", "--index", published, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "has no project 'causal-conv1b'" in res.stderr
+    assert "did you mean causal-conv1d?" in res.stderr
+
+
+def test_unyank_of_a_version_not_yanked_says_so(published: Path, tmp_path: Path) -> None:
+    res = wf("unyank", f"causal-conv1d=={LABELLED}", "--index", published, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"causal-conv1d=={LABELLED} is not yanked: nothing to do\n"
+    yanked = wf("yank", f"causal-conv1d=={LABELLED}", "--index", published, cwd=tmp_path)
+    assert yanked.returncode == 0 and yanked.stdout.startswith("yanked ")
+    undone = wf("unyank", f"causal-conv1d=={LABELLED}", "--index", published, cwd=tmp_path)
+    assert undone.returncode == 0 and undone.stdout.startswith("unyanked ")
+
+
+def test_test_with_an_interpreter_without_torch_is_a_toolchain_error(
+        published: Path, tmp_path: Path) -> None:
+    """Not 'no GPU' (exit 10): the interpreter has no torch (exit 6), and it says so."""
+    repo = Path(__file__).resolve().parent.parent
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
+                   timeout=120)
+    res = wf("test", "causal-conv1d", "--index", published, "--python",
+             bare / "bin" / "python", "--recipes", repo / "recipes", cwd=tmp_path)
+    assert res.returncode == 6, res.stderr
+    assert f"{bare / 'bin' / 'python'} has no torch" in res.stderr
+    assert "no GPU" not in res.stderr and "Traceback" not in res.stderr
