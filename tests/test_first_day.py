@@ -72,3 +72,23 @@ def test_test_with_an_interpreter_without_torch_is_a_toolchain_error(
     assert res.returncode == 6, res.stderr
     assert f"{bare / 'bin' / 'python'} has no torch" in res.stderr
     assert "no GPU" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_inspect_tells_a_torch_pin_from_torch_under_extras(tmp_path: Path) -> None:
+    """fla-core's torch is under extras ([cuda], ...): that is no pin of the wheel."""
+    wheel = make_wheel(tmp_path, {"fla/__init__.py": ""}, name="fla-core", version="0.6.0+wf",
+                       metadata_extra='Requires-Dist: einops\nRequires-Dist: torch>=2.7.0; '
+                                      'extra == "cuda"\nRequires-Dist: torch==2.10.0; '
+                                      'extra == "npu"')
+    res = wf("inspect", wheel, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "torch pin: none (no torch requirement)" in lines
+    assert "torch in extras: [cuda] torch>=2.7.0, [npu] torch==2.10.0" in lines
+
+
+def test_inspect_of_a_metadata_file_is_a_usage_error(published: Path, tmp_path: Path) -> None:
+    (metadata,) = (published / "files").glob("*.whl.metadata")
+    res = wf("inspect", metadata, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "is not a wheel" in res.stderr and "give the .whl beside it" in res.stderr

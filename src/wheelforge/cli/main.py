@@ -230,6 +230,7 @@ def inspect(wheel: Path) -> None:
       wheelforge inspect dist/tinyext-0.1.0-cp311-cp311-linux_x86_64.whl   # any wheel
     """
     import email.parser
+    import re
 
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename
@@ -240,6 +241,11 @@ def inspect(wheel: Path) -> None:
     from ..errors import VerifyError
     from ..wheel import inspect_wheel, read_metadata
 
+    if not wheel.name.endswith(".whl"):
+        hint = (" (a .metadata file is the index's PEP 658 copy of a wheel's METADATA: give "
+                "the .whl beside it)" if wheel.name.endswith(".metadata") else "")
+        raise ConfigError(f"{wheel} is not a wheel", why="wheelforge inspect reads .whl files"
+                          + hint, fix="give the path of a wheel (.whl) file")
     try:
         info = inspect_wheel(wheel)  # a malformed or unsafe wheel: VerifyError naming the member
         meta = email.parser.BytesParser().parsebytes(read_metadata(wheel), headersonly=True)
@@ -248,19 +254,27 @@ def inspect(wheel: Path) -> None:
     except (InvalidWheelFilename, FatbinError, OSError, KeyError, ValueError) as exc:
         raise VerifyError(f"cannot read {wheel}", why=str(exc),
                           fix="give the path of a wheel (.whl) file") from exc
-    pins = []
+    pins: list[str] = []
+    extras: list[str] = []
     for text in meta.get_all("Requires-Dist") or []:
         try:
             req = Requirement(text)
         except InvalidRequirement:
             continue
-        if req.name == "torch":
+        if req.name != "torch":
+            continue
+        extra = re.search(r'extra == "([^"]+)"', str(req.marker or ""))
+        if extra:  # a requirement under an extra is no pin of the wheel
+            extras.append(f"[{extra.group(1)}] torch{req.specifier}")
+        else:
             pins.append(str(req))
     click.echo(f"wheel:     {wheel.name}")
     click.echo(f"project:   {info.name}")
     click.echo(f"version:   {info.version}")
     click.echo(f"tags:      {', '.join(info.tags)}")
     click.echo(f"torch pin: {', '.join(pins) if pins else 'none (no torch requirement)'}")
+    if extras:
+        click.echo(f"torch in extras: {', '.join(extras)}")
     click.echo(f"size:      {_size(wheel.stat().st_size)}")
     if not found:
         click.echo("shared objects: none")
