@@ -92,3 +92,12 @@ def test_inspect_of_a_metadata_file_is_a_usage_error(published: Path, tmp_path: 
     res = wf("inspect", metadata, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert "is not a wheel" in res.stderr and "give the .whl beside it" in res.stderr
+
+
+def test_a_typo_of_a_top_level_key_of_the_project_file_is_an_error(tmp_path: Path) -> None:
+    """`default:` for `defaults:` was silently ignored: the build ran with other settings."""
+    (tmp_path / "wheelforge.yaml").write_text("default:\n  arch: '10.0'\n")
+    res = wf("doctor", "--config", tmp_path / "wheelforge.yaml", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "unknown top-level key(s): default" in res.stderr
+    assert "did you mean defaults?" in res.stderr and "Traceback" not in res.stderr

@@ -8,6 +8,7 @@ from so the summary printed before a build says why it is what it is.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from .._fs import atomic_write
 from .._yaml import read_yaml
 from ..arch import Arch, parse_arch_list, torch_arch_list
 from ..errors import ConfigError
+from ..recipe.matrix import PROJECT_KEYS
 from . import compilecache
 from .source import iter_git_mirrors, normalize_git_url
 
@@ -99,6 +101,14 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
                      "--config") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping")
+    strays = sorted(repr(k) if not isinstance(k, str) else k for k in data
+                    if k not in PROJECT_KEYS)
+    if strays:  # a typo (default: for defaults:) would otherwise be silently ignored
+        close = [m for k in strays for m in difflib.get_close_matches(k, PROJECT_KEYS, n=1)]
+        raise ConfigError(f"{path}: unknown top-level key(s): {', '.join(strays)}",
+                          why=f"wheelforge.yaml holds {', '.join(PROJECT_KEYS)}",
+                          fix=(f"did you mean {', '.join(close)}? " if close else "")
+                          + "docs/nightly.md and the README's settings table list the keys")
     defaults = data.get("defaults", {}) or {}
     if not isinstance(defaults, dict):
         raise ConfigError(f"{path}: defaults must be a mapping")

@@ -40,7 +40,8 @@ __all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix",
 #: Builds kept per project and channel when the matrix names no retention.
 DEFAULT_KEEP = 5
 
-_TOP_KEYS = ("defaults", "matrix", "compile-cache")
+#: the top-level keys of wheelforge.yaml
+PROJECT_KEYS = ("defaults", "matrix", "compile-cache")
 _MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention")
 _TORCH_KEYS = ("spec", "cuda", "pip-args")
 _RETENTION_KEYS = ("keep",)
@@ -186,7 +187,7 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
     fix = "correct the keys above; the matrix is described in docs/nightly.md"
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a mapping", fix=fix)
-    p.unknown_keys("", data, _TOP_KEYS)
+    p.unknown_keys("", data, PROJECT_KEYS)
     raw = data.get("matrix")
     if not isinstance(raw, dict):
         p.add("matrix", "is required: a mapping with recipes, python, torch, archs, retention"
