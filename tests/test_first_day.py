@@ -101,3 +101,23 @@ def test_a_typo_of_a_top_level_key_of_the_project_file_is_an_error(tmp_path: Pat
     assert res.returncode == 2, res.stderr
     assert "unknown top-level key(s): default" in res.stderr
     assert "did you mean defaults?" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_missing_build_requirement_is_named_once(tmp_path: Path) -> None:
+    """`wheel` in pyproject's build-system.requires and in the recipe's build.requires was
+    listed twice (`wheel, wheel, ninja`)."""
+    from wheelforge.builder.backend import check_build_requires
+    from wheelforge.builder.buildenv import BuildEnv
+    from wheelforge.errors import ToolchainError
+
+    tree = tmp_path / "src"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "wheel"]\n'
+        'build-backend = "setuptools.build_meta"\n')
+    env = BuildEnv(python=Path(sys.executable), managed=False, python_version="3.11",
+                   python_tag="cp311", torch_version=None, torch_cuda=None, cxx11_abi=None,
+                   distributions=(("setuptools", "80.0"),))
+    with pytest.raises(ToolchainError) as exc:
+        check_build_requires(tree, env, ("setuptools", "wheel", "ninja"), "demo")
+    assert exc.value.why == f"{sys.executable} is missing: wheel, ninja"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import build as pypa_build
+from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion
 
@@ -26,7 +27,10 @@ def build_system_requires(tree: Path, env: BuildEnv) -> tuple[str, ...]:
 
 def check_build_requires(tree: Path, env: BuildEnv, extra: tuple[str, ...], project: str) -> None:
     """Without isolation the build environment must already hold every requirement."""
-    missing = missing_requirements(env, (*build_system_requires(tree, env), *extra))
+    wanted: dict[str, str] = {}  # pyproject's and the recipe's: each requirement once
+    for text in (*build_system_requires(tree, env), *extra):
+        wanted.setdefault(str(Requirement(text)), text)
+    missing = missing_requirements(env, list(wanted.values()))
     if missing:
         raise ToolchainError(
             f"the build environment lacks what {project} needs to build",
