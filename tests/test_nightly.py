@@ -530,6 +530,8 @@ def test_a_failing_cell_is_reported_and_the_run_exits_non_zero(
     res = wheelforge(*nightly_args(root, shared_cache), cwd=root)
     assert res.returncode == 1, res.stderr[-4000:]
     assert "error: 1 of 2 cell(s) failed" in res.stderr
+    # the reason on the console too, under the failed cell's line
+    assert "patch error: patch 0001-setup-comment.patch does not apply" in res.stdout
     report = latest(root)
     assert statuses(report) == [("tinyext", "12.0", "failed"), ("tinypure", None, "built")]
     bad = report["cells"][0]

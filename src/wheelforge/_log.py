@@ -69,12 +69,17 @@ class Reporter:
         self._emit(self._c("36", "==>") + f" {name}")
         start = self._step_start = time.monotonic()
         ok = False
+        stopped = False
         try:
             yield
             ok = True
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, --timeout: the step did not fail
+            stopped = True
+            raise
         finally:
             took = time.monotonic() - start
-            mark = self._c("32", "ok") if ok else self._c("31", "failed")
+            mark = (self._c("32", "ok") if ok else self._c("33", "stopped") if stopped
+                    else self._c("31", "failed"))
             self._emit(f"    {mark} {name} ({_fmt(took)})")
 
     def line(self, text: str) -> None:

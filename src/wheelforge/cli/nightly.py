@@ -76,11 +76,28 @@ def _stack_check() -> bool:
     return off is None
 
 
+def _raise_if_failed(report: Any, reports: Path) -> None:
+    """Exit 1 for a night with failed cells, or whose stack check found a channel broken."""
+    fix = f"see {reports / 'nightly-latest.html'}"
+    if report.count("failed"):
+        raise WheelforgeError(f"{report.count('failed')} of {len(report.results)} cell(s) "
+                              "failed", fix=fix)
+    broken = [s.channel or "simple/" for s in report.stacks if s.state == "broken"]
+    if broken:
+        raise WheelforgeError(f"the stack of {', '.join(broken)} is broken: its wheels, "
+                              "installed together, do not import together", fix=fix)
+    if report.failed:
+        raise WheelforgeError(report.summary(), fix=fix)
+
+
 def _echo_report(report: Any, reports: Path) -> None:
     clear_live()
     for r in report.results:
         target = "pure" if r.archs is None else f"{r.torch} cu{r.cuda} arch {r.archs}"
         click.echo(f"{r.status:8} {r.recipe} [{target}] {r.wheel or r.note or ''}".rstrip())
+        if r.status == "failed" and r.error:  # why, on the console too (not only the report)
+            for line in r.error.strip().splitlines()[:3]:
+                click.echo(f"         {line.strip()}")
     for s in report.stacks:
         click.echo(f"stack {s.channel or 'simple/'}: {summary_line(s)}")
     click.echo(f"report: {reports / 'nightly-latest.html'}")
@@ -152,8 +169,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     else:
         report = night.run(matrix, book, settings, reporter=reporter, report_dir=reports)
     _echo_report(report, reports)
-    if report.failed:
-        raise WheelforgeError(report.summary(), fix=f"see {reports / 'nightly-latest.html'}")
+    _raise_if_failed(report, reports)
 
 
 @nightly.command("plan", epilog=EPILOG)
@@ -304,5 +320,4 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     if bad:
         raise WheelforgeError(f"{bad} of {len(report.results)} cell(s) failed or did not run",
                               fix=f"see {reports / 'nightly-latest.html'}")
-    if report.failed:
-        raise WheelforgeError(report.summary(), fix=f"see {reports / 'nightly-latest.html'}")
+    _raise_if_failed(report, reports)
