@@ -82,10 +82,14 @@ def test_mamba_ssm_wheel_holds_sm120_only(built: Path) -> None:
     assert "torch==2.14.*" in requires
     assert f"causal-conv1d=={CC_VERSION}" in requires  # the companion, exactly
     assert not any(r.startswith("ninja") for r in requires)
-    # upstream's other runtime requirements are kept
-    for kept in ("tilelang==0.1.8", "apache-tvm-ffi<=0.1.12", "quack-kernels>=0.3.4",
-                 "triton>=3.5.0", "einops", "transformers"):
+    # upstream's other runtime requirements are kept; the Mamba-3 stack is the extra
+    # mamba3 (patch 0009), with the tvm-ffi bound tilelang 0.1.8 imports with
+    for kept in ("triton>=3.5.0", "einops", "transformers"):
         assert kept in requires, (kept, requires)
+    assert {r for r in requires if r.startswith(("tilelang", "apache-tvm-ffi", "quack"))} == {
+        'tilelang==0.1.8; extra == "mamba3"', 'apache-tvm-ffi<0.1.12; extra == "mamba3"',
+        'quack-kernels>=0.3.4; extra == "mamba3"'}
+    assert "Provides-Extra: mamba3" in meta
 
 
 def test_fresh_venv_installs_both_from_the_index(built: Path, tmp_path: Path) -> None:
