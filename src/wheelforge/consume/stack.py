@@ -107,7 +107,6 @@ class StackOptions:
     work_dir: Path  # the venv goes under it, and is removed after
     log_dir: Path  # the check's log (pip's output, the import tracebacks) is kept there
     deps_dir: Path | None = None  # dependency wheels (air-gapped): pip --no-index from it
-    offline: bool = False  # no network: "not checked" unless deps_dir
     environ: Mapping[str, str] | None = None
 
 
@@ -216,9 +215,6 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
     def not_checked(why: str) -> StackStatus:
         return make.status("not checked", why)
 
-    if options.offline and options.deps_dir is None:
-        return not_checked("the dependencies cannot be reached (an air-gapped build): pass "
-                           "a directory of dependency wheels (--deps-dir) to check the stack")
     try:
         tag = _proc.run([str(options.python), "-c",
                          "import sys; print('cp%d%d' % sys.version_info[:2])"],

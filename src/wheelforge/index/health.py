@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Literal, cast, get_args
 
 from .._fs import atomic_write, locked
 from ..errors import PublishError
@@ -171,7 +171,3 @@ def summary_line(status: StackStatus | None) -> str:
 #: dependencies named in a good status's one-line summary (the rest are in stack.json)
 _NOTABLE = frozenset({"torch", "triton", "transformers", "tilelang", "apache-tvm-ffi",
                       "quack-kernels", "einops", "nvidia-cutlass-dsl"})
-
-
-def as_dict(status: StackStatus) -> dict[str, Any]:
-    return json.loads(to_json(status))  # type: ignore[no-any-return]
