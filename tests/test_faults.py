@@ -381,8 +381,8 @@ BROKEN = [
      "--index {index} --cache-dir {cache}", "sidecar-not-a-record", 2, "not UTF-8 (byte 0xff)"),
     ("prune, project file not UTF-8", "prune --config {bad_config} --index {index}",
      "sidecar-not-a-record", 2, "not UTF-8 (byte 0xff)"),
-    ("inspect, not a wheel", "inspect {afile}", None, 8,
-     "verify error: afile is not a valid wheel file name"),
+    ("inspect, not a wheel", "inspect {afile}", None, 2,
+     "config error: "),
 ]
 
 

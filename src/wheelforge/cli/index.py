@@ -102,10 +102,21 @@ def _published(index_dir: Path, name: str, version: str) -> list[WheelRecord]:
                  f"{', '.join(others)}"),
             fix=(f"did you mean {name}=={same[-1]}? (the local label is part of the version)"
                  if same else "copy the pin from the landing page"))
+    if any(_names_project(f.name, project) for f in (index_dir / "files").glob("*.whl")):
+        return []  # its wheels' records are unreadable: the store says which and what to do
     close = difflib.get_close_matches(project, sorted({str(r.project) for r in records}), n=1)
     raise ConfigError(f"{index_dir} has no project {name!r}",
                       why=f"its projects are: {', '.join(sorted({r.project for r in records}))}",
                       fix=f"did you mean {close[0]}?" if close else "check the project name")
+
+
+def _names_project(filename: str, project: str) -> bool:
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    try:
+        return canonicalize_name(parse_wheel_filename(filename)[0]) == project
+    except InvalidWheelFilename:
+        return False
 
 
 def _split_pin(requirement: str) -> tuple[str, str]:
