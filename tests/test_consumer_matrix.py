@@ -148,10 +148,10 @@ def served(local: Path) -> Iterator[str]:
                              r"Ctrl-C stops\n", first)
         assert match, first
         url = match.group(1)
-        banner = [proc.stdout.readline() for _ in range(2)]
-        assert banner[0] == ("install (per channel: wheelforge consumer-config --channel C "
-                             f"--url {url}/C/simple/):\n")
-        assert banner[1].startswith("# pip, in the venv")
+        banner = [proc.stdout.readline() for _ in range(4)]
+        assert banner[0] == f"install channel {CHANNEL}, from any directory:\n"
+        assert banner[1].startswith("# install every wheel with its dependencies")
+        assert f" install --index {url}/{CHANNEL}/ --python ~/venvs/stack" in banner[3]
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)

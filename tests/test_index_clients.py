@@ -167,16 +167,13 @@ def served(local: Path) -> Iterator[str]:
     try:
         assert proc.stdout is not None
         first, second = proc.stdout.readline(), proc.stdout.readline()
-        SERVE_BANNER[:] = []
-        while not SERVE_BANNER or not SERVE_BANNER[-1].startswith("python -m pip install "):
-            SERVE_BANNER.append(proc.stdout.readline())  # the renderer's pip lines, to the last
+        SERVE_BANNER[:] = [proc.stdout.readline() for _ in range(5)]  # the one-command install
         match = re.fullmatch(r"serving (.+) at (http://127\.0\.0\.1:(\d+))/ \(read-only\); "
                              r"Ctrl-C stops\n", first)
         assert match, (first, proc.stderr.read() if proc.poll() is not None else "")
         assert match.group(1) == str(local) and int(match.group(3)) != 0
         url = match.group(2)
-        assert second == ("install (per channel: wheelforge consumer-config --channel C "
-                          f"--url {url}/C/simple/):\n")
+        assert second == f"install channel {CHANNEL}, from any directory:\n"
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -214,16 +211,24 @@ def test_pip_installs_over_file_url(local: Path, tmp_path: Path):
                                  "wf-helper": ("0.6.0", "local")}
 
 
-def test_venv_pip_installs_over_wheelforge_serve(served: str, tmp_path: Path):
-    """The pip that `python -m venv` bundles, with the first install command `serve`
-    prints (the renderer's, for the served simple/)."""
-    python = fresh_venv(tmp_path / "venv", with_pip=True)
-    (first,) = commands("".join(SERVE_BANNER), "PIP_CONFIG_FILE=/dev/null python -m pip")
-    assert f"{served}/simple/" in first
-    assert first[0] == "PIP_CONFIG_FILE=/dev/null" and first[1] == "python"
-    ok(run([str(python), *first[2:], "--no-cache-dir"], clean_env(PIP_CONFIG_FILE=os.devnull)))
-    assert installed(python)["wf-demo"] == (DEMO_LOCAL, "local")
-    assert installed(python)["wf-helper"] == ("0.6.0", "local")
+def test_venv_pip_installs_over_wheelforge_serve(served: str, public: str, tmp_path: Path):
+    """The pip that `python -m venv` bundles, with the one-command install `serve` prints
+    for its channel, pasted as printed (the venv's path put in), from another directory;
+    the dependency wf-dep comes from the user's usual index (the fake public one, which
+    also offers wf-demo higher: the pins keep the local one)."""
+    venv = tmp_path / "venv"
+    python = fresh_venv(venv, with_pip=True)
+    (line,) = [ln for ln in SERVE_BANNER if " install --index " in ln]
+    assert f"--index {served}/{CHANNEL}/ --python ~/venvs/stack" in line
+    argv = shlex.split(line.replace("~/venvs/stack", str(venv)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run(argv, clean_env(PIP_INDEX_URL=public), cwd=elsewhere)
+    ok(done)
+    got = installed(python)
+    assert got["wf-demo"] == (DEMO_LOCAL, "local") and got["wf-helper"] == ("0.6.0", "local")
+    assert got["wf-dep"] == ("1.0", "public")
+    assert "WARNING" not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("transport", ["file", "http"])

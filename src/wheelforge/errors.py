@@ -104,6 +104,15 @@ class StackError(WheelforgeError):
     label = "stack broken"
 
 
+class InstallError(WheelforgeError):
+    meaning = "install (pip or uv could not install the wheels into the venv)"
+    exit_code = 14
+    label = "install failed"
+    stage = "local"  # "local": the index's own wheels; "dependencies": the rest
+    unreachable = False  # an index could not be reached at all
+    output = ""  # pip's or uv's output
+
+
 class IndexWarning(UserWarning):
     """Something the index did on its own that its users must hear about: an interrupted
     change finished or rolled back, a file quarantined.  The CLI prints it as
@@ -141,6 +150,7 @@ _CLASSES: dict[str, type[WheelforgeError]] = {
         GpuTestError,
         IncompatibleGpuError,
         StackError,
+        InstallError,
     )
 }
 EXIT_CODES: dict[str, int] = {name: cls.exit_code for name, cls in _CLASSES.items()}

@@ -15,6 +15,8 @@ from ..recipe.format import RecipeBook
 #: The exit-code table of errors.py, as --help shows it (\b keeps click from rewrapping).
 EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {code:<4} {meaning}"
                                           for code, meaning in exit_code_table())
+#: What a subcommand's --help says instead: the table once, in `wheelforge --help`.
+EPILOG_SHORT = "Exit codes: 0 success; the others are listed by `wheelforge --help`."
 
 
 def book(recipes: Path | None, *, nonempty: bool = False) -> RecipeBook:
@@ -80,6 +82,47 @@ def instructions(index_dir: Path, url: str | None, channel: str | None, fmt: For
 
     return consumer.render(consumer.plan(index.load_records(index_dir), index_dir=index_dir,
                                          url=url, channel=channel), fmt)
+
+
+def wheelforge_command() -> str:
+    """How to run this wheelforge from any directory: its console script's absolute path
+    (beside the interpreter, as a venv has it), else ``PYTHON -m wheelforge``."""
+    import shlex
+    import sys
+
+    script = Path(sys.executable).with_name("wheelforge")
+    if script.is_file():
+        return shlex.quote(os.path.abspath(script))
+    return f"{shlex.quote(sys.executable)} -m wheelforge"
+
+
+def install_lines(index_dir: Path, url: str | None, channel: str | None) -> str:
+    """The one-command install for the index's channel (None: its only channel, or the
+    top-level pages), pasteable from any directory: served at ``url`` (a channel's base
+    URL, http://HOST:PORT/CHANNEL/) or read from ``index_dir``.  ConfigError when the
+    index has nothing to install."""
+    from packaging.utils import parse_wheel_filename
+
+    from .. import index
+    from ..consume import install as consumer
+    from ..index.pins import channels, is_pure
+
+    records = index.load_records(index_dir)
+    known = channels(records)
+    if channel is None and len(known) == 1:
+        channel = known[0]
+    simple = f"{url.rstrip('/')}/simple/" if url else None
+    p = consumer.plan(records, index_dir=index_dir, url=simple, channel=channel)
+    tags = {t.interpreter for r in records if f"{r.project}=={r.version}" in p.pins
+            and not is_pure(r.filename) for t in parse_wheel_filename(r.filename)[3]}
+    version = None
+    if len(tags) == 1 and (tag := tags.pop()).startswith("cp") and tag[2:].isdigit():
+        version = f"{tag[2]}.{tag[3:]}"
+    where = url.rstrip("/") + "/" if url else os.path.abspath(index_dir)
+    lines = consumer.one_command(p, wheelforge=wheelforge_command(), index=where,
+                                 channel=None if url else channel, python_version=version)
+    dropped = [f"# not pinned: {why}" for why in p.dropped]
+    return "\n".join([*dropped, *lines]) + "\n"
 
 
 def repair_or_warn(index_dir: Path) -> None:

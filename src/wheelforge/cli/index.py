@@ -12,8 +12,9 @@ import click
 
 from ..consume.install import Format
 from ..errors import ConfigError, Interrupted
-from ._options import EPILOG, config_option
+from ._options import EPILOG_SHORT, config_option
 from ._options import existing_index as _existing_index
+from ._options import install_lines as _install_lines
 from ._options import instructions as _instructions
 from ._options import repair_or_warn as _repair_or_warn
 
@@ -150,7 +151,8 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
     Examples:
       wheelforge serve                              # ./index at http://127.0.0.1:8765/
       wheelforge serve --index /srv/wheels --host 0.0.0.0 --port 8080
-      pip install --index-url http://127.0.0.1:8765/cu130-torch2.14/simple/ causal-conv1d
+      # then, on a machine that reaches it (the banner prints this line):
+      wheelforge install --index http://127.0.0.1:8765/cu130-torch2.14/ --python ~/venvs/stack
     """
     from .. import index
 
@@ -161,13 +163,8 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
     try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop
-        try:
-            text = _instructions(index_dir, f"{url}/simple/", None, "pip")
-        except ConfigError as exc:  # an empty index is still served
-            text = f"# {exc.what}\n"
         banner = (f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops\n"
-                  f"install (per channel: wheelforge consumer-config --channel C "
-                  f"--url {url}/C/simple/):\n{text}")
+                  + _serve_install_text(index_dir, url))
 
         def ready() -> None:  # printed once the server answers
             click.echo(banner, nl=False)
@@ -180,6 +177,25 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
         click.echo(f"stopped serving {index_dir} ({reason})", err=True)
     finally:
         server.server_close()
+
+
+def _serve_install_text(index_dir: Path, url: str) -> str:
+    """The banner's install lines: the one-command install per channel (the top-level
+    pages when the index has no channel)."""
+    from .. import index
+    from ..index.pins import channels
+
+    found: list[str | None] = [*channels(index.load_records(index_dir))]
+    text = ""
+    for channel in found or [None]:
+        base = f"{url}/{channel}/" if channel else f"{url}/"
+        try:
+            body = _install_lines(index_dir, base, channel)
+        except ConfigError as exc:  # an empty index is still served
+            body = f"# {exc.what}\n"
+        text += f"install {'channel ' + channel if channel else 'simple/'}, from any directory:\n"
+        text += body
+    return text
 
 
 @click.command("consumer-config")
@@ -213,7 +229,7 @@ def consumer_config(index_dir: Path | None, channel: str | None, url: str | None
     click.echo(text, nl=False)
 
 
-@click.command(epilog=EPILOG)
+@click.command(epilog=EPILOG_SHORT)
 @click.option("--keep", type=click.IntRange(min=1), help="Builds kept per project and channel "
               "(default: matrix.retention.keep of wheelforge.yaml, else 5).")
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),

@@ -25,6 +25,7 @@ from ..errors import (
 from ..recipe.format import SdistSource
 from ._options import (
     EPILOG,
+    EPILOG_SHORT,
     git_mirror_option,
     recipes_option,
 )
@@ -34,9 +35,10 @@ from ._options import (
 from ._options import (
     existing_index as _existing_index,
 )
-from ._options import instructions as _instructions
+from ._options import install_lines as _install_lines
 from ._options import repair_or_warn as _repair_or_warn
 from .index import INDEX_COMMANDS
+from .install import install
 from .maintain import outdated, patch_group
 from .nightly import nightly
 from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
@@ -54,12 +56,12 @@ def cli() -> None:
       wheelforge build causal-conv1d              # sm_120 wheel into ./index
       wheelforge build causal-conv1d --arch '10.0;12.0'
       wheelforge build causal-conv1d --python ~/venvs/train/bin/python
+      wheelforge install --python ~/venvs/stack   # the wheels and their dependencies
       wheelforge serve                            # the index over HTTP
-      wheelforge consumer-config                  # pip/uv set-up that keeps the local wheels
     """
 
 
-@cli.command(epilog=EPILOG)
+@cli.command(epilog=EPILOG_SHORT)
 @click.argument("names", nargs=-1, required=True)
 @click.option("--arch", help="CUDA architectures, as TORCH_CUDA_ARCH_LIST spells them: '12.0', "
               "'10.0;12.0' (or spaces between), '9.0a', '12.0+PTX', torch's names "
@@ -153,10 +155,10 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
                             cache_dir=config.cache_dir, recipes_dir=book.recipes_dir,
                             deps_dir=deps_dir, reporter=reporter)
     channel = built.pop() if len(built) == 1 else None
-    click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}; "
-               "uv too: wheelforge consumer-config):")
+    click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}), "
+               "from any directory:")
     try:
-        click.echo(_instructions(config.index_dir, None, channel, "pip"), nl=False)
+        click.echo(_install_lines(config.index_dir, None, channel), nl=False)
     except ConfigError as exc:  # e.g. every built version yanked: the build still succeeded
         click.echo(f"# none: {exc.what} ({exc.why})")
     raise_if_broken(statuses)
@@ -290,7 +292,7 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-@cli.command(epilog=EPILOG)
+@cli.command(epilog=EPILOG_SHORT)
 @click.option("--arch", help="CUDA architectures to check nvcc against (default as for build).")
 @click.option("--python", "python", type=click.Path(dir_okay=True),
               help="Check this interpreter's torch against nvcc: a path, a venv directory, or "
@@ -343,7 +345,7 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
                              fix="fix the FAIL lines above; each says how")
 
 
-@cli.command(epilog=EPILOG)
+@cli.command(epilog=EPILOG_SHORT)
 @click.argument("name", required=False)
 @click.option("--stack", is_flag=True, help="Test the whole channel instead of NAME: every "
               "wheel installed together into one venv over --python, every recipe's GPU test "
@@ -472,6 +474,7 @@ cli.add_command(nightly)  # the nightly commands: their own module, nightly.py
 for _command in INDEX_COMMANDS:  # index rebuild, yank, unyank, serve, consumer-config, prune
     cli.add_command(_command)
 cli.add_command(stack_group)  # wheelforge stack check: stack.py
+cli.add_command(install)  # wheelforge install: install.py
 cli.add_command(patch_group)  # the maintainer's commands: maintain.py
 cli.add_command(outdated)
 

@@ -20,7 +20,7 @@ from .._log import Reporter, clear_live
 from ..builder.config import resolve
 from ..errors import ConfigError
 from ..recipe.format import GitSource, Recipe, SdistSource
-from ._options import EPILOG, git_mirror_option, recipes_option
+from ._options import EPILOG_SHORT, git_mirror_option, recipes_option
 from ._options import book as _book
 
 sources_option = click.option(
@@ -43,7 +43,7 @@ def _fetch(recipe: Recipe, cache_dir: Path | None, sources_dirs: tuple[Path, ...
     return fetched.archive
 
 
-@click.group("patch", epilog=EPILOG)
+@click.group("patch", epilog=EPILOG_SHORT)
 @click.argument("name")
 @click.pass_context
 def patch_group(ctx: click.Context, name: str) -> None:
@@ -60,7 +60,7 @@ def patch_group(ctx: click.Context, name: str) -> None:
     ctx.obj = name
 
 
-@patch_group.command("start", epilog=EPILOG)
+@patch_group.command("start", epilog=EPILOG_SHORT)
 @click.option("--to", "dest", type=click.Path(path_type=Path, file_okay=False),
               help="The new repository (default ./patch-work/NAME); an existing directory "
                    "must be empty.")
@@ -92,7 +92,7 @@ def patch_start(name: str, dest: Path | None, sources_dirs: tuple[Path, ...],
                (f" --from {dest}" if dest != default_dir(recipe.name) else ""))
 
 
-@patch_group.command("export", epilog=EPILOG)
+@patch_group.command("export", epilog=EPILOG_SHORT)
 @click.option("--from", "repo", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="The repository 'patch start' made (default ./patch-work/NAME).")
 @recipes_option
@@ -127,7 +127,7 @@ def patch_export(name: str, repo: Path | None, recipes: Path | None) -> None:
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
-@patch_group.command("rebase", epilog=EPILOG)
+@patch_group.command("rebase", epilog=EPILOG_SHORT)
 @click.option("--onto", required=True, metavar="VERSION|COMMIT|TAG",
               help="sdist recipe: the new version (with --sdist and --sha256). git recipe: a "
                    "tag or a full commit id of the repository (its mirror when one is "
@@ -236,7 +236,7 @@ def _new_pin(recipe: Recipe, onto: str, sdist: str | None, sha256: str | None,
     return dataclasses.replace(recipe, version=parsed, sources=(new,)), dirs, pin
 
 
-@click.command("outdated", epilog=EPILOG)
+@click.command("outdated", epilog=EPILOG_SHORT)
 @click.argument("names", nargs=-1)
 @click.option("--index-url", default="https://pypi.org", show_default=True, metavar="URL",
               help="The package index asked for releases (its PyPI JSON API, /pypi/NAME/json; "

@@ -19,7 +19,7 @@ from ..builder.config import resolve
 from ..errors import ConfigError, WheelforgeError
 from ..index.health import summary_line
 from ..recipe.format import RecipeBook
-from ._options import EPILOG, config_option, recipes_option
+from ._options import EPILOG_SHORT, config_option, recipes_option
 from ._options import book as _book
 from .stack import deps_dir_option, gate_disabled
 
@@ -104,7 +104,7 @@ def _echo_report(report: Any, reports: Path) -> None:
     click.echo(report.summary())
 
 
-@click.group(epilog=EPILOG, invoke_without_command=True)
+@click.group(epilog=EPILOG_SHORT, invoke_without_command=True)
 @config_option
 @nightly_index_option
 @report_option
@@ -172,7 +172,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     _raise_if_failed(report, reports)
 
 
-@nightly.command("plan", epilog=EPILOG)
+@nightly.command("plan", epilog=EPILOG_SHORT)
 @config_option
 @nightly_index_option
 @cache_option
@@ -221,7 +221,7 @@ def nightly_plan(project_file: Path | None, index_dir: Path | None, cache_dir: P
                     f"{sum(1 for r in plan.done if r.status == 'failed')} failed to plan")
 
 
-@nightly.command("run", epilog=EPILOG)
+@nightly.command("run", epilog=EPILOG_SHORT)
 @click.option("--plan", "plan_file", required=True,
               type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="The plan `wheelforge nightly plan` wrote.")
@@ -267,7 +267,7 @@ def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
                                   "publish step reports them too")
 
 
-@nightly.command("publish", epilog=EPILOG)
+@nightly.command("publish", epilog=EPILOG_SHORT)
 @click.argument("stages", nargs=-1, type=click.Path(path_type=Path, exists=True,
                                                     file_okay=False))
 @click.option("--plan", "plan_file", required=True,

@@ -12,7 +12,7 @@ import click
 
 from .._log import Reporter, clear_live
 from ..errors import ConfigError, StackError
-from ._options import EPILOG, existing_index, recipes_option
+from ._options import EPILOG_SHORT, existing_index, recipes_option
 
 if TYPE_CHECKING:
     from ..index.health import StackStatus
@@ -81,7 +81,7 @@ def stack_group() -> None:
     """The channel's stack: its wheels installed together, as users install them."""
 
 
-@stack_group.command("check", epilog=EPILOG)
+@stack_group.command("check", epilog=EPILOG_SHORT)
 @click.option("--index", "index_dir", type=click.Path(path_type=Path, file_okay=False),
               help="The index (default: wheelforge.yaml, else ./index).")
 @click.option("--channel", "channels", multiple=True,

@@ -49,6 +49,8 @@ class Plan:
     constraints: str  # the URL (file:// for a local index) of the matching constraints.txt
     pins: tuple[str, ...]  # NAME==VERSION, the newest non-yanked version per project
     dropped: tuple[str, ...] = ()  # "project: why" for each project left out of the pins
+    root: str = ""  # the URL of the index's top (file:// for a local index)
+    files_dir: Path | None = None  # a local index's files/ (None when served)
 
 
 def plan(records: Sequence[WheelRecord], *, index_dir: Path, url: str | None,
@@ -84,11 +86,16 @@ def plan(records: Sequence[WheelRecord], *, index_dir: Path, url: str | None,
                               fix="pass e.g. http://HOST:8765/simple/ or "
                                   "http://HOST:8765/cu130-torch2.14/simple/")
         constraints = f"{base}/{CONSTRAINTS_FILE}"
+        top = base[: -len(channel) - 1] if channel and base.endswith("/" + channel) else base
+        files_dir = None
     else:
         index_url = (root / "simple").as_uri() + "/"
         constraints = (root / CONSTRAINTS_FILE).as_uri()  # pip splits paths on spaces
+        top = index_dir.resolve().as_uri()
+        files_dir = index_dir.resolve() / "files"
     return Plan(index_url=index_url, constraints=constraints,
-                pins=tuple(pin(r.project, r.version) for r in chosen), dropped=tuple(dropped))
+                pins=tuple(pin(r.project, r.version) for r in chosen), dropped=tuple(dropped),
+                root=top, files_dir=files_dir)
 
 
 def pip_lines(p: Plan) -> list[str]:
@@ -150,6 +157,30 @@ def uv_lines(p: Plan) -> list[str]:
         "# The first install, safe with or without that file:",
         f"# uv pip install --index {shlex.quote(f'{UV_INDEX_NAME}={p.index_url}')} "
         f"--constraint {shlex.quote(p.constraints)} {pins}",
+    ]
+
+
+#: the venv the printed one-command install names (made when it does not exist)
+EXAMPLE_VENV = "~/venvs/stack"
+
+
+def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
+                python_version: str | None, venv: str = EXAMPLE_VENV) -> list[str]:
+    """The install as users paste it, from any directory: ``wheelforge install`` (pip, with
+    the lasting venv settings) and uv's one line.  ``wheelforge``: how to run wheelforge
+    (an absolute path); ``index``: the --index argument (an absolute path or the served
+    channel's URL); ``python_version``: "3.11" for cp311 wheels (None: any)."""
+    q = shlex.quote
+    args = f" --index {q(index)}" + (f" --channel {q(channel)}" if channel else "")
+    uv_python = f" --python {python_version}" if python_version else ""
+    return [
+        "# install every wheel with its dependencies into a venv (made if missing); later pip",
+        "# commands there keep these wheels:",
+        f"{wheelforge} install{args} --python {venv}",
+        "# or with uv alone:",
+        f"uv venv{uv_python} {venv} && uv pip install --python {venv} "
+        f"--index {q(f'{UV_INDEX_NAME}={p.index_url}')} --constraint {q(p.constraints)} "
+        + " ".join(q(x) for x in p.pins),
     ]
 
 

@@ -4,16 +4,10 @@ the printed pip install does, then imported together in one interpreter.
 Each wheel is verified alone when it is built; users install the whole channel into one
 venv, where one package's dependencies can break another's import (mamba-ssm's
 requirements once brought a tilelang that took ``import fla`` down).  :func:`check` makes
-a fresh venv from the given interpreter and runs, in it, the steps of
-:func:`wheelforge.consume.install.pip_lines`:
-
-1. the venv's ``pip.conf``: the channel's simple pages as an extra index and its
-   constraints file (what ``pip config --site set`` writes);
-2. the channel's pins from the local index alone, without dependencies;
-3. the pins again, with pip resolving their dependencies from the usual index (pip's own
-   configuration), or from a directory of wheels (``deps_dir``, air-gapped);
-
-then ``pip check``, and one interpreter that imports ``torch`` and every recipe's
+a fresh venv from the given interpreter and installs the channel into it with
+:func:`wheelforge.consume.venv.install`, the steps ``wheelforge install`` runs in a user's
+venv (the venv's ``pip.conf``, the pins from the local index alone, then their
+dependencies from the usual index or ``deps_dir``), then ``pip check``, and one interpreter that imports ``torch`` and every recipe's
 ``verify.imports`` and ``verify.stack-imports`` (and each wheel's top-level packages).
 A failing import is traced to the distributions its traceback went through, and the
 first dependency among them is named with the requirement chain that installed it.
@@ -25,8 +19,6 @@ Where the dependencies cannot be reached (no network and no ``deps_dir``) the st
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,26 +31,17 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from .. import _proc, index
-from .._fs import atomic_write
+from ..errors import InstallError
 from ..index import health
 from ..index.health import ImportOutcome, StackStatus
 from ..index.pins import is_pure
 from ..recipe.format import RecipeBook
 from ..wheel import reading
+from . import venv as into
 from .install import plan as install_plan
 
 Progress = Callable[[str], None]
 
-#: pip's network deadlines (as the build environment's)
-PIP_NET_ARGS = ("--timeout", "30", "--retries", "3")
-#: a pip install of the channel with its dependencies (torch is large)
-INSTALL_TIMEOUT_S = 45 * 60
-#: what pip prints when the index cannot be reached at all (not a resolution failure)
-_UNREACHABLE = re.compile(
-    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name "
-    r"resolution|Name or service not known|Network is unreachable|No route to host|"
-    r"ConnectTimeoutError|Connection refused|ProxyError|No matching distribution found for "
-    r"\S+ \(from versions: none\)")
 MARK = "WHEELFORGE-STACK "
 
 IMPORTER = r"""
@@ -182,21 +165,8 @@ def requirement_chains(dists: Mapping[str, Mapping[str, object]], roots: Iterabl
     return chains
 
 
-def _pip_progress(say: Progress) -> Callable[[str], None]:
-    def on_line(line: str) -> None:
-        if line.startswith("Collecting "):
-            say(f"stack: pip: {line.strip()[:100]}")
-    return on_line
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _last_error(output: str) -> str:
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("ERROR")]
-    return (errors[0] if errors else lines[-1] if lines else "no output")[:300]
 
 
 def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
@@ -230,42 +200,26 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
     log = options.log_dir / f"stack-{channel or 'simple'}-{_now().replace(':', '')}.log"
     options.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stack-", dir=options.work_dir))
-    env = dict(options.environ if options.environ is not None else os.environ)
-    for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV"):
-        env.pop(var, None)
+    env = into.child_env(options.environ)
     try:
         say(f"stack {channel or 'simple/'}: a fresh venv from {options.python}")
         venv = work / "venv"
         _proc.run([str(options.python), "-m", "venv", str(venv)], env=env, log=log,
                   timeout=300)
         vpy = venv / "bin" / "python"
-        # 1. what `pip config --site set` writes: later pip commands keep the local wheels
-        atomic_write(venv / "pip.conf", "[global]\n"
-                     f"extra-index-url = {p.index_url}\nconstraint = {p.constraints}\n")
-        # 2. the local wheels from the local index alone
-        say(f"stack {channel or 'simple/'}: {len(p.pins)} wheel(s) from the index")
-        local = _proc.run([str(vpy), "-m", "pip", "install", "--isolated",
-                           "--disable-pip-version-check", "--progress-bar", "off",
-                           "--no-deps", "--only-binary", ":all:", "--index-url", p.index_url,
-                           *p.pins], env={**env, "PIP_CONFIG_FILE": os.devnull}, log=log,
-                          check=False, timeout=INSTALL_TIMEOUT_S)
-        if local.returncode != 0:
-            return make.status("broken", "the channel's own wheels did not install: "
-                                      + _last_error(local.output))
-        # 3. their dependencies, resolved by pip
-        say(f"stack {channel or 'simple/'}: dependencies from {deps_from}")
-        source = (["--no-index", "--find-links", str(options.deps_dir)]
-                  if options.deps_dir else list(PIP_NET_ARGS))
-        deps = _proc.run([str(vpy), "-m", "pip", "install", "--disable-pip-version-check",
-                          "--progress-bar", "off", *source, *p.pins], env=env, log=log,
-                         check=False, timeout=INSTALL_TIMEOUT_S, on_line=_pip_progress(say))
-        if deps.returncode != 0:
-            if options.deps_dir is None and _UNREACHABLE.search(deps.output):
-                return not_checked("the dependencies could not be reached ("
-                                   + _last_error(deps.output) + "); pass --deps-dir with "
-                                   "their wheels to check offline")
-            return make.status("broken", "pip could not install the dependencies: "
-                                      + _last_error(deps.output))
+        # the steps of `wheelforge install`: the venv's pip.conf, the local wheels from the
+        # local index alone, then their dependencies resolved by pip
+        try:
+            into.install(p, vpy, deps_dir=options.deps_dir, environ=env, log=log,
+                         say=lambda text: say(f"stack {channel or 'simple/'}: {text}"))
+        except InstallError as exc:
+            if exc.stage == "local":
+                return make.status("broken", f"the channel's own wheels did not install: "
+                                             f"{exc.why}")
+            if options.deps_dir is None and exc.unreachable:
+                return not_checked(f"the dependencies could not be reached ({exc.why}); "
+                                   "pass --deps-dir with their wheels to check offline")
+            return make.status("broken", f"pip could not install the dependencies: {exc.why}")
         pip_check = _proc.run([str(vpy), "-m", "pip", "check", "--disable-pip-version-check"],
                               env=env, log=log, check=False, timeout=300)
         wheels = [index_dir / index.FILES_DIR / r.filename for r in chosen]
@@ -276,11 +230,11 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
         found = [ln for ln in imported.output.splitlines() if ln.startswith(MARK)]
         if not found:
             return make.status("broken", "the import check did not finish: "
-                                      + _last_error(imported.output))
+                                      + into.last_error(imported.output))
         data = json.loads(found[-1][len(MARK):])
         return _judge(data, pinned, pip_check, make, log)
     except _proc.CommandFailed as exc:
-        return make.status("broken", f"{exc}: {_last_error(exc.tail)}")
+        return make.status("broken", f"{exc}: {into.last_error(exc.tail)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

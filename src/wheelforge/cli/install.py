@@ -1,0 +1,190 @@
+"""``wheelforge install``: a channel's wheels, with their dependencies, into a venv in one
+command, from any directory; the steps are :mod:`wheelforge.consume.venv`'s."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+
+from .._log import Reporter
+from ..consume.venv import Installer
+from ..errors import ConfigError
+from ._options import EPILOG_SHORT, existing_index
+from .stack import deps_dir_option
+
+#: seconds to wait for a served index's constraints file
+FETCH_TIMEOUT_S = 30
+
+
+@click.command("install", epilog=EPILOG_SHORT)
+@click.argument("projects", nargs=-1)
+@click.option("--python", "target", type=click.Path(path_type=Path),
+              help="The venv to install into: its directory (made when it does not exist) or "
+                   "its interpreter. Default: the active venv ($VIRTUAL_ENV).")
+@click.option("--index", "index", metavar="PATH|URL",
+              help="The index: a directory (default: defaults.index of wheelforge.yaml, else "
+                   "./index) or the URL `wheelforge serve` printed for a channel "
+                   "(http://HOST:8765/CHANNEL/).")
+@click.option("--channel", help="The channel of a directory index (default: its only "
+                                "channel; an error names them when there are several).")
+@click.option("--installer", type=click.Choice(["pip", "uv"]), default="pip",
+              show_default=True, help="pip writes the venv's pip.conf so that later pip "
+                                      "commands keep the wheels; uv installs in one command.")
+@deps_dir_option
+def install(projects: tuple[str, ...], target: Path | None, index: str | None,
+            channel: str | None, installer: str, deps_dir: Path | None) -> None:
+    """Install the index's wheels (all of a channel's projects, or PROJECTS) and their
+    dependencies into a venv.
+
+    The wheels come from the index alone and are pinned to their exact local versions
+    (1.7.0+cu130torch2.14sm120), so no public index can replace them, now or in later
+    `pip install -U` runs in that venv; their dependencies (torch, ...) come from your
+    usual index.
+
+    \b
+    Examples:
+      wheelforge install --python ~/venvs/stack          # every project; venv made if missing
+      wheelforge install mamba-ssm --python ~/venvs/stack
+      wheelforge install --index /srv/wheelforge/index --channel cu130-torch2.14
+      wheelforge install --index http://builder:8765/cu130-torch2.14/ --installer uv
+    """
+    from ..consume import venv as into
+
+    chosen: Installer = "uv" if installer == "uv" else "pip"
+    p, where = _plan(index, channel)
+    p = _select(p, projects)
+    python = _target(target, chosen, Reporter())
+    _check_python(python, p.pins, where)
+
+    reporter = Reporter()
+    done = into.install(p, python, installer=chosen, deps_dir=deps_dir, say=reporter.info)
+    venv = python.parent.parent
+    click.echo(f"installed into {venv}: {' '.join(done.pins)}")
+    if done.pip_conf is not None:
+        click.echo(f"later pip commands in that venv keep these wheels ({done.pip_conf})")
+    else:
+        click.echo("later uv pip commands need the same --index and --constraint (uv keeps "
+                   "no per-venv settings): wheelforge consumer-config --format uv")
+
+
+def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-def]
+    """The plan and a name for the index, from a directory or a served channel's URL."""
+    from .. import index as idx
+    from ..consume import install as consumer
+
+    if index and "://" in index:
+        if channel:
+            raise ConfigError("--channel goes with a directory index",
+                              why="a served index's URL names its channel",
+                              fix=f"pass --index {index.rstrip('/')}/{channel}/")
+        return _served_plan(index), index
+    index_dir = existing_index(Path(index) if index else None)
+    records = idx.load_records(index_dir)
+    if channel is None:
+        known = sorted({r.channel for r in records if r.channel})
+        if len(known) > 1:
+            raise ConfigError(f"{os.path.abspath(index_dir)} has {len(known)} channels",
+                              why=f"its channels are: {', '.join(known)}",
+                              fix="pass --channel with the one your torch and CUDA match")
+        channel = known[0] if known else None
+    return (consumer.plan(records, index_dir=index_dir, url=None, channel=channel),
+            os.path.abspath(index_dir))
+
+
+def _served_plan(url: str):  # type: ignore[no-untyped-def]
+    from ..consume.install import Plan
+    from ..index.pins import CONSTRAINTS_FILE
+
+    base = url.rstrip("/")
+    if base.endswith("/simple"):
+        base = base[: -len("/simple")]
+    where = f"{base}/{CONSTRAINTS_FILE}"
+    try:
+        with urllib.request.urlopen(where, timeout=FETCH_TIMEOUT_S) as resp:  # noqa: S310
+            text = resp.read(1 << 20).decode("utf-8")
+    except (urllib.error.URLError, OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"cannot read {where}", why=str(getattr(exc, "reason", exc)),
+                          fix="pass the URL wheelforge serve printed for a channel, e.g. "
+                              "http://HOST:8765/cu130-torch2.14/") from None
+    pins = tuple(line.strip() for line in text.splitlines()
+                 if line.strip() and not line.startswith("#") and "==" in line)
+    if not pins:
+        raise ConfigError(f"{where} pins nothing", why="the index holds no installable wheels",
+                          fix="build and publish wheels first")
+    return Plan(index_url=f"{base}/simple/", constraints=where, pins=pins,
+                root=base, files_dir=None)
+
+
+def _select(p, projects: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from packaging.utils import canonicalize_name
+
+    if not projects:
+        return p
+    by_name = {str(canonicalize_name(x.split("==", 1)[0])): x for x in p.pins}
+    out = []
+    for name in projects:
+        key = str(canonicalize_name(name.split("==", 1)[0]))
+        if key not in by_name:
+            close = difflib.get_close_matches(key, sorted(by_name), n=1)
+            raise ConfigError(f"the index has no {name}",
+                              why=f"it pins: {', '.join(sorted(by_name))}",
+                              fix=f"did you mean {close[0]}?" if close else
+                              "leave the projects out to install all of them")
+        out.append(by_name[key])
+    return replace(p, pins=tuple(out))
+
+
+def _target(target: Path | None, installer: Installer, reporter: Reporter) -> Path:
+    from ..consume import venv as into
+
+    if target is None:
+        active = os.environ.get("VIRTUAL_ENV")
+        if not active or Path(active).resolve() == Path(sys.prefix).resolve():
+            raise ConfigError("which venv?", why="no --python, and no venv is active (other "
+                              "than wheelforge's own)",
+                              fix="pass --python ~/venvs/stack (made if it does not exist)")
+        target = Path(active)
+    if not target.expanduser().exists():
+        return into.make_venv(target, installer, say=reporter.info)
+    return into.venv_python(target)
+
+
+def _check_python(python: Path, pins: tuple[str, ...], where: str) -> None:
+    """The venv's Python must be one the wheels were built for (cp311 wheels: 3.11)."""
+    from .. import _proc
+
+    done = _proc.run([str(python), "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"],
+                     check=False, timeout=60)
+    tag = done.output.strip().splitlines()[-1] if done.output.strip() else "?"
+    if done.returncode != 0:
+        raise ConfigError(f"{python} does not run", why=tag, fix="pass a working venv")
+    wanted = _python_tags(where, pins)
+    if wanted and tag not in wanted:
+        raise ConfigError(f"{python} is {tag}; the wheels are for {', '.join(sorted(wanted))}",
+                          why="a compiled wheel works only with the Python it was built for",
+                          fix="make the venv with that Python (python3.X -m venv DIR), or "
+                              "build the wheels with --python for this one")
+
+
+def _python_tags(where: str, pins: tuple[str, ...]) -> set[str]:
+    """The interpreter tags of the pinned compiled wheels of a directory index."""
+    from .. import index as idx
+    from ..index.pins import is_pure
+
+    if "://" in where:
+        return set()  # a served index: pip says it when nothing matches
+    from packaging.utils import parse_wheel_filename
+
+    tags: set[str] = set()
+    for r in idx.load_records(Path(where)):
+        if f"{r.project}=={r.version}" in pins and not is_pure(r.filename):
+            tags |= {t.interpreter for t in parse_wheel_filename(r.filename)[3]}
+    return tags
