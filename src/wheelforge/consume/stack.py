@@ -7,8 +7,9 @@ requirements once brought a tilelang that took ``import fla`` down).  :func:`che
 a fresh venv from the given interpreter and installs the channel into it with
 :func:`wheelforge.consume.venv.install`, the steps ``wheelforge install`` runs in a user's
 venv (the venv's ``pip.conf``, the pins from the local index alone, then their
-dependencies from the usual index or ``deps_dir``), then ``pip check``, and one interpreter that imports ``torch`` and every recipe's
-``verify.imports`` and ``verify.stack-imports`` (and each wheel's top-level packages).
+dependencies from the usual index or ``deps_dir``), then ``pip check``, and one
+interpreter that imports ``torch`` and every recipe's ``verify.imports`` and
+``verify.stack-imports`` (and each wheel's top-level packages).
 A failing import is traced to the distributions its traceback went through, and the
 first dependency among them is named with the requirement chain that installed it.
 
