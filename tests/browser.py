@@ -24,8 +24,10 @@ window.addEventListener("load", () => {
   const out = document.createElement("pre");
   out.id = "wf-layout";
   out.hidden = true;
+  const rows = [...document.querySelectorAll("tbody tr")]
+    .map((r) => Math.round(r.getBoundingClientRect().height));
   out.textContent = JSON.stringify({scrollWidth: root.scrollWidth,
-                                    clientWidth: root.clientWidth, wide: wide});
+                                    clientWidth: root.clientWidth, wide: wide, rows: rows});
   document.body.appendChild(out);
 });
 </script>
@@ -37,6 +39,7 @@ class Layout:
     scroll_width: int
     client_width: int
     wide: tuple[str, ...]  # elements reaching past the window's right edge
+    row_heights: tuple[int, ...] = ()  # each table body row's height, px
 
     @property
     def overflows(self) -> bool:
@@ -68,7 +71,8 @@ def layout(chromium: str, page: Path, profile: Path, *, width: int = 1400,
     text = dom[start:dom.index("</pre>", start)]
     text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"')
     data = json.loads(text.replace("&amp;", "&"))
-    return Layout(int(data["scrollWidth"]), int(data["clientWidth"]), tuple(data["wide"]))
+    return Layout(int(data["scrollWidth"]), int(data["clientWidth"]), tuple(data["wide"]),
+                  tuple(int(h) for h in data.get("rows", [])))
 
 
 def screenshot(chromium: str, page: Path, profile: Path, out: Path, *, width: int = 1400,

@@ -261,3 +261,13 @@ def test_the_help_example_and_printed_line_name_absolute_paths(local: Path) -> N
     assert os.path.isabs(argv[0]) and argv[1] == "install"
     assert argv[argv.index("--index") + 1] == str(local.resolve())
     assert index.load_records(local)
+
+
+def test_a_channel_directory_names_the_index_and_the_channel(
+        local: Path, public: str, tmp_path: Path) -> None:
+    """The landing page's line: --index INDEX/CHANNEL/."""
+    venv = tmp_path / "v"
+    done = run([*WF, "install", "--index", f"{local}/{CHANNEL}/", "--python", str(venv)],
+               home_env(tmp_path / "home", public), elsewhere(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert kept(venv / "bin" / "python")

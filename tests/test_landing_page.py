@@ -23,8 +23,7 @@ from conftest import make_wheel, require_tool
 from wheelforge import index
 
 WIDTH, HEIGHT = 1400, 900
-HEADERS = ["Project", "Version", "Python", "Channel", "Torch", "CUDA", "Archs", "Size",
-           "Built (UTC)", "SHA-256", "Tested", "Pin"]
+HEADERS = ["Pin", "Python", "Channel", "Archs", "File", "Built", "Tested", "SHA-256"]
 EXTENSION = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311-linux_x86_64.whl"
 
 
@@ -188,25 +187,25 @@ def test_dom_has_the_headers_and_every_row(chromium: str, landing: Path, tmp_pat
     pure = records["fla_core-0.6.0-py3-none-any.whl"]
     old = records["fla_core-0.5.0-py3-none-any.whl"]
 
-    def fixed(r: index.WheelRecord) -> list[str]:
-        return [r.upload_time[:16].replace("T", " "), r.sha256[:12]]
+    def built(r: index.WheelRecord) -> str:
+        return r.upload_time[:10]
 
     size = r"\d+ B|\d+\.\d KiB"
     expected = [
-        ("", ["causal-conv1d", "1.7.0+cu130torch2.14sm120", "cp311", "cu130-torch2.14",
-              "2.14.1", "13.0", "sm_100 sm_120", size, *fixed(ext),
-              "passed on NVIDIA RTX PRO 6000", "causal-conv1d==1.7.0+cu130torch2.14sm120"]),
-        ("", ["fla-core", "0.6.0", "py3", "every", "-", "-", "-", size, *fixed(pure),
-              "untested", "fla-core==0.6.0"]),
-        ("yanked-row", ["fla-core", "0.5.0 yanked", "py3", "every", "-", "-", "-", size,
-                        *fixed(old), "untested", "fla-core==0.5.0"]),
+        ("", ["causal-conv1d==1.7.0+cu130torch2.14sm120 copy", "cp311", "cu130-torch2.14",
+              "sm_100 sm_120", size, built(ext), "passed on RTX PRO 6000",
+              ext.sha256[:12]]),
+        ("", ["fla-core==0.6.0 copy", "py3", "every", "-", size, built(pure), "untested",
+              pure.sha256[:12]]),
+        ("yanked-row", ["fla-core==0.5.0 copy yanked", "py3", "every", "-", size, built(old),
+                        "untested", old.sha256[:12]]),
     ]
     assert len(table.rows) == len(expected)
     for (row_class, cells), (want_class, want) in zip(table.rows, expected, strict=True):
         assert row_class == want_class
         assert len(cells) == len(want) == len(HEADERS)
-        assert cells[:7] + cells[8:] == want[:7] + want[8:]
-        assert re.fullmatch(want[7], cells[7]), cells[7]
+        assert cells[:4] + cells[5:] == want[:4] + want[5:]
+        assert re.fullmatch(want[4], cells[4]), cells[4]
     assert "cu130-torch2.14/simple/" in table.links  # the channel cell links its sub-index
     files = [link for link in table.links if link.startswith("files/")]
     assert len(files) == 3
@@ -249,6 +248,8 @@ def test_fits_1400_px_without_sideways_scrolling(chromium: str, tmp_path: Path, 
     found = layout(chromium, html, tmp_path / "profile", width=WIDTH, height=HEIGHT)
     assert found.client_width == WIDTH
     assert not found.overflows, (found.scroll_width, found.wide)
+    if page == "landing":  # one line per wheel: every row as tall as a line of text
+        assert found.row_heights and max(found.row_heights) <= 40, found.row_heights
 
 
 def test_crowded_screenshot(chromium: str, crowded: Path, tmp_path: Path) -> None:
@@ -258,3 +259,87 @@ def test_crowded_screenshot(chromium: str, crowded: Path, tmp_path: Path) -> Non
     assert (width, height) == (WIDTH, HEIGHT)
     dark = sum(1 for i in range(0, len(rgb), 3) if rgb[i] + rgb[i + 1] + rgb[i + 2] < 200)
     assert 0.002 * width * height < dark < 0.3 * width * height
+
+
+# --------------------------------------------------------------------------- the stack's page
+
+
+@pytest.fixture(scope="module")
+def stack_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped stack in miniature: two extension wheels of one channel (mamba-ssm needs
+    causal-conv1d) and two pure ones."""
+    tmp = tmp_path_factory.mktemp("stack-page")
+    root, dist = tmp / "index", tmp / "dist"
+    target = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1",
+              "archs": ["sm_120"], "build_key": "k"}
+    conv = make_wheel(dist, {"causal_conv1d/_C.so": b"\x7fELF" + bytes(3000)},
+                      name="causal-conv1d", version="1.7.0+cu130torch2.14sm120",
+                      tag="cp311-cp311-linux_x86_64", metadata_extra="Requires-Dist: torch")
+    index.publish(root, conv, **target)
+    index.set_tested(root, conv.name, {"status": "passed", "gpu": "NVIDIA H200",
+                                       "capability": "9.0"})
+    mamba = make_wheel(dist, {"mamba_ssm/_C.so": b"\x7fELF" + bytes(9000)}, name="mamba-ssm",
+                       version="2.3.1+cu130torch2.14sm120", tag="cp311-cp311-linux_x86_64",
+                       metadata_extra="Provides-Extra: mamba3\nRequires-Dist: causal-conv1d"
+                                      ">=1.4\nRequires-Dist: fla-core; extra == \"mamba3\"")
+    index.publish(root, mamba, **target)
+    for name in ("fla-core", "flash-linear-attention"):
+        pure = make_wheel(dist, {f"{name.replace('-', '_')}/__init__.py": ""}, name=name,
+                          version="0.6.0+wf")
+        index.publish(root, pure, channel=None, cuda=None, torch=None, archs=[],
+                      build_key=None)
+    return root / "index.html"
+
+
+def _install_lines(dom: str) -> list[str]:
+    codes = re.findall(r'<div class="cmd"><code>(.*?)</code>', dom, re.S)
+    return [re.sub(r"<[^>]+>", "", c).replace("&amp;", "&") for c in codes]
+
+
+def test_the_stack_page_has_one_line_per_wheel_and_pasteable_install_lines(
+        chromium: str, stack_page: Path, tmp_path: Path) -> None:
+    from browser import layout
+
+    found = layout(chromium, stack_page, tmp_path / "profile", width=WIDTH, height=HEIGHT)
+    assert not found.overflows, (found.scroll_width, found.wide)
+    assert len(found.row_heights) == 4 and max(found.row_heights) <= 40, found.row_heights
+    # a copy of the index elsewhere names where it is read from (the page's script)
+    moved = tmp_path / "copy of index"
+    import shutil
+    shutil.copytree(stack_page.parent, moved)
+    dom = browse(chromium, tmp_path, "--virtual-time-budget=3000", "--dump-dom",
+                 page=moved / "index.html").stdout.decode()
+    wf_line, uv_line = _install_lines(dom)
+    assert wf_line == f"wheelforge install --index {moved}/cu130-torch2.14/ --python ~/venvs/stack"
+    assert uv_line.startswith("uv venv --python 3.11 ~/venvs/stack && uv pip install --python "
+                              f"~/venvs/stack --index wheelforge={moved.as_uri()}/")
+    assert uv_line.endswith("causal-conv1d fla-core flash-linear-attention mamba-ssm")
+    assert "mamba-ssm needs causal-conv1d: installed with it" in dom
+    assert "<b>sm_120</b>: RTX PRO 6000 Blackwell, RTX 50xx" in dom
+    assert 'data-copy="causal-conv1d==1.7.0+cu130torch2.14sm120"' in dom
+
+
+def test_served_the_install_lines_name_the_url(chromium: str, stack_page: Path,
+                                               tmp_path: Path) -> None:
+    from test_index_clients import serve_in_thread
+
+    with serve_in_thread(stack_page.parent) as url:
+        argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000",
+                "--dump-dom", f"{url}/index.html"]
+        dom = subprocess.run(argv, capture_output=True, timeout=120,
+                             stdin=subprocess.DEVNULL).stdout.decode()
+    wf_line, uv_line = _install_lines(dom)
+    assert wf_line == f"wheelforge install --index {url}/cu130-torch2.14/ --python ~/venvs/stack"
+    assert f"--index wheelforge={url}/cu130-torch2.14/simple/ --constraint {url}/" in uv_line
+
+
+def test_the_stack_page_screenshot(chromium: str, stack_page: Path, tmp_path: Path) -> None:
+    """Looked at by a person when the page changes (docs/index.md says how to make it)."""
+    shot = tmp_path / "stack.png"
+    browse(chromium, tmp_path, f"--screenshot={shot}", page=stack_page)
+    width, height, rgb = decode_png(shot.read_bytes())
+    assert (width, height) == (WIDTH, HEIGHT)
+    green = sum(1 for i in range(0, len(rgb), 3)
+                if rgb[i + 1] > rgb[i] + 40 and rgb[i + 1] > rgb[i + 2] + 30)
+    assert green > 20  # the passed test result

@@ -47,6 +47,25 @@ NAMED_ARCHES: dict[str, str] = {
     "Ada": "8.9+PTX", "Hopper": "9.0+PTX", "Blackwell+Tegra": "11.0",
     "Blackwell": "10.0;10.3;12.0;12.1+PTX",
 }
+#: What GPUs each compute capability means, for people reading a page (the usual
+#: data-centre and desktop parts; not a complete list).
+GPUS: dict[tuple[int, int], str] = {
+    (7, 5): "T4, RTX 20xx", (8, 0): "A100, A30", (8, 6): "A10, A40, RTX 30xx",
+    (8, 7): "Jetson Orin", (8, 9): "L4, L40, RTX 40xx", (9, 0): "H100, H200, GH200",
+    (10, 0): "B200, GB200", (10, 3): "B300, GB300", (11, 0): "Jetson Thor",
+    (12, 0): "RTX PRO 6000 Blackwell, RTX 50xx", (12, 1): "DGX Spark (GB10)",
+}
+
+
+def gpus_of(name: str) -> str | None:
+    """The GPUs an arch name of a wheel (``sm_120``, ``sm_90a``, ``compute_120``) runs on;
+    None for a name this table does not know."""
+    match = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)a?", name)
+    if not match:
+        return None
+    return GPUS.get((int(match.group(1)), int(match.group(2))))
+
+
 _EXAMPLES = ("e.g. --arch 12.0 (RTX PRO 6000, RTX 50xx), --arch '10.0;12.0' (B200 and RTX "
              "PRO 6000), --arch 9.0a, --arch '12.0+PTX'")
 _WHY = ("entries are compute capabilities as TORCH_CUDA_ARCH_LIST spells them: MAJOR.MINOR, "

@@ -28,9 +28,10 @@ FETCH_TIMEOUT_S = 30
               help="The venv to install into: its directory (made when it does not exist) or "
                    "its interpreter. Default: the active venv ($VIRTUAL_ENV).")
 @click.option("--index", "index", metavar="PATH|URL",
-              help="The index: a directory (default: defaults.index of wheelforge.yaml, else "
-                   "./index) or the URL `wheelforge serve` printed for a channel "
-                   "(http://HOST:8765/CHANNEL/).")
+              help="The index: its directory (default: defaults.index of wheelforge.yaml, "
+                   "else ./index) or a channel's in it (INDEX/CHANNEL/), or the URL of a "
+                   "served channel (http://HOST:8765/CHANNEL/), as the landing page and "
+                   "`wheelforge serve` print them.")
 @click.option("--channel", help="The channel of a directory index (default: its only "
                                 "channel; an error names them when there are several).")
 @click.option("--installer", type=click.Choice(["pip", "uv"]), default="pip",
@@ -84,7 +85,14 @@ def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-de
                               why="a served index's URL names its channel",
                               fix=f"pass --index {index.rstrip('/')}/{channel}/")
         return _served_plan(index), index
-    index_dir = existing_index(Path(index) if index else None)
+    given = Path(index).expanduser() if index else None
+    if (given is not None and (given / "simple").is_dir() and not (given / "files").is_dir()
+            and (given.parent / "files").is_dir()):  # a channel's directory, as pages name it
+        if channel not in (None, given.name):
+            raise ConfigError(f"--index {index} is channel {given.name}, --channel says "
+                              f"{channel}", fix="pass one of them")
+        given, channel = given.parent, given.name
+    index_dir = existing_index(given)
     records = idx.load_records(index_dir)
     if channel is None:
         known = sorted({r.channel for r in records if r.channel})

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ..arch import gpus_of
 from . import pins
 from ._markup import _e
 from .health import StackStatus, summary_line
@@ -46,15 +48,11 @@ def _tested_label(tested: Mapping[str, Any] | None) -> str:
     return "recorded"
 
 
-#: Names up to this long stay on one line; longer ones wrap at their hyphens.
-_SHORT = 24
-_WRAP = ' class="wrap"'
-
-
-def _breakable_version(version: str) -> str:
-    """The version, escaped, with line-break opportunities in its local label (after
-    ``+``, before ``torch`` and each ``sm``): a long label wraps at its parts."""
-    text = _e(version)
+def _breakable_pin(pin: str) -> str:
+    """The pin, escaped, with line-break opportunities at its parts (after ``==`` and
+    ``+``, before ``torch`` and each ``sm``): on a crowded page a long pin wraps there,
+    never inside a word; on an ordinary one it stays on one line."""
+    text = _e(pin).replace("==", "==<wbr>")
     if "+" not in text:
         return text
     public, local = text.split("+", 1)
@@ -69,12 +67,36 @@ def _channel_cell(channel: str | None, *, pure: bool) -> str:
     return "every" if pure else "-"
 
 
+def _arch_cell(archs: Sequence[str]) -> str:
+    """The archs, each titled with the GPUs it runs on."""
+    if not archs:
+        return "-"
+    out = []
+    for name in archs:
+        gpus = gpus_of(name)
+        title = f' title="{_e(gpus)}"' if gpus else ""
+        out.append(f'<span class="arch"{title}>{_e(name)}</span>')
+    return " ".join(out)
+
+
+_ARCH_SPAN = re.compile(r'<span class="arch"[^>]*>((?:sm|compute)_\d+a?)</span>')
+
+
+def archs_in_rows(rows: Iterable[str]) -> list[str]:
+    """The archs the rows show (for the legend), without reading any record again."""
+    return sorted({m for text in rows for m in _ARCH_SPAN.findall(text)})
+
+
 def _landing_row(r: WheelRecord, href: str) -> str:
+    """One line per wheel: its pin (copied whole by the button, and wrapping only at its
+    parts when a page is very crowded), Python, channel (torch and CUDA on its title),
+    archs, the file (its size, linked), when built, the test result and the hash."""
     python = ".".join(sorted({t.interpreter for t in _parsed(r.filename).tags}))
     status = _tested_label(r.tested).lower()
     label = status
     if r.tested is not None and isinstance(r.tested.get("gpu"), str):
-        label += f" on {r.tested['gpu']}"  # e.g. "passed on NVIDIA H200"
+        gpu = re.sub(r"^NVIDIA ", "", r.tested["gpu"])
+        label += f" on {gpu}"  # e.g. "passed on H200"
         if isinstance(r.tested.get("capability"), str):
             label += f" (sm {r.tested['capability']})"
     tested_class = (
@@ -87,55 +109,152 @@ def _landing_row(r: WheelRecord, href: str) -> str:
     if r.yanked is not None:
         yanked = f' <span class="yanked" title="{_e(r.yanked)}">yanked</span>'
         row_class = ' class="yanked-row"'
+    pin = pins.pin(r.project, r.version)
+    target = (f"torch {r.torch or '?'}, CUDA {r.cuda or '?'}" if r.channel is not None
+              else "pure Python: on every channel's pages" if _is_pure(r.filename) else "")
     return (
         f"<tr{row_class}>"
-        f'<td{_WRAP if len(r.project) > _SHORT else ""} title="{_e(r.summary or "")}">'
-        f"{_e(r.project)}</td>"
-        f'<td class="wrap"><a href="{_e(f"{FILES_DIR}/{href}")}" title="{_e(r.filename)}">'
-        f"{_breakable_version(r.version)}</a>{yanked}</td>"
+        f'<td class="pin" title="{_e(r.summary or "")}"><code>{_breakable_pin(pin)}</code> '
+        f'<button type="button" class="copy" data-copy="{_e(pin)}" title="copy {_e(pin)}">'
+        f"copy</button>{yanked}</td>"
         f"<td>{_e(python)}</td>"
-        f"<td>{_channel_cell(r.channel, pure=_is_pure(r.filename))}</td>"
-        f"<td>{_e(r.torch or '-')}</td>"
-        f"<td>{_e(r.cuda or '-')}</td>"
-        f'<td class="wrap">{_e(" ".join(r.archs) or "-")}</td>'
-        f'<td class="num" title="{r.size} bytes">{_human_size(r.size)}</td>'
-        f'<td class="fixed" title="{_e(r.upload_time)}">'
-        f'{_e(r.upload_time[:16].replace("T", " "))}</td>'
-        f'<td class="fixed" title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
+        f'<td title="{_e(target)}">{_channel_cell(r.channel, pure=_is_pure(r.filename))}</td>'
+        f"<td class=\"wrap\">{_arch_cell(r.archs)}</td>"
+        f'<td class="num"><a href="{_e(f"{FILES_DIR}/{href}")}" title="{_e(r.filename)}, '
+        f'{r.size} bytes">{_human_size(r.size)}</a></td>'
+        f'<td title="{_e(r.upload_time)}">{_e(r.upload_time[:10])}</td>'
         f'<td class="{tested_class} wrap" title="{_e(tested_title)}">{_e(label)}</td>'
-        f'<td class="pin"><code>{_e(pins.pin(r.project, r.version))}</code></td>'
+        f'<td title="{_e(r.sha256)}"><code>{_e(r.sha256[:12])}</code></td>'
         "</tr>"
     )
+
+
+@dataclass(frozen=True)
+class ChannelInstall:
+    """What the install section says of one channel (None: the top-level pages)."""
+
+    channel: str | None
+    projects: tuple[str, ...]
+    python: str | None  # "3.11" when its compiled wheels are all cp311
+    companions: tuple[str, ...] = ()  # "mamba-ssm needs causal-conv1d"
 
 
 _CSS = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 90rem;
        padding: 0 1rem; color: #1b1b1b; background: #fff; }
-h1 { font-size: 1.5rem; }
-p { overflow-wrap: break-word; }
+h1 { font-size: 1.5rem; margin-bottom: .3rem; } h2 { font-size: 1.15rem; margin: 1.4rem 0 .4rem; }
+p { overflow-wrap: break-word; margin: .4rem 0; }
 table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; vertical-align: top; padding: .3rem .6rem;
+th, td { text-align: left; vertical-align: top; padding: .3rem .5rem;
          border-bottom: 1px solid #ddd; white-space: nowrap; }
 td.wrap { white-space: normal; overflow-wrap: break-word; }
-td.pin code { white-space: normal; overflow-wrap: anywhere; }
+td.pin { white-space: normal; }
+td.pin code { overflow-wrap: normal; word-break: normal; }
 th { background: #f3f3f3; position: sticky; top: 0; }
 tbody:nth-of-type(even) { background: #fafafa; }
 th.num, td.num { text-align: right; }
 td { font-variant-numeric: tabular-nums; }
 code { font-size: .9em; }
 a { color: #0550ae; }
-.yanked { color: #a40e26; font-size: .85em; font-weight: bold; }
+button.copy { font: 12px system-ui, sans-serif; margin-left: .5rem; padding: 0 .4rem;
+              border: 1px solid #bbb; border-radius: 3px; background: #f6f6f6; color: #333;
+              cursor: pointer; vertical-align: 1px; user-select: none; }
+.cmd { display: flex; align-items: flex-start; gap: .4rem; background: #f6f8fa;
+       border: 1px solid #ddd; border-radius: 4px; padding: .35rem .6rem; margin: .3rem 0; }
+.cmd code { flex: 1; white-space: pre-wrap; overflow-wrap: anywhere; }
+.yanked { color: #a40e26; font-size: .85em; font-weight: bold; margin-left: .4rem; }
 tr.yanked-row td { color: #777; }
 td.ok, .ok { color: #116329; } td.bad, .bad { color: #a40e26; }
 td.none, .none { color: #777; }
-ul.stacks { margin-top: 0; }
+ul.stacks { margin-top: 0; } .note { color: #555; }
 @media (prefers-color-scheme: dark) {
   body { color: #ddd; background: #161616; } th { background: #262626; }
   th, td { border-color: #333; } tbody:nth-of-type(even) { background: #1c1c1c; }
-  a { color: #79b8ff; } tr.yanked-row td, td.none { color: #999; }
+  a { color: #79b8ff; } tr.yanked-row td, td.none, .note { color: #999; }
   td.ok { color: #56d364; } td.bad, .yanked { color: #f85149; }
+  .cmd { background: #1f1f1f; border-color: #333; }
+  button.copy { background: #262626; color: #ddd; border-color: #444; }
 }
 """
+
+#: The page's script: the install lines name the index where the page is read from (its
+#: directory when opened as a file, its URL when served); the copy buttons copy a pin or
+#: a whole command.  Without it the lines name the directory the index was written in.
+_SCRIPT = """
+const dir = location.href.replace(/[?#].*$/, "").replace(/[^/]*$/, "").replace(/\\/$/, "");
+const path = location.protocol === "file:" ? decodeURIComponent(location.pathname)
+  .replace(/[^/]*$/, "").replace(/\\/$/, "") : dir;
+for (const e of document.querySelectorAll("[data-here]")) e.textContent = path;
+for (const e of document.querySelectorAll("[data-here-url]")) e.textContent = dir;
+function copied(button, ok) {
+  button.textContent = ok ? "copied" : "select and copy";
+  setTimeout(() => { button.textContent = "copy"; }, 1500);
+}
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("button.copy");
+  if (!button) return;
+  const text = button.dataset.copy || button.previousElementSibling.textContent;
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(text).then(() => copied(button, true),
+                                             () => copied(button, false));
+  } else {
+    const area = document.createElement("textarea");
+    area.value = text; document.body.appendChild(area); area.select();
+    let ok = false; try { ok = document.execCommand("copy"); } catch (e) {}
+    area.remove(); copied(button, ok);
+  }
+});
+"""
+
+
+def _install_section(installs: Sequence[ChannelInstall], index_path: str) -> str:
+    """Per channel, the one-command install (wheelforge's, then uv's alone), pasteable as
+    shown, naming this index; what the archs mean comes after the table."""
+    if not installs:
+        return ""
+    here = f'<span data-here="">{_e(index_path)}</span>'
+    here_url = f'<span data-here-url="">{_e(_file_url(index_path))}</span>'
+    venv = "~/venvs/stack"
+    out = ["<h2>Install</h2>\n<p>Every wheel of a channel with its dependencies into a venv "
+           "(made if missing), from any directory. The wheels come from this index alone, "
+           "pinned to their exact versions, and later <code>pip install -U</code> runs in "
+           "that venv keep them; torch and the other dependencies come from your usual "
+           "index.</p>\n"]
+    for block in installs:
+        sub = f"/{_e(block.channel)}/" if block.channel else "/"
+        names = " ".join(_e(n) for n in block.projects)
+        uv_python = f" --python {_e(block.python)}" if block.python else ""
+        out.append(
+            f"<p><b>{_e(block.channel or 'simple/')}</b>: {names}"
+            + (f' <span class="note">({_e("; ".join(block.companions))})</span>'
+               if block.companions else "") + "</p>\n"
+            f'<div class="cmd"><code>wheelforge install --index {here}{sub} --python '
+            f'{venv}</code><button type="button" class="copy" title="copy the command">copy'
+            "</button></div>\n"
+            f'<div class="cmd"><code>uv venv{uv_python} {venv} &amp;&amp; uv pip install '
+            f"--python {venv} --index wheelforge={here_url}{sub}simple/ --constraint "
+            f"{here_url}{sub}constraints.txt {names}</code>"
+            '<button type="button" class="copy" title="copy the command">copy</button></div>\n')
+    return "".join(out)
+
+
+def _file_url(path: str) -> str:
+    return "file://" + urllib.parse.quote(path)
+
+
+def _arch_legend(archs: Sequence[str]) -> str:
+    """What the archs on the page mean."""
+    seen: dict[str, str] = {}
+    for name in archs:
+        gpus = gpus_of(name)
+        if gpus and name.startswith("sm_"):
+            seen.setdefault(name, gpus)
+    if not seen:
+        return ""
+    items = "; ".join(f"<b>{_e(n)}</b>: {_e(g)}" for n, g in sorted(
+        seen.items(), key=lambda kv: -int("".join(ch for ch in kv[0] if ch.isdigit()))))
+    return (f'<p class="note">Archs (SASS in the wheel; a GPU runs a wheel built for its own '
+            f"arch): {items}.</p>\n")
 
 
 def _stack_items(stacks: Mapping[str | None, StackStatus], channels: Sequence[str]) -> str:
@@ -154,8 +273,11 @@ def _stack_items(stacks: Mapping[str | None, StackStatus], channels: Sequence[st
 
 def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
                   report: bool = False,
-                  stacks: Mapping[str | None, StackStatus] | None = None) -> str:
-    """The landing page: one table, a <tbody> per project (``rows``, by project name)."""
+                  stacks: Mapping[str | None, StackStatus] | None = None,
+                  installs: Sequence[ChannelInstall] = (), index_path: str = "",
+                  archs: Sequence[str] = ()) -> str:
+    """The landing page: the install lines, the stack check, then one table, a <tbody> per
+    project (``rows``, by project name), and what the archs mean."""
     channel_links = ", ".join(
         f'<a href="{_e(urllib.parse.quote(c))}/simple/">{_e(c)}</a>' for c in channels
     ) or "none"
@@ -173,17 +295,15 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
            if report else "")
         + "</p>\n"
-        + ("<p>Stack check (each channel's wheels installed together with their "
-           "dependencies, then imported together):</p>\n" + _stack_items(stacks or {}, channels)
+        + _install_section(installs, index_path)
+        + ("<h2>Stack check</h2>\n<p>Each channel's wheels installed together with their "
+           "dependencies, then imported together:</p>\n" + _stack_items(stacks or {}, channels)
            if channels or stacks else "")
-        + "<p>Install the pins of the last column, from this index alone: <code>"
-        + _e(pins.first_command("THIS-INDEX/CHANNEL/simple/", ["PIN..."],
-                                    one_line=True))
-        + "</code>. For the set-up that keeps them through later upgrades (pip and uv), "
-        "run <code>wheelforge consumer-config</code>.</p>\n"
-        "<table>\n<thead><tr><th>Project</th><th>Version</th><th>Python</th><th>Channel</th>"
-        "<th>Torch</th>"
-        '<th>CUDA</th><th>Archs</th><th class="num">Size</th><th>Built (UTC)</th>'
-        "<th>SHA-256</th><th>Tested</th><th>Pin</th></tr></thead>\n"
-        f"{bodies}</table>\n</body>\n</html>\n"
+        + "<h2>Wheels</h2>\n"
+        "<table>\n<thead><tr><th>Pin</th><th>Python</th><th>Channel</th><th>Archs</th>"
+        '<th class="num">File</th><th>Built</th><th>Tested</th><th>SHA-256</th>'
+        "</tr></thead>\n"
+        f"{bodies}</table>\n"
+        + _arch_legend(archs)
+        + f"<script>{_SCRIPT}</script>\n</body>\n</html>\n"
     )

@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import (
     InvalidWheelFilename,
     NormalizedName,
+    canonicalize_name,
 )
 from packaging.version import Version
 
 from . import health, pins
 from ._markup import _JSON, _e, _json_text, _quote
 from ._writes import Data, _write_all
-from .landing import _landing_page, _landing_row
+from .landing import ChannelInstall, _landing_page, _landing_row, archs_in_rows
 from .records import (
     _CACHE_SCHEMA,
     _RESERVED_CHANNELS,
@@ -447,7 +449,10 @@ def _sync(
     wheels = sum(len(names) for names in groups.values())
     report = (index_dir / REPORTS_DIR / NIGHTLY_REPORT).is_file()
     stacks = health.read_statuses(index_dir, sorted(new_channels))
-    landing = _landing_page(rows, sorted(new_channels), wheels, report, stacks).encode()
+    installs = _installs(index_dir, summary, groups, sorted(new_channels))
+    archs = archs_in_rows(rows.values())
+    landing = _landing_page(rows, sorted(new_channels), wheels, report, stacks, installs,
+                            str(index_dir.resolve()), archs).encode()
     if bad:
         raise BadRecords(bad)
     # the published files, caches, then project pages, then the roots that link to them,
@@ -457,6 +462,65 @@ def _sync(
                 (index_dir / CACHE_DIR / _SUMMARY_FILE, _summary_bytes(summary))])
     for directory in removals:
         _remove_pages(directory)
+
+
+def _installs(index_dir: Path, summary: Mapping[NormalizedName, _Summary],
+              groups: Mapping[NormalizedName, Sequence[str]], channels: Sequence[str]
+              ) -> list[ChannelInstall]:
+    """The landing page's install blocks: per channel (the top-level pages when there is
+    none) its projects that have an installable version, the Python of its compiled wheels
+    and which of them needs another (from the newest wheels' METADATA)."""
+    out = []
+    every: list[str | None] = [*channels] or [None]
+    for channel in every:
+        members = _members(summary, channel) if channel else sorted(summary)
+        chosen: dict[str, str] = {}  # project: the newest wheel's file name on these pages
+        for project in members:
+            newest = _newest(summary[project], None if channel is None else {channel, "*"})
+            if newest is None:
+                continue
+            for name in groups.get(project, ()):
+                parsed = _parsed(name)
+                if str(parsed.version) == newest:
+                    chosen[str(project)] = name
+                    break
+        if not chosen:
+            continue
+        tags = {t.interpreter for name in chosen.values() if not _is_pure(name)
+                for t in _parsed(name).tags}
+        python = None
+        if len(tags) == 1 and (tag := next(iter(tags))).startswith("cp") and tag[2:].isdigit():
+            python = f"{tag[2]}.{tag[3:]}"
+        needs = []
+        for wanted, name in chosen.items():
+            others = sorted(_local_requirements(index_dir / FILES_DIR / f"{name}.metadata",
+                                                set(chosen) - {wanted}))
+            if others:
+                needs.append(f"{wanted} needs {', '.join(others)}: installed with it")
+        out.append(ChannelInstall(channel=channel, projects=tuple(chosen), python=python,
+                                  companions=tuple(needs)))
+    return out
+
+
+def _local_requirements(metadata: Path, local: set[str]) -> set[str]:
+    """The projects of ``local`` that a wheel's METADATA requires (extras left out)."""
+    try:
+        text = metadata.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        try:
+            req = Requirement(line.split(":", 1)[1].strip())
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
+        if canonicalize_name(req.name) in local:
+            found.add(str(canonicalize_name(req.name)))
+    return found
 
 
 def _newest(summary: _Summary, members: Container[str] | None) -> str | None:

@@ -43,7 +43,7 @@ JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
 
 _SCHEMA = 1  # of the sidecar
-_CACHE_SCHEMA = 5  # of the .records caches; bump whenever the page templates change
+_CACHE_SCHEMA = 6  # of the .records caches; bump whenever the page templates change
 _WRITE_THREADS = 16  # _write_all: an fsync mostly waits for the disk (8, 16, 32, 64 measured)
 _CHUNKS_PER_THREAD = 4
 _SUMMARY_FILE = "_summary.json"  # '_' cannot start a normalized project name
