@@ -13,15 +13,21 @@ GIT_MIRRORS ?= $(if $(wildcard $(UPSTREAM)/state-spaces-mamba.bundle),--git-mirr
 
 .PHONY: venv build test test-fast lint bench clean
 
+# wheelforge alone (what `make build` needs) ...
 $(BIN)/wheelforge: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# ... and the test tools (pytest, ruff, mypy, uv, ray, ...), only for the targets that use them
+$(VENV)/.test-tools: pyproject.toml $(BIN)/wheelforge
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 
-venv: $(BIN)/wheelforge  ## create .venv with wheelforge and the test tools
+venv: $(VENV)/.test-tools  ## create .venv with wheelforge and the test tools
 
-build: venv  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
+build: $(BIN)/wheelforge  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
 	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX) $(GIT_MIRRORS)
 
 test: venv  ## the whole suite, real end-to-end builds included

@@ -629,23 +629,26 @@ def _print_table() -> Iterator[None]:
 
 
 
-def test_the_readme_shows_the_rendered_instructions_first(tmp_path: Path):
-    """README's first install commands are consumer.render's, for an index of the shipped
-    recipes' wheels under $PWD/index, channel cu130-torch2.14."""
-    from wheelforge.consume import install as consumer
+def test_the_readmes_uv_line_is_the_printed_one(tmp_path: Path):
+    """README's uv block is what build and the landing page print for an index of the
+    shipped recipes' wheels at $PWD/index (the checkout), continuations aside; its pip
+    line is `wheelforge install` from the checkout."""
+    from wheelforge.cli._options import install_lines
 
     root, dist = tmp_path.resolve() / "index", tmp_path / "dist"
-    for name, version, target in [("causal-conv1d", "1.7.0+cu130torch2.14sm120", CU130),
-                                  ("fla-core", "0.6.0+wf", NO_TARGET),
-                                  ("flash-linear-attention", "0.6.0+wf", NO_TARGET)]:
-        index.publish(root, _wheel(dist, name, version, "local"), **target)
-    plan = consumer.plan(index.load_records(root), index_dir=root, url=None, channel=CHANNEL)
-    text = consumer.render(plan, "pip").replace(str(tmp_path.resolve()), "$PWD")
+    for name, version, target, tag in [
+            ("causal-conv1d", "1.7.0+cu130torch2.14sm120", CU130, "cp311-cp311-linux_x86_64"),
+            ("fla-core", "0.6.0+wf", NO_TARGET, "py3-none-any"),
+            ("flash-linear-attention", "0.6.0+wf", NO_TARGET, "py3-none-any"),
+            ("mamba-ssm", "2.3.2+cu130torch2.14sm120", CU130, "cp311-cp311-linux_x86_64")]:
+        index.publish(root, _wheel(dist, name, version, "local", tag=tag), **target)
+    text = install_lines(root, None, None).replace(f"file://{root.parent}", "file://$PWD")
+    (printed,) = [ln for ln in text.splitlines() if ln.startswith("uv venv")]
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    install = readme[readme.index("## Install from the index"):]
-    first_block = install[install.index("```sh\n") + 6:install.index("```\n")]
-    assert first_block == text
-    assert readme.index("```sh\n" + text) < readme.index("--extra-index-url`")
+    install = readme[readme.index("## Install the stack"):]
+    blocks = [b.split("```", 1)[0] for b in install.split("```sh\n")[1:3]]
+    assert blocks[0] == ".venv/bin/wheelforge install --python ~/venvs/stack\n"
+    assert " ".join(blocks[1].replace("\\\n", " ").split()) == printed
 
 
 def test_a_channel_that_goes_takes_its_constraints_along(tmp_path: Path):

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
@@ -72,38 +71,94 @@ def test_the_gate_finds_the_stack_good_and_names_what_it_resolved(
     assert f'<b>{CHANNEL}</b>: <span class="ok">good (with ' in page
 
 
-def test_the_printed_install_pasted_from_another_directory_imports_the_stack(
-        built: tuple[Path, str], tmp_path: Path) -> None:
-    """The pip lines `wheelforge build` printed, run by a shell in a fresh venv whose
-    `python` is first on PATH, from a directory that is not the checkout."""
-    _, out = built
-    lines = out.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("install ("))
-    block = "\n".join(ln for ln in lines[start + 1:] if not ln.startswith("stack "))
-    assert block.count("pip install") >= 2, block
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{env_dir / 'bin'}:{env['PATH']}"
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=elsewhere, env=env,
-                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         timeout=3600)
-    assert res.returncode == 0, res.stdout[-6000:]
+def _user_env(home: Path) -> dict[str, str]:
+    """A user whose home is ``home``: ~/venvs/stack lies there; pip's and uv's download
+    caches stay this machine's (XDG_CACHE_HOME), so torch is not fetched again."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "WHEELFORGE_STACK_CHECK")}
+    env["XDG_CACHE_HOME"] = os.environ.get("XDG_CACHE_HOME",
+                                           str(Path.home() / ".cache"))
+    env["HOME"] = str(home)
+    uv = Path(sys.executable).with_name("uv")
+    env["PATH"] = f"{uv.parent}:{env['PATH']}"
+    return env
+
+
+def _imports_the_stack(python: Path, cwd: Path, env: dict[str, str]) -> None:
     probe = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-c",
+        [str(python), "-c",
          f"import json, {IMPORTS}; import importlib.metadata as md; "
          "print(json.dumps({d: md.version(d) for d in ('causal-conv1d', 'mamba-ssm', "
          "'fla-core', 'flash-linear-attention')}))"],
-        cwd=elsewhere, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         timeout=600)
     assert probe.returncode == 0, probe.stdout[-6000:]
     versions = json.loads(probe.stdout.strip().splitlines()[-1])
     assert versions["causal-conv1d"].endswith("+cu130torch2.14sm120")
     assert versions["mamba-ssm"].endswith(".cu130torch2.14sm120")
     assert versions["fla-core"].endswith("+wf")
-    check = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "check"],
-                           cwd=elsewhere, env=env, text=True, stdout=subprocess.PIPE,
+    check = subprocess.run([str(python), "-m", "pip", "check"] if (python.parent / "pip").exists()
+                           else [str(Path(sys.executable).with_name("uv")), "pip", "check",
+                                 "--python", str(python)],
+                           cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=300)
     assert check.returncode == 0, check.stdout
+
+
+def _printed(out: str) -> list[str]:
+    """The command lines (not comments) of the install block `wheelforge build` printed."""
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("install ("))
+    return [ln for ln in lines[start + 1:] if ln and not ln.startswith(("#", "stack "))]
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_the_printed_install_pasted_from_another_directory_imports_the_stack(
+        built: tuple[Path, str], tmp_path: Path, installer: str) -> None:
+    """The line `wheelforge build` printed (`wheelforge install ...` with absolute paths,
+    or uv's line), run by a shell as printed, from a directory that is not the checkout,
+    into ~/venvs/stack of a new user; then one interpreter imports the whole stack."""
+    _, out = built
+    wf_line, uv_line = _printed(out)
+    assert " install --index /" in wf_line and wf_line.endswith(" --python ~/venvs/stack")
+    assert uv_line.startswith("uv venv --python 3.11 ~/venvs/stack && uv pip install ")
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    elsewhere.mkdir(parents=True)
+    env = _user_env(home)
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c",
+                          wf_line if installer == "pip" else uv_line],
+                         cwd=elsewhere, env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, timeout=3600)
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert "WARNING: Location" not in res.stdout
+    _imports_the_stack(home / "venvs" / "stack" / "bin" / "python", elsewhere, env)
+
+
+def test_the_readmes_install_block_runs_as_printed(built: tuple[Path, str],
+                                                   tmp_path: Path) -> None:
+    """README's pip block, run by a shell in a checkout after `make build` (.venv holds
+    wheelforge, ./index the wheels), for a new user."""
+    index, _ = built
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("## Install the stack"):].split("```sh\n", 1)[1]
+    block = block.split("```", 1)[0]
+    checkout = tmp_path / "checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "wheelforge").symlink_to(
+        Path(sys.executable).with_name("wheelforge"))
+    (checkout / "index").symlink_to(index)
+    home = tmp_path / "home"
+    env = _user_env(home)
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=checkout, env=env,
+                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         timeout=3600)
+    assert res.returncode == 0, res.stdout[-6000:]
+    _imports_the_stack(home / "venvs" / "stack" / "bin" / "python", tmp_path, env)
+    # later pip commands in that venv keep the wheels (the venv's pip.conf)
+    python = home / "venvs" / "stack" / "bin" / "python"
+    later = subprocess.run([str(python), "-m", "pip", "install", "causal-conv1d", "mamba-ssm"],
+                           cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=900)
+    assert later.returncode == 0, later.stdout[-4000:]
+    assert "WARNING: Location" not in later.stdout
+    _imports_the_stack(python, tmp_path, env)

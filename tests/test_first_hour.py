@@ -220,10 +220,10 @@ def test_defaults_python_and_gib_per_job_reach_doctor(tmp_path: Path) -> None:
         "GiB, got 'lots'")
 
 
-def test_the_readme_settings_table_lists_every_defaults_key() -> None:
+def test_the_usage_docs_settings_table_lists_every_defaults_key() -> None:
     from wheelforge.builder.config import _DEFAULT_KEYS
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "usage.md").read_text()
     table = readme.split("| setting | option | environment | `wheelforge.yaml` |", 1)[1]
     table = table.split("\n\n", 1)[0]
     for key in _DEFAULT_KEYS:

@@ -167,7 +167,7 @@ EXAMPLE_VENV = "~/venvs/stack"
 def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
                 python_version: str | None, venv: str = EXAMPLE_VENV) -> list[str]:
     """The install as users paste it, from any directory: ``wheelforge install`` (pip, with
-    the lasting venv settings) and uv's one line.  ``wheelforge``: how to run wheelforge
+    the lasting venv settings) and uv's one line (project names: the constraints pin them).  ``wheelforge``: how to run wheelforge
     (an absolute path); ``index``: the --index argument (an absolute path or the served
     channel's URL); ``python_version``: "3.11" for cp311 wheels (None: any)."""
     q = shlex.quote
@@ -180,7 +180,7 @@ def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
         "# or with uv alone:",
         f"uv venv{uv_python} {venv} && uv pip install --python {venv} "
         f"--index {q(f'{UV_INDEX_NAME}={p.index_url}')} --constraint {q(p.constraints)} "
-        + " ".join(q(x) for x in p.pins),
+        + " ".join(q(x.split("==", 1)[0]) for x in p.pins),
     ]
 
 
