@@ -121,3 +121,34 @@ def test_a_missing_build_requirement_is_named_once(tmp_path: Path) -> None:
     with pytest.raises(ToolchainError) as exc:
         check_build_requires(tree, env, ("setuptools", "wheel", "ninja"), "demo")
     assert exc.value.why == f"{sys.executable} is missing: wheel, ninja"
+
+
+def test_a_copy_of_recipes_and_patches_without_gputests_lists_and_checks(tmp_path: Path) -> None:
+    import shutil
+
+    from conftest import REPO
+
+    for d in ("recipes", "patches"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    listed = wf("list", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "fla-core" in listed.stdout and "mamba-ssm" in listed.stdout
+    checked = wf("check", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_wheelforge_test_names_a_missing_gpu_test_file(tmp_path: Path) -> None:
+    import shutil
+
+    from conftest import REPO
+    from wheelforge.consume.gputest import collect_tests
+    from wheelforge.errors import RecipeError
+    from wheelforge.recipe.format import RecipeBook
+
+    for d in ("recipes", "patches"):
+        shutil.copytree(REPO / d, tmp_path / d)
+    recipe = RecipeBook(tmp_path / "recipes", tmp_path / "patches").load("fla-core")
+    with pytest.raises(RecipeError) as err:
+        collect_tests(recipe, tmp_path / "t", tmp_path / "s", cache_dir=tmp_path / "c",
+                      sources_dirs=(), git_mirrors=None, say=lambda _: None)
+    assert "GPU test file" in err.value.what and "copy gputests/fla-core/" in err.value.fix

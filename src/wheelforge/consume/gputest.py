@@ -214,6 +214,12 @@ def collect_tests(recipe: Recipe, tests: Path, src: Path, *, cache_dir: Path,
         for rel in recipe.test.source_files:
             shutil.copy2(tree / rel, tests / Path(rel).name)
     for f in recipe.test.files:
+        if not f.is_file():
+            raise RecipeError(f"{recipe.name}'s GPU test file {f} does not exist",
+                              why="test.files of the recipe are read from gputests/NAME/ "
+                                  "beside the recipes directory",
+                              fix=f"copy gputests/{recipe.name}/ from the wheelforge checkout "
+                                  "next to your recipes/")
         shutil.copy2(f, tests / f.name)
     return tests
 
