@@ -152,3 +152,30 @@ def test_wheelforge_test_names_a_missing_gpu_test_file(tmp_path: Path) -> None:
         collect_tests(recipe, tmp_path / "t", tmp_path / "s", cache_dir=tmp_path / "c",
                       sources_dirs=(), git_mirrors=None, say=lambda _: None)
     assert "GPU test file" in err.value.what and "copy gputests/fla-core/" in err.value.fix
+
+
+def test_a_missing_build_requirement_of_the_recipe_stops_before_the_fetch(
+        tmp_path: Path) -> None:
+    """With --python (your interpreter, as it is), what the recipe's build.requires names
+    is checked in preflight: no download, no patching, then the error."""
+    import venv
+
+    from conftest import REPO
+
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)
+    (site,) = (bare / "lib").glob("python*/site-packages")
+    (site / "torch").mkdir()  # a stand-in: the interpreter's torch is not what is checked
+    (site / "torch" / "__init__.py").write_text(
+        "__version__ = '2.14.1'\nclass version:\n    cuda = None\n"
+        "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n")
+    res = wf("build", "fla-core", "--python", bare / "bin" / "python", "--index",
+             tmp_path / "index", "--cache-dir", tmp_path / "cache", "--work-dir",
+             tmp_path / "work", "--no-stack-check", "--recipes", REPO / "recipes",
+             cwd=tmp_path)
+    assert res.returncode == 6, res.stderr
+    assert "toolchain error: the build environment lacks what fla-core needs to build" \
+        in res.stderr
+    assert "is missing: setuptools>=64, wheel" in res.stderr
+    assert "fetch source" not in res.stderr
+    assert not (tmp_path / "cache" / "sources").exists()

@@ -30,7 +30,12 @@ def check_build_requires(tree: Path, env: BuildEnv, extra: tuple[str, ...], proj
     wanted: dict[str, str] = {}  # pyproject's and the recipe's: each requirement once
     for text in (*build_system_requires(tree, env), *extra):
         wanted.setdefault(str(Requirement(text)), text)
-    missing = missing_requirements(env, list(wanted.values()))
+    require(env, list(wanted.values()), project)
+
+
+def require(env: BuildEnv, requirements: list[str], project: str) -> None:
+    """ToolchainError naming every requirement ``env`` lacks, with the pip command."""
+    missing = missing_requirements(env, requirements)
     if missing:
         raise ToolchainError(
             f"the build environment lacks what {project} needs to build",

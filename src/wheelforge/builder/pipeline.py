@@ -31,7 +31,7 @@ from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
 from ..wheel import newest_member_epoch, relabel, relabeled_name
 from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain
-from .backend import NINJA_PROGRESS, build_wheel, check_build_requires
+from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
 from .buildenv import BuildEnv
 from .compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
@@ -277,6 +277,12 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             reporter.info(f"build key {key[:16]}")
             preflight.check_writable(config, recipe.name)
             index.repair(config.index_dir)  # a change a killed writer left: finished first
+            env: BuildEnv | None = None
+            if config.python is not None and recipe.build.requires:
+                # your interpreter, as it is: what the recipe names is known before the
+                # fetch (pyproject's build-system.requires only after it)
+                env = _get_env(recipe, config, reporter, log)
+                require(env, list(recipe.build.requires), recipe.name)
 
         def waiting(holder: str) -> None:
             reporter.info(f"waiting for build key {key[:16]}: another build holds it, "
@@ -303,7 +309,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
         with reporter.step("build environment"):
-            env = _get_env(recipe, config, reporter, log)
+            env = env or _get_env(recipe, config, reporter, log)
             reporter.info(env.describe())
             if extension:
                 assert cuda is not None
