@@ -169,7 +169,8 @@ def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
     """The install as users paste it, from any directory: ``wheelforge install`` (pip, with
     the lasting venv settings) and uv's one line (project names: the constraints pin them).
     ``wheelforge``: how to run wheelforge (an absolute path); ``index``: the --index
-    argument (an absolute path or the served channel's URL); ``python_version``: "3.11" for cp311 wheels (None: any)."""
+    argument (an absolute path or the served channel's URL); ``python_version``: "3.11"
+    for cp311 wheels (None: any)."""
     q = shlex.quote
     args = f" --index {q(index)}" + (f" --channel {q(channel)}" if channel else "")
     uv_python = f" --python {python_version}" if python_version else ""
