@@ -179,3 +179,30 @@ def test_a_missing_build_requirement_of_the_recipe_stops_before_the_fetch(
     assert "is missing: setuptools>=64, wheel" in res.stderr
     assert "fetch source" not in res.stderr
     assert not (tmp_path / "cache" / "sources").exists()
+
+
+def test_a_build_backends_warnings_go_to_the_log_not_the_console(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """setuptools' deprecation banners (BuildBackendWarning, re-raised by pyproject_hooks in
+    wheelforge's process) once appeared between the step lines."""
+    from wheelforge.builder.backend import build_wheel
+    from wheelforge.builder.buildenv import BuildEnv
+
+    tree = tmp_path / "demo"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "demo"\nversion = "0.1"\n')
+    (tree / "setup.py").write_text(
+        "import warnings\nfrom setuptools import setup\n"
+        "warnings.warn('a deprecation banner from the backend', UserWarning)\nsetup()\n")
+    env = BuildEnv(python=Path(sys.executable), managed=False, python_version="3.11",
+                   python_tag="cp311", torch_version=None, torch_cuda=None, cxx11_abi=None,
+                   distributions=())
+    log = tmp_path / "build.log"
+    wheel = build_wheel(tree=tree, env=env, environ=dict(__import__("os").environ),
+                        out_dir=tmp_path / "out", log=log)
+    assert wheel.name.startswith("demo-0.1-")
+    assert "deprecation banner" not in capfd.readouterr().err
+    assert "warning from the build backend" in log.read_text()
+    assert "a deprecation banner from the backend" in log.read_text()

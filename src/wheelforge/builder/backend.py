@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import build as pypa_build
@@ -20,15 +22,33 @@ from .diagnose import diagnose, first_error_line
 NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
 
 
-def build_system_requires(tree: Path, env: BuildEnv) -> tuple[str, ...]:
-    return tuple(sorted(pypa_build.ProjectBuilder(tree, python_executable=str(env.python))
-                        .build_system_requires))
+@contextlib.contextmanager
+def backend_warnings_to(log: Path | None) -> Iterator[None]:
+    """The warnings a build backend raises (pyproject_hooks re-raises them here as
+    BuildBackendWarning: setuptools' deprecation banners, torch's NumPy notice) go to the
+    build's log, not between wheelforge's step lines."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    if log is not None and caught:
+        with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as f:
+            for w in caught:
+                f.write(f"warning from the build backend ({w.category.__name__}): "
+                        f"{w.message}\n")
 
 
-def check_build_requires(tree: Path, env: BuildEnv, extra: tuple[str, ...], project: str) -> None:
+def build_system_requires(tree: Path, env: BuildEnv, log: Path | None = None
+                          ) -> tuple[str, ...]:
+    with backend_warnings_to(log):
+        return tuple(sorted(pypa_build.ProjectBuilder(tree, python_executable=str(env.python))
+                            .build_system_requires))
+
+
+def check_build_requires(tree: Path, env: BuildEnv, extra: tuple[str, ...], project: str,
+                         log: Path | None = None) -> None:
     """Without isolation the build environment must already hold every requirement."""
     wanted: dict[str, str] = {}  # pyproject's and the recipe's: each requirement once
-    for text in (*build_system_requires(tree, env), *extra):
+    for text in (*build_system_requires(tree, env, log), *extra):
         wanted.setdefault(str(Requirement(text)), text)
     require(env, list(wanted.values()), project)
 
@@ -68,7 +88,8 @@ def build_wheel(
     builder = pypa_build.ProjectBuilder(tree, python_executable=str(env.python), runner=runner)
     with tempfile.TemporaryDirectory(prefix="wf-dist-", dir=out_dir.parent) as tmp:
         try:
-            built = Path(builder.build("wheel", tmp))
+            with backend_warnings_to(log):
+                built = Path(builder.build("wheel", tmp))
         except _proc.CommandFailed as exc:
             raise failure(tree.name, exc, log, jobs) from exc
         except pypa_build.BuildBackendException as exc:

@@ -315,7 +315,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 assert cuda is not None
                 toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
                 _doctor(config, env, reporter)
-            check_build_requires(tree, env, recipe.build.requires, recipe.name)
+            check_build_requires(tree, env, recipe.build.requires, recipe.name, log)
         jobs, threads, why_jobs = jobs_for(config, recipe.name,
                                            compile_units(tree) if extension else None)
         if (jobs, threads) != (config.jobs, config.nvcc_threads):
