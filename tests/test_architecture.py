@@ -21,7 +21,8 @@ PACKAGE = SRC / "wheelforge"
 #: Bottom to top. A module may import its own layer and the layers below it, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("wheelforge", "wheelforge.errors", "wheelforge._proc", "wheelforge._fs",
-     "wheelforge._log", "wheelforge._yaml", "wheelforge.arch", "wheelforge.wheel"),
+     "wheelforge._log", "wheelforge._yaml", "wheelforge.arch", "wheelforge.wheel",
+     "wheelforge.workdirs"),
     ("wheelforge.recipe",),
     ("wheelforge.index",),
     ("wheelforge.builder",),

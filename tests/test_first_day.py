@@ -206,3 +206,34 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
     assert "deprecation banner" not in capfd.readouterr().err
     assert "warning from the build backend" in log.read_text()
     assert "a deprecation banner from the backend" in log.read_text()
+
+
+def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
+        tmp_path: Path) -> None:
+    import os
+    import time
+
+    from wheelforge._fs import owned_lock
+    from wheelforge.workdirs import RUN_LOCK
+
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    live, dead, old, fresh, stack = (work / "live", work / "dead", work / "old", work / "fresh",
+                                     cache / "stack" / "stack-1")
+    for d in (live, dead, old, fresh, stack):
+        d.mkdir(parents=True)
+        (d / "big.o").write_bytes(b"\0" * 4096)
+    for d in (live, dead, stack):
+        (d / RUN_LOCK).write_text("pid 1 (wheelforge build) since then")
+    hour_ago = time.time() - 7200
+    os.utime(old, (hour_ago, hour_ago))
+    args = ("clean", "--work-dir", work, "--cache-dir", cache)
+    with owned_lock(live / RUN_LOCK):  # a build of this process, running
+        dry = wf(*args, "--dry-run", cwd=tmp_path)
+        assert dry.returncode == 0, dry.stderr
+        assert f"would remove {dead} " in dry.stdout and dead.exists()
+        done = wf(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not dead.exists() and not old.exists() and not stack.exists()
+    assert live.exists() and fresh.exists()
+    assert f"kept {live}: in use by pid {os.getpid()}" in done.stdout
+    assert "removed 3 directories" in done.stdout

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from .. import __version__, index
+from .. import __version__, index, workdirs
 from .._fs import owned_lock
 from .._log import Reporter
 from ..arch import label as arch_label
@@ -299,6 +299,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         # one directory per run: never shared with, nor removed by, another run
         work = Path(tempfile.mkdtemp(prefix=f"{recipe.name}-{recipe.version}-{key[:12]}-",
                                      dir=config.work_dir))
+        held.enter_context(workdirs.claim(work))  # `wheelforge clean` leaves it alone
         with reporter.step("fetch source"):
             fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info,
                             git_mirrors=dict(config.git_mirrors))
@@ -411,13 +412,14 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         if exc.log is None and log.exists():
             exc.log = str(log)
         if work is not None and work.exists():
-            exc.fix = (exc.fix + "; " if exc.fix else "") + f"work directory kept at {work}"
+            exc.fix = ((exc.fix + "; " if exc.fix else "") + f"work directory kept at {work} "
+                       "(wheelforge clean removes it)")
         raise
     except OSError as exc:  # a full disk, a read-only or unwritable directory
         err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
                                           "could not write its files", work or config.work_dir)
         if work is not None and work.exists():
-            err.fix += f"; work directory kept at {work}"
+            err.fix += f"; work directory kept at {work} (wheelforge clean removes it)"
         err.log = str(log) if log.exists() else None
         raise err from None
     except KeyboardInterrupt:

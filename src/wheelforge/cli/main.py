@@ -39,7 +39,7 @@ from ._options import install_lines as _install_lines
 from ._options import repair_or_warn as _repair_or_warn
 from .index import INDEX_COMMANDS
 from .install import install
-from .maintain import outdated, patch_group
+from .maintain import clean, outdated, patch_group
 from .nightly import nightly
 from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
 
@@ -477,6 +477,7 @@ cli.add_command(stack_group)  # wheelforge stack check: stack.py
 cli.add_command(install)  # wheelforge install: install.py
 cli.add_command(patch_group)  # the maintainer's commands: maintain.py
 cli.add_command(outdated)
+cli.add_command(clean)
 
 
 def _install_signal_handlers() -> None:

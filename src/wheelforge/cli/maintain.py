@@ -278,3 +278,34 @@ def outdated(names: tuple[str, ...], index_url: str, as_json: bool, no_check: bo
     for row in rows:
         click.echo(("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) +
                     "  " + row[3]).rstrip())
+
+
+@click.command("clean", epilog=EPILOG_SHORT)
+@cache_option
+@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where builds unpack and compile (default CACHE/work).")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
+    """Remove what failed, stopped or killed runs left: build work directories (kept for
+    reading after a failure) and stack-check venvs. A directory a running wheelforge
+    holds is never touched. Sources, build environments, the compile cache and logs stay.
+
+    \b
+    Examples:
+      wheelforge clean --dry-run
+      wheelforge clean --work-dir /scratch/wf-work
+    """
+    from .. import workdirs
+
+    config = resolve(cache_dir=cache_dir, work_dir=work_dir)
+    parents = [config.work_dir, config.cache_dir / "stack"]
+    swept = workdirs.sweep(parents, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for path, size in swept.removed:
+        click.echo(f"{verb} {path} ({size / 2**20:.1f} MiB)")
+    for path, why in swept.kept:
+        click.echo(f"kept {path}: {why}")
+    total = sum(size for _, size in swept.removed) / 2**20
+    where = " and ".join(str(p) for p in parents)
+    click.echo(f"{verb} {len(swept.removed)} director{'y' if len(swept.removed) == 1 else 'ies'}"
+               f" ({total:.1f} MiB) under {where}; kept {len(swept.kept)}")

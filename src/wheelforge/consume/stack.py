@@ -19,6 +19,7 @@ Where the dependencies cannot be reached (no network and no ``deps_dir``) the st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -31,7 +32,7 @@ from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from .. import _proc, index
+from .. import _proc, index, workdirs
 from ..errors import InstallError
 from ..index import health
 from ..index.health import ImportOutcome, StackStatus
@@ -202,6 +203,8 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
     options.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stack-", dir=options.work_dir))
     env = into.child_env(options.environ)
+    claimed = contextlib.ExitStack()  # a killed check's venv: `wheelforge clean` removes it
+    claimed.enter_context(workdirs.claim(work))
     try:
         say(f"stack {channel or 'simple/'}: a fresh venv from {options.python}")
         venv = work / "venv"
@@ -237,6 +240,7 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
     except _proc.CommandFailed as exc:
         return make.status("broken", f"{exc}: {into.last_error(exc.tail)}")
     finally:
+        claimed.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
