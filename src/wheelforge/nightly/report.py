@@ -50,7 +50,8 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #1f2328; }
 p, h3 { overflow-wrap: anywhere; }
 table { border-collapse: collapse; font-size: 0.9em; width: 100%; }
 th, td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: left;
-         vertical-align: top; overflow-wrap: anywhere; }
+         vertical-align: top; overflow-wrap: break-word; }
+td code, td a { overflow-wrap: anywhere; }  /* paths and links break anywhere, words never */
 th, td.n { white-space: nowrap; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre { background: #f6f8fa; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
