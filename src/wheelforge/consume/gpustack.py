@@ -31,6 +31,7 @@ from ..recipe.format import RecipeBook
 from .gputest import collect_tests, overlay_venv, probe_gpu, run_pytest
 from .install import plan as install_plan
 from .stack import IMPORTER, MARK, modules_to_import
+from .venv import child_env
 
 Progress = Callable[[str], None]
 
@@ -96,8 +97,7 @@ def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, py
     with tempfile.TemporaryDirectory(prefix="wf-stack-gpu-") as tmp:
         work = Path(tmp)
         vpy = overlay_venv(python, work / "venv", log)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")
-                  and k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")},
+        env = {**{k: v for k, v in child_env().items() if not k.startswith("PIP_")},
                "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
         source = ["--find-links", str(deps_dir)] if deps_dir else []
         say(f"installing {', '.join(p.pins)} from {p.index_url}"
