@@ -65,6 +65,9 @@ class BuildConfig:
     #: git URL -> local mirror (a bundle file or a repository); never the network for these
     git_mirrors: tuple[tuple[str, Path], ...] = ()
     compile_cache: compilecache.Settings = compilecache.Settings()
+    #: ``--subset``: (dimension, values) asked for; applied to the recipes named on the
+    #: command line that declare kernel subsets (recipe.format.select_subset); () = full
+    subset: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def arch_list(self) -> str:
@@ -87,6 +90,8 @@ class BuildConfig:
             *(f"git mirror     {url} -> {path}  [{self.origin('git-mirror:' + url)}]"
               for url, path in self.git_mirrors),
             f"compile cache  {self.compile_cache.describe()}  [{self.compile_cache.origin}]",
+            *([f"kernel subset  {' '.join(k + '=' + ','.join(v) for k, v in self.subset)}"
+               "  [--subset]"] if self.subset else []),
         ]
 
 
@@ -239,21 +244,37 @@ def record_gib_per_job(cache_dir: Path, name: str, gib: float) -> None:
     atomic_write(_stats_file(cache_dir, name), json.dumps({"peak_job_gib": round(gib, 3)}))
 
 
-def jobs_for(config: BuildConfig, name: str, units: int | None = None) -> tuple[int, int, str]:
+def job_memory_gib(recorded: float | None, declared: float | None) -> tuple[float, str] | None:
+    """The memory to plan per compile job, and why: the recipe's declared peak (measured
+    over all its units, so no headroom), or the peak recorded on this machine when it is
+    higher; without a declared peak, the recorded one with 25% headroom (one build's peak,
+    which a build of other units can exceed).  None: neither is known."""
+    if declared is not None:
+        if recorded is not None and recorded > declared:
+            return recorded, f"last build peaked at {recorded:.1f} GiB per job (the recipe " \
+                             f"states {declared:g})"
+        return declared, f"the recipe states a peak of {declared:g} GiB per job"
+    if recorded is not None:
+        return max(1.0, recorded * 1.25), f"last build peaked at {recorded:.1f} GiB per job"
+    return None
+
+
+def jobs_for(config: BuildConfig, name: str, units: int | None = None,
+             declared_gib: float | None = None) -> tuple[int, int, str]:
     """MAX_JOBS and NVCC_THREADS for one recipe whose source has ``units`` translation
     units: the configured ones, unless chosen automatically; then the slots (cores,
-    bounded by memory: the recipe's recorded peak per job when an earlier build left
-    one) are shared between jobs and nvcc threads by plan_jobs."""
+    bounded by memory: the recipe's stated peak per job (``build.job-memory``) or the
+    peak recorded by an earlier build, see job_memory_gib) are shared between jobs and
+    nvcc threads by plan_jobs."""
     if not config.origin("jobs").startswith("auto"):
         return config.jobs, config.nvcc_threads, config.origin("jobs")
     slots, why = config.jobs, config.origin("jobs")
-    peak = recorded_gib_per_job(config.cache_dir, name)
-    if peak is not None:
-        per_job = max(1.0, peak * 1.25)  # headroom over the last peak
+    planned = job_memory_gib(recorded_gib_per_job(config.cache_dir, name), declared_gib)
+    if planned is not None:
+        per_job, because = planned
         mem = memory_available_gib()
         slots = auto_jobs(cpu_count(), mem, per_job)
-        why = (f"auto: {cpu_count()} cores, {mem:.0f} GiB available, last build peaked at "
-               f"{peak:.1f} GiB per job")
+        why = f"auto: {cpu_count()} cores, {mem:.0f} GiB available, {because}"
     jobs, threads = plan_jobs(slots, len(config.archs), units)
     if config.origin("threads") == "NVCC_THREADS":
         threads = config.nvcc_threads
@@ -301,6 +322,7 @@ def resolve(
     project_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
     git_mirrors: tuple[str, ...] = (),
+    subset: tuple[tuple[str, tuple[str, ...]], ...] = (),
 ) -> BuildConfig:
     env = os.environ if environ is None else environ
     defaults = load_project_file(project_file)
@@ -383,6 +405,7 @@ def resolve(
         origins=tuple(sorted(origins.items())),
         git_mirrors=tuple(mirrors.items()),
         compile_cache=compilecache.resolve_settings(project_file, env),
+        subset=subset,
     )
 
 

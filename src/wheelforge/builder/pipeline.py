@@ -28,7 +28,14 @@ from .._fs import owned_lock
 from .._log import Reporter
 from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
-from ..recipe.format import Recipe, RecipeBook
+from ..recipe.format import (
+    Recipe,
+    RecipeBook,
+    Subset,
+    select_subset,
+    subset_environment,
+    subset_label,
+)
 from ..wheel import newest_member_epoch, relabel, relabeled_name
 from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
@@ -81,7 +88,22 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
         add("local-version", recipe.build.local_version.encode())  # one is not skipped
     if companion_keys:  # the companions' own build keys for the same configuration
         add("companions", json.dumps(sorted(companion_keys.items())).encode())
+    subset = recipe_subset(recipe, config)
+    if subset:  # a full build's key is what it was before subsets existed
+        add("subset", json.dumps(subset).encode())
     return h.hexdigest()
+
+
+def recipe_subset(recipe: Recipe, config: BuildConfig) -> Subset:
+    """The kernel subset ``config`` asks of ``recipe`` (() for the full build, and for a
+    recipe that declares no subsets)."""
+    return select_subset(recipe, config.subset) if recipe.subsets and config.subset else ()
+
+
+def without_subset(config: BuildConfig) -> BuildConfig:
+    """``config`` for a companion: ``--subset`` is for the recipes named, companions are
+    built whole."""
+    return dataclasses.replace(config, subset=()) if config.subset else config
 
 
 def planned_key(recipe: Recipe, config: BuildConfig, book: RecipeBook,
@@ -92,7 +114,8 @@ def planned_key(recipe: Recipe, config: BuildConfig, book: RecipeBook,
     for cname in recipe.companions:
         companion = book.load(cname)
         companion_keys[cname] = planned_key(
-            companion, config, book, cuda if companion.build.kind == "extension" else None)
+            companion, without_subset(config), book,
+            cuda if companion.build.kind == "extension" else None)
     return build_key(recipe, config, toolchain_identity(recipe, config, cuda), companion_keys)
 
 
@@ -141,6 +164,14 @@ def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
         cuda = (env.torch_cuda or "").replace(".", "")
         parts.append(recipe.build.local_version.format(
             cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs)))
+    # a kernel subset is named right after the template's label (cu130torch2.14sm120hd128),
+    # added by wheelforge so that no recipe can publish a subset under a full build's version
+    fragment = subset_label(recipe, recipe_subset(recipe, config))
+    if fragment:
+        if parts:
+            parts[-1] += fragment
+        else:
+            parts.append(fragment)
     return ".".join(parts)
 
 
@@ -176,6 +207,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     environ["PYTHONUNBUFFERED"] = "1"  # the backend's output arrives as it is written
     environ.update(dict(recipe.build.env))
+    environ.update(subset_environment(recipe, recipe_subset(recipe, config)))
     return environ
 
 
@@ -228,6 +260,7 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
     configuration, reused when published); every wheel pins the companion builds it was
     made with.  The results come companions first."""
     done: dict[str, BuildResult] = {}
+    names = {r.name for r in recipes}
 
     def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
         if recipe.name in chain:
@@ -237,7 +270,9 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
         if recipe.name not in done:
             companions = {str(c): visit(book.load(c), (*chain, recipe.name))
                           for c in recipe.companions}
-            done[recipe.name] = build_one(recipe, config, reporter, companions=companions)
+            named = recipe.name in names and not chain
+            done[recipe.name] = build_one(recipe, config if named else without_subset(config),
+                                          reporter, companions=companions)
         return done[recipe.name]
 
     for r in recipes:
@@ -275,6 +310,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             key = build_key(recipe, config, toolchain_identity(recipe, config, cuda),
                             companion_keys)
             reporter.info(f"build key {key[:16]}")
+            subset = recipe_subset(recipe, config)
+            if subset:
+                reporter.info("kernel subset " + " ".join(
+                    f"{k}={','.join(v)}" for k, v in subset) + " (label "
+                    f"{subset_label(recipe, subset)})")
             preflight.check_writable(config, recipe.name)
             index.repair(config.index_dir)  # a change a killed writer left: finished first
             env: BuildEnv | None = None
@@ -318,7 +358,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 _doctor(config, env, reporter)
             check_build_requires(tree, env, recipe.build.requires, recipe.name, log)
         jobs, threads, why_jobs = jobs_for(config, recipe.name,
-                                           compile_units(tree) if extension else None)
+                                           compile_units(tree) if extension else None,
+                                           recipe.build.job_memory_gib)
         if (jobs, threads) != (config.jobs, config.nvcc_threads):
             reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
             config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)

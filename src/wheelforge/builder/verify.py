@@ -113,6 +113,34 @@ def _code_problems(wheel: Path, info: WheelInfo, extension: bool, archs: tuple[A
     return issues, cuda_sos
 
 
+def _content_problems(wheel: Path, recipe: Recipe) -> list[str]:
+    """The wheel's top-level modules against ``verify.top-level`` and its paths against
+    ``verify.excluded``: a foreign package (flash-attn's ``hopper``) or a part the recipe
+    leaves out (``flash_attn/cute``) is refused."""
+    allowed, excluded = set(recipe.verify.top_level), recipe.verify.excluded
+    if not allowed and not excluded:
+        return []
+    with reading(wheel) as zf:
+        names = zf.namelist()
+    issues = []
+    top = set()
+    for name in names:
+        first = name.split("/", 1)[0]
+        if first.endswith((".dist-info", ".data")) or not first:
+            continue
+        top.add(first.split(".", 1)[0] if "/" not in name else first)
+    foreign = sorted(top - allowed) if allowed else []
+    if foreign:
+        issues.append(f"top-level module(s) or package(s) the recipe does not ship: "
+                      f"{', '.join(foreign)} (verify.top-level: {', '.join(sorted(allowed))})")
+    for path in excluded:
+        hits = [n for n in names if n == path or n.startswith(path + "/")]
+        if hits:
+            issues.append(f"{path} is in the wheel ({len(hits)} file(s), e.g. {hits[0]}): "
+                          "the recipe excludes it (verify.excluded)")
+    return issues
+
+
 def code_problems(wheel: Path, *, extension: bool, archs: tuple[Arch, ...]) -> list[str]:
     """The wheel's CUDA code checked as :func:`verify_wheel` checks it (SASS and PTX per
     shared object against ``archs``; a pure wheel holds no shared object): for a
@@ -139,6 +167,7 @@ def verify_wheel(
 
     found, cuda_sos = _code_problems(wheel, info, recipe.build.kind == "extension", archs)
     issues.extend(found)
+    issues.extend(_content_problems(wheel, recipe))
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,

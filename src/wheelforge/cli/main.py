@@ -22,7 +22,7 @@ from ..errors import (
     Interrupted,
     WheelforgeError,
 )
-from ..recipe.format import SdistSource
+from ..recipe.format import SdistSource, describe_subsets, parse_subset_entries, select_subset
 from ._options import (
     EPILOG,
     EPILOG_SHORT,
@@ -94,6 +94,11 @@ def cli() -> None:
 @click.option("--timeout", type=click.IntRange(min=1), metavar="SECONDS",
               help="Stop the whole build (every compiler process) after SECONDS; exit 124.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@click.option("--subset", "subset", multiple=True, metavar="KEY=VALUE[,VALUE]",
+              help="Build a kernel subset of the recipes named that declare one (wheelforge "
+                   "show NAME lists the keys), e.g. --subset hdim=128 --subset dtype=bf16 "
+                   "--subset bwd=no. Part of the build key and of the version label "
+                   "(+cu130torch2.14sm120hd128bf16fwd). Repeatable. Default: the full build.")
 @click.option("--stack-check/--no-stack-check", default=True, show_default=True,
               help="After publishing, install the channel's wheels together with their "
                    "dependencies into a fresh venv and import them (wheelforge stack check); "
@@ -104,7 +109,8 @@ def cli() -> None:
 def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: str | None,
           jobs: int | None, index_dir: Path | None, sources_dirs: tuple[Path, ...],
           cache_dir: Path | None, work_dir: Path | None, force: bool,
-          project_file: Path | None, timeout: int | None, verbose: bool, stack_check: bool,
+          project_file: Path | None, timeout: int | None, verbose: bool,
+          subset: tuple[str, ...], stack_check: bool,
           deps_dir: Path | None, git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
@@ -123,9 +129,19 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
 
     book = _book(recipes)
     loaded = [book.load(n) for n in names]
+    chosen = parse_subset_entries(subset)
+    if chosen:  # every mistake before anything is fetched; recipes without subsets: whole
+        with_subsets = [r for r in loaded if r.subsets]
+        if not with_subsets:
+            raise ConfigError(f"--subset: {', '.join(r.name for r in loaded)} declare(s) no "
+                              "kernel subsets", fix="build without --subset; `wheelforge show "
+                              "NAME` says whether a recipe has subsets")
+        for r in with_subsets:
+            select_subset(r, chosen)
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
-                     force=force, project_file=project_file, git_mirrors=git_mirrors)
+                     force=force, project_file=project_file, git_mirrors=git_mirrors,
+                     subset=chosen)
     reporter = Reporter(verbose=verbose)
     if timeout:
         import signal
@@ -205,7 +221,14 @@ def show(name: str, recipes: Path | None) -> None:
     click.echo(f"label:     {r.build.local_version or '(none)'}  pin-torch={r.build.pin_torch}")
     if r.build.drop_requires:
         click.echo(f"drops:     {', '.join(r.build.drop_requires)}")
+    if r.build.job_memory_gib is not None:
+        click.echo(f"job mem:   {r.build.job_memory_gib:g} GiB a compile job (sizes the jobs)")
     click.echo(f"imports:   {', '.join(r.verify.imports) or '-'}")
+    if r.verify.top_level:
+        click.echo(f"ships:     {', '.join(r.verify.top_level)} only"
+                   + (f"; never {', '.join(r.verify.excluded)}" if r.verify.excluded else ""))
+    if r.subsets:
+        click.echo(f"subsets:   --subset {describe_subsets(r)}")
     lim = r.extract
     click.echo(f"extract:   at most {lim.max_bytes:,} bytes, {lim.max_members:,} members, "
                f"{lim.max_member_bytes:,} bytes a member")

@@ -19,7 +19,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .._yaml import read_yaml
-from ..errors import RecipeError
+from ..errors import ConfigError, RecipeError
 
 FORMAT_VERSION = 1
 
@@ -138,6 +138,9 @@ class BuildSpec:
     local_version: str = ""
     pin_torch: bool = False
     drop_requires: tuple[str, ...] = ()
+    #: the known peak memory (GiB) of one compile job, measured: sizes the jobs of a build
+    #: before one was recorded on this machine (builder/config.jobs_for)
+    job_memory_gib: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +150,11 @@ class VerifySpec:
     #: imported only by the stack check, with the whole channel installed (modules that need
     #: another recipe's wheel, e.g. fla.layers of flash-linear-attention needs fla-core)
     stack_imports: tuple[str, ...] = ()
+    #: the wheel's top-level modules and packages, all of them: any other (a foreign
+    #: package such as flash-attn's `hopper`) fails verification; empty: not checked
+    top_level: tuple[str, ...] = ()
+    #: paths the wheel must not hold (a file, or a directory and all below it)
+    excluded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +168,35 @@ class TestSpec:
     @property
     def empty(self) -> bool:
         return not (self.source_files or self.files)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubsetDimension:
+    """One dimension of a recipe's kernel subsets (``subsets:``): the values a build may
+    hold, the project's environment variable that selects them, and the label fragment of
+    each value, which goes into the wheel's local version when the build leaves values out."""
+
+    name: str
+    env: str
+    values: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...]  # value -> label fragment
+    multiple: bool = True  # several values at once (head dims), else exactly one (backward)
+    help: str = ""
+
+    @property
+    def default(self) -> tuple[str, ...]:
+        """The full build: every value, or the first one of a one-value dimension."""
+        return self.values if self.multiple else self.values[:1]
+
+    def label(self, chosen: tuple[str, ...]) -> str:
+        if chosen == self.default:
+            return ""
+        return "".join(dict(self.labels).get(v, v) for v in chosen)
+
+
+#: A kernel subset chosen for one build: (dimension, chosen values) for each dimension, in
+#: the recipe's order.  Empty: the full build.
+Subset = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +214,8 @@ class Recipe:
     homepage: str | None = None
     #: recipes built for the same Python, torch and archs, pinned exactly at runtime
     companions: tuple[NormalizedName, ...] = ()
+    #: the kernel subsets a build may ask for (``--subset``); empty: none
+    subsets: tuple[SubsetDimension, ...] = ()
 
     @property
     def untagged_commit(self) -> str | None:
@@ -191,14 +230,19 @@ class Recipe:
 # schema: allowed keys per mapping, for unknown-key checks and did-you-mean
 
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
-             "verify", "test", "extract", "companions")
+             "verify", "test", "extract", "companions", "subsets")
+_SUBSET_KEYS = ("env", "values", "labels", "multiple", "help")
+_SUBSET_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+_SUBSET_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.]*$")
+_SUBSET_LABEL = re.compile(r"^[A-Za-z0-9]*$")
 _EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
 _SIZE = re.compile(r"^(?P<n>[0-9]{1,15})\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag", "release-tag", "release-commit")
-_BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires")
-_VERIFY_KEYS = ("imports", "requires", "stack-imports")
+_BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires",
+               "job-memory")
+_VERIFY_KEYS = ("imports", "requires", "stack-imports", "top-level", "excluded")
 _TEST_KEYS = ("source-files", "files", "requires")
 _TEST_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
 
@@ -383,6 +427,16 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
     if not isinstance(pin_torch, bool):
         p.add(_join(where, "pin-torch"), "must be true or false")
         pin_torch = False
+    job_memory: float | None = None
+    raw_memory = data.get("job-memory")
+    if raw_memory is not None:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*GiB\s*", str(raw_memory)) \
+            if isinstance(raw_memory, str) else None
+        if m is None or not 0 < float(m.group(1)) <= 1024:
+            p.add(_join(where, "job-memory"), "must be the peak memory of one compile job in "
+                  f"GiB, e.g. '7GiB' or '6.5GiB', got {raw_memory!r}")
+        else:
+            job_memory = float(m.group(1))
     return BuildSpec(
         kind=kind,
         requires=_requirements(p, data, "requires", where),
@@ -391,6 +445,7 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
         pin_torch=pin_torch,
         drop_requires=tuple(str(canonicalize_name(n)) for n in
                             _string_list(p, data, "drop-requires", where)),
+        job_memory_gib=job_memory,
     )
 
 
@@ -418,8 +473,76 @@ def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
         for i, mod in enumerate(mods):
             if not _MODULE.match(mod):
                 p.add(_join(_join(where, key), i), f"{mod!r} is not a module name")
+    top_level = _string_list(p, data, "top-level", where)
+    for i, mod in enumerate(top_level):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", mod):
+            p.add(_join(_join(where, "top-level"), i),
+                  f"{mod!r} is not a top-level module or package name")
+    excluded = _string_list(p, data, "excluded", where)
+    for i, path in enumerate(excluded):
+        if path.startswith("/") or ".." in path.split("/") or "\\" in path:
+            p.add(_join(_join(where, "excluded"), i),
+                  f"{path!r} must be a relative path inside the wheel (e.g. flash_attn/cute)")
     return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where),
-                      stack_imports=stack_imports)
+                      stack_imports=stack_imports, top_level=top_level,
+                      excluded=tuple(e.rstrip("/") for e in excluded))
+
+
+def _parse_subsets(p: _Problems, data: Any) -> tuple[SubsetDimension, ...]:
+    where = "subsets"
+    if data is None:
+        return ()
+    if not isinstance(data, dict) or not data:
+        p.add(where, "must be a mapping of dimension names to their values")
+        return ()
+    out = []
+    for name, body in data.items():
+        at = _join(where, str(name))
+        if not isinstance(name, str) or not _SUBSET_NAME.match(name):
+            p.add(at, "a dimension name is lowercase letters, digits and '-' (e.g. hdim)")
+            continue
+        if not isinstance(body, dict):
+            p.add(at, "must be a mapping with env and values")
+            continue
+        p.unknown_keys(at, body, _SUBSET_KEYS)
+        env = _string(p, body, "env", at)
+        if env is not None and (not _ENV_NAME.match(env) or refused_env(env) is not None):
+            p.add(_join(at, "env"), f"{env!r} is not a project switch a recipe may set "
+                  "(docs/recipe-format.md, 'Build environment')")
+            env = None
+        values = _string_list(p, body, "values", at)
+        if not values:
+            p.add(_join(at, "values"), "is required: the values a build may hold")
+        for i, v in enumerate(values):
+            if not _SUBSET_VALUE.match(v):
+                p.add(_join(_join(at, "values"), i), f"{v!r}: letters, digits and '.' only")
+        if len(set(values)) != len(values):
+            p.add(_join(at, "values"), "lists a value twice")
+        raw_labels = body.get("labels", {}) or {}
+        labels: list[tuple[str, str]] = []
+        if not isinstance(raw_labels, dict):
+            p.add(_join(at, "labels"), "must map values to label fragments")
+        else:
+            for v, lab in raw_labels.items():
+                if str(v) not in values:
+                    p.add(_join(_join(at, "labels"), str(v)), "is not one of the values")
+                elif not isinstance(lab, str) or not _SUBSET_LABEL.match(lab):
+                    p.add(_join(_join(at, "labels"), str(v)),
+                          "must be letters and digits (it goes into the local version)")
+                else:
+                    labels.append((str(v), lab))
+        multiple = body.get("multiple", True)
+        if not isinstance(multiple, bool):
+            p.add(_join(at, "multiple"), "must be true or false")
+            multiple = True
+        help_text = body.get("help", "")
+        if not isinstance(help_text, str):
+            p.add(_join(at, "help"), "must be a string")
+            help_text = ""
+        if env and values:
+            out.append(SubsetDimension(name=name, env=env, values=values, labels=tuple(labels),
+                                       multiple=multiple, help=help_text))
+    return tuple(out)
 
 
 def _limit(raw: Any, count: bool) -> int | None:
@@ -561,6 +684,9 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     gputests = (tests_dir or patches_dir.parent / "gputests") / (name or path.stem)
     test = _parse_test(p, data.get("test"), gputests)
     limits = _parse_extract(p, data.get("extract"))
+    subsets = _parse_subsets(p, data.get("subsets"))
+    if subsets and build is not None and build.kind != "extension":
+        p.add("subsets", "kernel subsets are for extension recipes (kind: extension)")
 
     if p.items:
         raise RecipeError(
@@ -572,7 +698,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     return Recipe(
         name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
         sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, test=test,
-        extract=limits, path=path, companions=tuple(companions),
+        extract=limits, path=path, companions=tuple(companions), subsets=subsets,
     )
 
 
@@ -603,6 +729,85 @@ def _check_untagged_mirrors(p: _Problems, sources: Sequence[Source]) -> None:
         elif src.commit != untagged[0].commit:
             p.add(_join(_join("sources", i), "git.commit"),
                   "every mirror must pin the same commit")
+
+
+def parse_subset_entries(entries: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--subset`` entries (``hdim=64,128``, also several in one, space- or ';'-separated)
+    as (dimension, values) pairs in the order given; a dimension named twice is an error."""
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        for item in re.split(r"[;\s]+", entry.strip()):
+            if not item:
+                continue
+            key, sep, raw = item.partition("=")
+            values = tuple(v for v in raw.split(",") if v)
+            if not sep or not key or not values:
+                raise ConfigError(f"--subset {item!r} is not KEY=VALUE[,VALUE...]",
+                                  fix="e.g. --subset hdim=128 --subset dtype=bf16 "
+                                      "--subset bwd=no; `wheelforge show NAME` lists the keys")
+            if key in out:
+                raise ConfigError(f"--subset names {key!r} twice",
+                                  fix=f"give every value of {key} in one entry: {key}=A,B")
+            out[key] = values
+    return tuple(out.items())
+
+
+def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]]) -> Subset:
+    """The kernel subset of ``recipe`` that ``chosen`` (parse_subset_entries) asks for: every
+    dimension of the recipe with its values in the recipe's order, or () for the full build.
+    Unknown dimensions or values are a ConfigError naming what the recipe declares."""
+    dims = {d.name: d for d in recipe.subsets}
+    if chosen and not dims:
+        raise ConfigError(f"{recipe.name} declares no kernel subsets; --subset does not apply",
+                          fix="build it without --subset")
+    picked = dict(chosen)
+    problems = []
+    for key, values in picked.items():
+        dim = dims.get(key)
+        if dim is None:
+            hint = difflib.get_close_matches(key, list(dims), n=1)
+            problems.append(f"unknown subset key {key!r}" + (f" (did you mean {hint[0]!r}?)"
+                                                              if hint else ""))
+            continue
+        unknown = [v for v in values if v not in dim.values]
+        if unknown:
+            problems.append(f"{key}: unknown value(s) {', '.join(unknown)}; "
+                            f"choose from {','.join(dim.values)}")
+        elif not dim.multiple and len(values) != 1:
+            problems.append(f"{key} takes one value: {' or '.join(dim.values)}")
+        elif len(set(values)) != len(values):
+            problems.append(f"{key}: a value is given twice")
+    if problems:
+        raise ConfigError(f"--subset for {recipe.name}: " + "; ".join(problems),
+                          why="its subsets: " + describe_subsets(recipe),
+                          fix="e.g. --subset hdim=128 --subset dtype=bf16; "
+                              f"`wheelforge show {recipe.name}` lists them")
+    subset = tuple((d.name, tuple(v for v in d.values if v in picked[d.name])
+                    if d.name in picked else d.default) for d in recipe.subsets)
+    if all(values == dims[name].default for name, values in subset):
+        return ()
+    return subset
+
+
+def describe_subsets(recipe: Recipe) -> str:
+    """``hdim=32,64,... (head dims); dtype=fp16,bf16; ...``: what ``--subset`` takes."""
+    return "; ".join(f"{d.name}={(',' if d.multiple else '|').join(d.values)}"
+                     + (f" ({d.help})" if d.help else "") for d in recipe.subsets) or "none"
+
+
+def subset_label(recipe: Recipe, subset: Subset) -> str:
+    """The fragment of the local version that names a subset (``hd128bf16fwd``); '' for the
+    full build."""
+    dims = {d.name: d for d in recipe.subsets}
+    return "".join(dims[name].label(values) for name, values in subset)
+
+
+def subset_environment(recipe: Recipe, subset: Subset) -> dict[str, str]:
+    """The project's switches for a subset: every dimension set explicitly (the full build's
+    values for a full build), so a variable in the caller's shell cannot change the kernels a
+    wheel labelled as full holds."""
+    chosen = dict(subset)
+    return {d.env: ",".join(chosen.get(d.name, d.default)) for d in recipe.subsets}
 
 
 def load_recipe(path: Path, patches_dir: Path) -> Recipe:

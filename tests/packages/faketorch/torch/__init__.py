@@ -1,7 +1,7 @@
-"""A stand-in for torch, just enough for causal-conv1d's setup.py (unit tests only).
+"""A stand-in for torch, just enough for the recipes' setup.py files (unit tests only).
 
 CUDAExtension records the compile arguments it is given to $FAKE_TORCH_RECORD so
-tests can see which -gencode / --threads flags setup.py chose.
+tests can see which sources and -gencode / --threads flags setup.py chose.
 """
 
 from . import utils, version  # noqa: F401
