@@ -13,8 +13,8 @@ from wheelforge.builder import config as cfg
 from wheelforge.builder.pipeline import build_key, local_label, without_subset
 from wheelforge.builder.verify import _content_problems
 from wheelforge.errors import ConfigError, RecipeError
-from wheelforge.recipe.format import (
-    RecipeBook,
+from wheelforge.recipe.format import RecipeBook
+from wheelforge.recipe.subsets import (
     parse_subset_entries,
     select_subset,
     subset_environment,

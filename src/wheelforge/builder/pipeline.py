@@ -28,14 +28,8 @@ from .._fs import owned_lock
 from .._log import Reporter
 from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
-from ..recipe.format import (
-    Recipe,
-    RecipeBook,
-    Subset,
-    select_subset,
-    subset_environment,
-    subset_label,
-)
+from ..recipe.format import Recipe, RecipeBook, Subset
+from ..recipe.subsets import select_subset, subset_environment, subset_label
 from ..wheel import newest_member_epoch, relabel, relabeled_name
 from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require

@@ -22,7 +22,8 @@ from ..errors import (
     Interrupted,
     WheelforgeError,
 )
-from ..recipe.format import SdistSource, describe_subsets, parse_subset_entries, select_subset
+from ..recipe.format import SdistSource
+from ..recipe.subsets import describe_subsets, parse_subset_entries, select_subset
 from ._options import (
     EPILOG,
     EPILOG_SHORT,

@@ -1,0 +1,91 @@
+"""Kernel subsets of a recipe (its ``subsets:``): what ``--subset`` asks for, checked
+against what the recipe declares, and what a chosen subset adds to a build: the label
+fragment of the version (``hd128bf16``) and the environment its patch reads."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+
+from ..errors import ConfigError
+from .format import Recipe, Subset
+
+
+def parse_subset_entries(entries: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``--subset`` entries (``hdim=64,128``, also several in one, space- or ';'-separated)
+    as (dimension, values) pairs in the order given; a dimension named twice is an error."""
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        for item in re.split(r"[;\s]+", entry.strip()):
+            if not item:
+                continue
+            key, sep, raw = item.partition("=")
+            values = tuple(v for v in raw.split(",") if v)
+            if not sep or not key or not values:
+                raise ConfigError(f"--subset {item!r} is not KEY=VALUE[,VALUE...]",
+                                  fix="e.g. --subset hdim=128 --subset dtype=bf16 "
+                                      "--subset bwd=no; `wheelforge show NAME` lists the keys")
+            if key in out:
+                raise ConfigError(f"--subset names {key!r} twice",
+                                  fix=f"give every value of {key} in one entry: {key}=A,B")
+            out[key] = values
+    return tuple(out.items())
+
+
+def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]]) -> Subset:
+    """The kernel subset of ``recipe`` that ``chosen`` (parse_subset_entries) asks for: every
+    dimension of the recipe with its values in the recipe's order, or () for the full build.
+    Unknown dimensions or values are a ConfigError naming what the recipe declares."""
+    dims = {d.name: d for d in recipe.subsets}
+    if chosen and not dims:
+        raise ConfigError(f"{recipe.name} declares no kernel subsets; --subset does not apply",
+                          fix="build it without --subset")
+    picked = dict(chosen)
+    problems = []
+    for key, values in picked.items():
+        dim = dims.get(key)
+        if dim is None:
+            hint = difflib.get_close_matches(key, list(dims), n=1)
+            problems.append(f"unknown subset key {key!r}" + (f" (did you mean {hint[0]!r}?)"
+                                                              if hint else ""))
+            continue
+        unknown = [v for v in values if v not in dim.values]
+        if unknown:
+            problems.append(f"{key}: unknown value(s) {', '.join(unknown)}; "
+                            f"choose from {','.join(dim.values)}")
+        elif not dim.multiple and len(values) != 1:
+            problems.append(f"{key} takes one value: {' or '.join(dim.values)}")
+        elif len(set(values)) != len(values):
+            problems.append(f"{key}: a value is given twice")
+    if problems:
+        raise ConfigError(f"--subset for {recipe.name}: " + "; ".join(problems),
+                          why="its subsets: " + describe_subsets(recipe),
+                          fix="e.g. --subset hdim=128 --subset dtype=bf16; "
+                              f"`wheelforge show {recipe.name}` lists them")
+    subset = tuple((d.name, tuple(v for v in d.values if v in picked[d.name])
+                    if d.name in picked else d.default) for d in recipe.subsets)
+    if all(values == dims[name].default for name, values in subset):
+        return ()
+    return subset
+
+
+def describe_subsets(recipe: Recipe) -> str:
+    """``hdim=32,64,... (head dims); dtype=fp16,bf16; ...``: what ``--subset`` takes."""
+    return "; ".join(f"{d.name}={(',' if d.multiple else '|').join(d.values)}"
+                     + (f" ({d.help})" if d.help else "") for d in recipe.subsets) or "none"
+
+
+def subset_label(recipe: Recipe, subset: Subset) -> str:
+    """The fragment of the local version that names a subset (``hd128bf16fwd``); '' for the
+    full build."""
+    dims = {d.name: d for d in recipe.subsets}
+    return "".join(dims[name].label(values) for name, values in subset)
+
+
+def subset_environment(recipe: Recipe, subset: Subset) -> dict[str, str]:
+    """The project's switches for a subset: every dimension set explicitly (the full build's
+    values for a full build), so a variable in the caller's shell cannot change the kernels a
+    wheel labelled as full holds."""
+    chosen = dict(subset)
+    return {d.env: ",".join(chosen.get(d.name, d.default)) for d in recipe.subsets}
