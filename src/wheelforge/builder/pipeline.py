@@ -334,13 +334,27 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             with contextlib.ExitStack() as stack:
                 cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
                                        reporter)
+                environ = _environment(recipe, config, env, cuda, cache)
+                costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list) \
+                    if extension else None
+                if costs is not None:
+                    environ[unitcosts.ENV] = str(costs)
+                    reporter.info(f"unit costs recorded by an earlier build: {costs}")
                 with reporter.heartbeat("building"):
-                    raw = build_wheel(tree=tree, env=env,
-                                      environ=_environment(recipe, config, env, cuda, cache),
+                    raw = build_wheel(tree=tree, env=env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
                                       jobs=config.jobs)
                 stats = _cache_stats(cache, reporter)
             reporter.info(f"built {raw.name}")
+            if extension and (stats is None or stats.hits == 0):
+                # a cold compile: what each unit took, for the packing of the next build
+                units = unitcosts.read_ninja_costs(tree)
+                if unitcosts.record(config.cache_dir, recipe.name, arch_list=config.arch_list,
+                                    jobs=config.jobs, threads=config.nvcc_threads,
+                                    costs=units):
+                    reporter.info(f"unit costs recorded: {len(units)} units, longest "
+                                  f"{units[0].seconds:.1f} s ({units[0].source}), sum "
+                                  f"{sum(u.seconds for u in units):.0f} s")
             if extension and (stats is None or stats.misses > 0):
                 # the largest child (a cicc or cc1plus) so far: the memory one job needs;
                 # a build served from the compile cache compiled nothing and says nothing
