@@ -152,3 +152,29 @@ def test_uv_and_pip_make_the_same_environment(tmp_path: Path,
     assert uv_dists["wf-probe"] == "1.0" and uv_dists["torch"].startswith("2.14.1")
     assert made["uv"].python.parent.parent.name == made["pip"].python.parent.parent.name
     assert _inode_shared(made["uv"]) and not _inode_shared(made["pip"])
+
+
+def test_an_interpreter_is_inspected_once_per_command_until_it_changes(
+        tmp_path: Path, uv: str) -> None:
+    """buildenv.Inspections, as one `wheelforge build` of several recipes uses it: the
+    second question about an unchanged interpreter is answered without running it; an
+    install into its environment makes it asked again; another venv of the same base
+    interpreter is another interpreter."""
+    import subprocess
+
+    venvs = [tmp_path / "a", tmp_path / "b"]
+    for venv in venvs:
+        subprocess.run([uv, "venv", "--no-config", "--python", str(BASE), str(venv)],
+                       check=True, capture_output=True)
+    seen = buildenv.Inspections()
+    first = seen.inspect(venvs[0] / "bin" / "python", with_torch=False)
+    assert seen.inspect(venvs[0] / "bin" / "python", with_torch=False) is first
+    assert seen.asked == 1
+    wheel = make_wheel(tmp_path / "w", {"wf_probe/__init__.py": ""}, name="wf-probe")
+    subprocess.run([uv, "pip", "install", "--no-config", "--python",
+                    str(venvs[0] / "bin" / "python"), str(wheel)], check=True,
+                   capture_output=True)
+    again = seen.inspect(venvs[0] / "bin" / "python", with_torch=False)
+    assert seen.asked == 2 and dict(again.distributions).get("wf-probe") == "1.0"
+    seen.inspect(venvs[1] / "bin" / "python", with_torch=False)
+    assert seen.asked == 3

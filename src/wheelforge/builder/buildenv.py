@@ -134,6 +134,45 @@ def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False)
     )
 
 
+Inspect = Callable[..., BuildEnv]
+
+
+class Inspections:
+    """:func:`inspect_env` once per interpreter in one command: a build of several recipes
+    (and their companions) against one interpreter imports its torch once, not twice per
+    recipe.  An answer is reused while the interpreter's site-packages directories are
+    unchanged (an install adds or removes entries there, so it is asked again); an answer
+    with torch serves a question without.  Owns the answers, hence a class."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, bool, tuple[int, ...], bool], BuildEnv] = {}
+        self.asked = 0  # how many times an interpreter was really run
+
+    def inspect(self, python: Path, *, with_torch: bool = True,
+                managed: bool = False) -> BuildEnv:
+        where = os.path.abspath(python)  # not realpath: a venv's python links to its base
+        stamp = _site_stamp(python)
+        for torch in (True,) if with_torch else (True, False):
+            found = self._answers.get((where, managed, stamp, torch))
+            if found is not None:
+                return found
+        env = inspect_env(python, with_torch=with_torch, managed=managed)
+        self.asked += 1
+        self._answers[(where, managed, stamp, with_torch)] = env
+        return env
+
+
+def _site_stamp(python: Path) -> tuple[int, ...]:
+    """The modification times of the site-packages directories of the environment whose
+    interpreter is ``python`` (PREFIX/bin/python: PREFIX/lib/python*/site-packages)."""
+    prefix = Path(os.path.abspath(python)).parent.parent
+    stamps = []
+    for site in sorted(prefix.glob("lib/python*/site-packages")):
+        with contextlib.suppress(OSError):
+            stamps.append(site.stat().st_mtime_ns)
+    return tuple(stamps)
+
+
 def python_tag(python: Path) -> str:
     """``cp311`` for an interpreter, without importing anything heavy."""
     if os.path.realpath(python) in (os.path.realpath(sys.executable),
@@ -224,6 +263,7 @@ def managed_env(
     log: Path | None = None,
     with_torch: bool = True,
     installer: Installer | None = None,
+    inspect: Inspect = inspect_env,
 ) -> BuildEnv:
     """Return the cached venv for (interpreter, torch), creating it if needed.
 
@@ -231,7 +271,9 @@ def managed_env(
     torch; a recipe's extra requirements are installed into it when missing.
     ``with_torch=False`` (a pure recipe that neither pins torch nor names it in its
     local version) skips importing torch when an existing environment is reused.
-    ``installer``: chosen by :func:`choose_installer` when None and one is needed.
+    ``installer``: chosen by :func:`choose_installer` when None and one is needed;
+    ``inspect``: how a reused environment is inspected (:meth:`Inspections.inspect`: once
+    per command).
     """
     say = progress or (lambda _m: None)
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
@@ -240,7 +282,7 @@ def managed_env(
     with locked(cache_dir / "envs" / f"{key}.lock"):
         if (root / MARKER).is_file() and python.exists():
             say(f"reusing build environment {root}")
-            env = inspect_env(python, managed=True, with_torch=with_torch)
+            env = inspect(python, managed=True, with_torch=with_torch)
         else:
             if root.exists():
                 shutil.rmtree(root)

@@ -108,10 +108,11 @@ def companion_depth(recipe: Recipe, book: RecipeBook, _chain: tuple[str, ...] = 
 
 
 def toolchain_identity(recipe: Recipe, config: BuildConfig,
-                       cuda: toolchain.Cuda | None) -> dict[str, str]:
+                       cuda: toolchain.Cuda | None,
+                       inspect: buildenv.Inspect = buildenv.inspect_env) -> dict[str, str]:
     """What of the toolchain goes into the build key, found without creating anything."""
     if config.python is not None:
-        env = buildenv.inspect_env(config.python, with_torch=recipe.build.kind == "extension")
+        env = inspect(config.python, with_torch=recipe.build.kind == "extension")
         torch = f"{env.torch_version} (cuda {env.torch_cuda})" if env.torch_version else ""
         tag = env.python_tag
     else:
@@ -179,12 +180,13 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     return environ
 
 
-def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
+def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
+             inspect: buildenv.Inspect = buildenv.inspect_env) -> BuildEnv:
     # torch is imported (seconds) only when the wheel depends on what it is
     torch = recipe.build.kind == "extension" or recipe.build.pin_torch or \
         bool(recipe.build.local_version)
     if config.python is not None:
-        return buildenv.inspect_env(config.python, with_torch=torch)
+        return inspect(config.python, with_torch=torch)
     backend = config.compile_cache.backend if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
@@ -196,6 +198,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
         progress=reporter.info,
         log=log,
         with_torch=torch,
+        inspect=inspect,
     )
 
 
@@ -226,8 +229,10 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
                           reporter: Reporter) -> list[BuildResult]:
     """Build ``recipes`` and, first, the companions each one names (once each, for the same
     configuration, reused when published); every wheel pins the companion builds it was
-    made with.  The results come companions first."""
+    made with.  The results come companions first.  Interpreters are inspected once for
+    all of them (buildenv.Inspections)."""
     done: dict[str, BuildResult] = {}
+    inspections = buildenv.Inspections()
 
     def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
         if recipe.name in chain:
@@ -237,7 +242,8 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
         if recipe.name not in done:
             companions = {str(c): visit(book.load(c), (*chain, recipe.name))
                           for c in recipe.companions}
-            done[recipe.name] = build_one(recipe, config, reporter, companions=companions)
+            done[recipe.name] = build_one(recipe, config, reporter, companions=companions,
+                                          inspections=inspections)
         return done[recipe.name]
 
     for r in recipes:
@@ -246,10 +252,13 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
 
 
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
-              companions: dict[str, BuildResult] | None = None) -> BuildResult:
+              companions: dict[str, BuildResult] | None = None,
+              inspections: buildenv.Inspections | None = None) -> BuildResult:
     """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
     configuration: their build keys go into this one's, their exact versions (local label
-    included) into the wheel's requirements."""
+    included) into the wheel's requirements.  ``inspections``: the interpreters the
+    command inspected already (one import of torch per interpreter and command)."""
+    inspect = (inspections or buildenv.Inspections()).inspect
     companions = companions or {}
     missing = sorted(set(recipe.companions) - set(companions))
     if missing:
@@ -272,7 +281,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 cuda = toolchain.find_cuda()
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 toolchain.check_archs(cuda, config.archs)
-            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda),
+            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda, inspect),
                             companion_keys)
             reporter.info(f"build key {key[:16]}")
             preflight.check_writable(config, recipe.name)
