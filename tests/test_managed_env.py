@@ -100,6 +100,7 @@ def test_a_false_flag_in_a_config_file_is_off() -> None:
 
 def test_the_installer_falls_back_to_pip_and_says_why(tmp_path: Path) -> None:
     env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
+    assert pipconfig.read_pip_config(tmp_path / "no-python", environ=env) is None
     assert buildenv.choose_installer(BASE, ["--no-deps"], env).kind == "pip"
     assert "--no-deps" in buildenv.choose_installer(BASE, ["--no-deps"], env).why
     pip = buildenv.choose_installer(BASE, [], dict(env, WHEELFORGE_INSTALLER="pip"))

@@ -242,7 +242,10 @@ def choose_installer(base_python: Path, pip_args: Sequence[str],
     uv = find_uv()
     if uv is None:
         return Installer(kind="pip", why="no uv binary: pip install uv")
-    config = pipconfig.read_pip_config(base_python, env)
+    config = pipconfig.read_pip_config(base_python, Path(sys.executable), environ=env)
+    if config is None:
+        return Installer(kind="pip", why="pip's configuration could not be read (no pip in "
+                         f"{base_python} nor in {sys.executable})")
     mapped = pipconfig.to_uv(config, [*PIP_NET_ARGS, *pip_args])
     if mapped.unsupported:
         return Installer(kind="pip", why="uv has no equivalent of pip's "

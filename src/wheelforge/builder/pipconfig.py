@@ -121,16 +121,20 @@ def parse_config_list(text: str) -> dict[str, str]:
     return out
 
 
-def read_pip_config(python: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def read_pip_config(*pythons: Path,
+                    environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """The pip configuration ``python -m pip`` would install with (its configuration files
-    and PIP_* variables), from ``pip config list``; empty when that interpreter has no pip
-    (a venv made from it gets pip from ensurepip, which reads the same files)."""
-    try:
-        out = _proc.run([str(python), "-m", "pip", "config", "list"], env=environ,
-                        timeout=60).output
-    except _proc.CommandFailed:
-        return {}
-    return parse_config_list(out)
+    and PIP_* variables), from ``pip config list`` of the first of ``pythons`` that has
+    pip (a Debian python3 may have none: a venv made from it gets pip from ensurepip, which
+    reads the same files as any other pip); None when none has."""
+    for python in pythons:
+        try:
+            out = _proc.run([str(python), "-m", "pip", "config", "list"], env=environ,
+                            timeout=60).output
+        except _proc.CommandFailed:
+            continue
+        return parse_config_list(out)
+    return None
 
 
 def config_args(settings: Mapping[str, str]) -> list[str]:
