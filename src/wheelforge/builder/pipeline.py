@@ -30,7 +30,7 @@ from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook
 from ..wheel import newest_member_epoch, relabel, relabeled_name
-from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain
+from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain, unitcosts
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
 from .buildenv import BuildEnv
 from .compilecache import CacheStats
@@ -290,7 +290,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             if config.python is not None and recipe.build.requires:
                 # your interpreter, as it is: what the recipe names is known before the
                 # fetch (pyproject's build-system.requires only after it)
-                env = _get_env(recipe, config, reporter, log)
+                env = _get_env(recipe, config, reporter, log, inspect)
                 require(env, list(recipe.build.requires), recipe.name)
 
         def waiting(holder: str) -> None:
@@ -319,7 +319,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
         with reporter.step("build environment"):
-            env = env or _get_env(recipe, config, reporter, log)
+            env = env or _get_env(recipe, config, reporter, log, inspect)
             reporter.info(env.describe())
             if extension:
                 assert cuda is not None
