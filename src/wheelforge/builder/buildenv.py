@@ -3,25 +3,41 @@
 A managed environment is created once per (base interpreter, torch
 requirement, build requirements) and reused; it is complete only once its
 marker file exists, so an interrupted creation is redone, never trusted.
+
+It is made by uv (``uv venv``, then ``uv pip install --link-mode hardlink``: the files
+of torch and its CUDA libraries are hard links into uv's cache, not a copy per
+environment) with the pip configuration carried over (:mod:`.pipconfig`), and
+by ``venv`` + pip where uv cannot serve: no uv binary, or a pip setting or
+torch-pip-args option uv has no equivalent for (the progress line says which).  Either
+installer resolves the same requirements against the same indexes and constraints (uv
+with pip's index strategy), so the environment's key, and the build key, do not
+depend on which one made it; the marker records it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+try:  # a dependency of wheelforge; without it (a partial install) pip makes environments
+    import uv as uv_package
+except ImportError:  # pragma: no cover
+    uv_package = None  # type: ignore[assignment]
+
 from .. import _proc
 from .._fs import atomic_write, locked
 from ..errors import ToolchainError
+from . import pipconfig
 
 Progress = Callable[[str], None]
 
@@ -31,6 +47,12 @@ BASE_REQUIREMENTS = ("setuptools>=70", "wheel", "ninja", "packaging")
 #: request.  First on pip's command line, so a torch-pip-args of the user's overrides them.
 PIP_NET_ARGS = ("--timeout", "30", "--retries", "5")
 MARKER = ".wheelforge-env.json"
+#: ``WHEELFORGE_INSTALLER``: ``uv`` (the default: pip where uv cannot serve) or ``pip``.
+INSTALLER_ENV = "WHEELFORGE_INSTALLER"
+#: uv's own variables kept in its environment; the others (UV_INDEX_URL, UV_CONSTRAINT, ...)
+#: would make uv resolve differently from pip and are dropped: pip's settings decide.
+_UV_KEPT = ("UV_CACHE_DIR", "UV_OFFLINE", "UV_NATIVE_TLS", "UV_SYSTEM_CERTS",
+            "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_INSTALLS", "UV_NO_PROGRESS")
 
 _PROBE = r"""
 import json, sys, importlib.metadata as md
@@ -112,6 +134,45 @@ def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False)
     )
 
 
+Inspect = Callable[..., BuildEnv]
+
+
+class Inspections:
+    """:func:`inspect_env` once per interpreter in one command: a build of several recipes
+    (and their companions) against one interpreter imports its torch once, not twice per
+    recipe.  An answer is reused while the interpreter's site-packages directories are
+    unchanged (an install adds or removes entries there, so it is asked again); an answer
+    with torch serves a question without.  Owns the answers, hence a class."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, bool, tuple[int, ...], bool], BuildEnv] = {}
+        self.asked = 0  # how many times an interpreter was really run
+
+    def inspect(self, python: Path, *, with_torch: bool = True,
+                managed: bool = False) -> BuildEnv:
+        where = os.path.abspath(python)  # not realpath: a venv's python links to its base
+        stamp = _site_stamp(python)
+        for torch in (True,) if with_torch else (True, False):
+            found = self._answers.get((where, managed, stamp, torch))
+            if found is not None:
+                return found
+        env = inspect_env(python, with_torch=with_torch, managed=managed)
+        self.asked += 1
+        self._answers[(where, managed, stamp, with_torch)] = env
+        return env
+
+
+def _site_stamp(python: Path) -> tuple[int, ...]:
+    """The modification times of the site-packages directories of the environment whose
+    interpreter is ``python`` (PREFIX/bin/python: PREFIX/lib/python*/site-packages)."""
+    prefix = Path(os.path.abspath(python)).parent.parent
+    stamps = []
+    for site in sorted(prefix.glob("lib/python*/site-packages")):
+        with contextlib.suppress(OSError):
+            stamps.append(site.stat().st_mtime_ns)
+    return tuple(stamps)
+
+
 def python_tag(python: Path) -> str:
     """``cp311`` for an interpreter, without importing anything heavy."""
     if os.path.realpath(python) in (os.path.realpath(sys.executable),
@@ -142,6 +203,58 @@ def env_key(base_python: Path, torch_req: str, requirements: Sequence[str],
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Installer:
+    """What installs a managed environment: ``uv`` (its binary and the options that carry
+    the pip configuration over) or ``pip``, and why."""
+
+    kind: str  # "uv" or "pip"
+    why: str
+    uv: Path | None = None
+    uv_args: pipconfig.UvArgs | None = None
+
+    def describe(self) -> str:
+        return f"{self.kind} ({self.why})"
+
+
+def find_uv() -> Path | None:
+    """uv's binary: the one the ``uv`` package (a dependency of wheelforge) installed,
+    else ``uv`` on PATH."""
+    found: str | None = None
+    if uv_package is not None:
+        with contextlib.suppress(FileNotFoundError):
+            found = uv_package.find_uv_bin()
+    found = found or shutil.which("uv")
+    return Path(found) if found else None
+
+
+def choose_installer(base_python: Path, pip_args: Sequence[str],
+                     environ: Mapping[str, str] | None = None) -> Installer:
+    """uv, unless ``WHEELFORGE_INSTALLER=pip``, no uv binary is found, or the pip
+    configuration or ``pip_args`` hold a setting uv cannot honour (pip then)."""
+    env = os.environ if environ is None else environ
+    wanted = env.get(INSTALLER_ENV, "").strip().lower() or "uv"
+    if wanted not in ("uv", "pip"):
+        raise ToolchainError(f"{INSTALLER_ENV}={wanted!r} is not an installer",
+                             fix=f"use uv or pip, or unset {INSTALLER_ENV}")
+    if wanted == "pip":
+        return Installer(kind="pip", why=f"{INSTALLER_ENV}=pip")
+    uv = find_uv()
+    if uv is None:
+        return Installer(kind="pip", why="no uv binary: pip install uv")
+    config = pipconfig.read_pip_config(base_python, Path(sys.executable), environ=env)
+    if config is None:
+        return Installer(kind="pip", why="pip's configuration could not be read (no pip in "
+                         f"{base_python} nor in {sys.executable})")
+    mapped = pipconfig.to_uv(config, [*PIP_NET_ARGS, *pip_args])
+    if mapped.unsupported:
+        return Installer(kind="pip", why="uv has no equivalent of pip's "
+                         + ", ".join(mapped.unsupported))
+    carried = sorted(k for k in config if "--" + k in pipconfig.CARRIED)
+    return Installer(kind="uv", uv=uv, uv_args=mapped,
+                     why="pip configuration carried over: " + (", ".join(carried) or "none"))
+
+
 def managed_env(
     cache_dir: Path,
     *,
@@ -152,6 +265,8 @@ def managed_env(
     progress: Progress | None = None,
     log: Path | None = None,
     with_torch: bool = True,
+    installer: Installer | None = None,
+    inspect: Inspect = inspect_env,
 ) -> BuildEnv:
     """Return the cached venv for (interpreter, torch), creating it if needed.
 
@@ -159,6 +274,9 @@ def managed_env(
     torch; a recipe's extra requirements are installed into it when missing.
     ``with_torch=False`` (a pure recipe that neither pins torch nor names it in its
     local version) skips importing torch when an existing environment is reused.
+    ``installer``: chosen by :func:`choose_installer` when None and one is needed;
+    ``inspect``: how a reused environment is inspected (:meth:`Inspections.inspect`: once
+    per command).
     """
     say = progress or (lambda _m: None)
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
@@ -167,14 +285,19 @@ def managed_env(
     with locked(cache_dir / "envs" / f"{key}.lock"):
         if (root / MARKER).is_file() and python.exists():
             say(f"reusing build environment {root}")
-            env = inspect_env(python, managed=True, with_torch=with_torch)
+            env = inspect(python, managed=True, with_torch=with_torch)
         else:
             if root.exists():
                 shutil.rmtree(root)
-            say(f"creating build environment {root} ({torch_req}; takes a minute or two)")
+            installer = installer or choose_installer(base_python, pip_args)
+            say(f"creating build environment {root} ({torch_req}; with "
+                f"{installer.describe()})")
+            # the recipe's own requirements in the same install: one resolve, one inspection
+            extra = [r for r in requirements if Requirement(r).name.lower() != "torch"]
             try:
-                _proc.run([str(base_python), "-m", "venv", str(root)], log=log)
-                _pip_install(python, [*pip_args, torch_req, *BASE_REQUIREMENTS], say, log)
+                _create(installer, base_python, root, log)
+                _install(installer, python, pip_args,
+                         [torch_req, *BASE_REQUIREMENTS, *extra], say, log)
             except ToolchainError:
                 shutil.rmtree(root, ignore_errors=True)
                 raise
@@ -184,14 +307,76 @@ def managed_env(
                                      why=exc.tail.strip()[-500:],
                                      fix="check that the interpreter has the venv module") from exc
             env = inspect_env(python, managed=True)
-            atomic_write(root / MARKER, json.dumps({"torch": torch_req, "pip_args": list(pip_args),
-                                                    "torch_version": env.torch_version}, indent=1))
+            atomic_write(root / MARKER, json.dumps({
+                "torch": torch_req, "pip_args": list(pip_args),
+                "torch_version": env.torch_version,
+                "installer": _installer_version(installer)}, indent=1))
         missing = [m.split(" (")[0] for m in missing_requirements(env, requirements)]
         if missing:
-            say(f"installing {', '.join(missing)} into the build environment")
-            _pip_install(python, [*pip_args, torch_req, *missing], say, log)
+            installer = installer or choose_installer(base_python, pip_args)
+            say(f"installing {', '.join(missing)} into the build environment (with "
+                f"{installer.kind})")
+            _install(installer, python, pip_args, [torch_req, *missing], say, log)
             env = inspect_env(python, managed=True, with_torch=with_torch)
         return env
+
+
+def _installer_version(installer: Installer) -> str:
+    if installer.uv is None:
+        return installer.kind
+    try:
+        return _proc.run([str(installer.uv), "--version"], timeout=30).output.strip()
+    except _proc.CommandFailed:
+        return "uv"
+
+
+def _uv_environ(installer: Installer) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("UV_") or k in _UV_KEPT}
+    environ.update(installer.uv_args.environ if installer.uv_args else ())
+    return environ
+
+
+def _create(installer: Installer, base_python: Path, root: Path, log: Path | None) -> None:
+    if installer.uv is None:
+        _proc.run([str(base_python), "-m", "venv", str(root)], log=log)
+        return
+    _proc.run([str(installer.uv), "venv", "--no-config", "--no-project",
+               "--no-python-downloads", "--python", str(base_python), str(root)],
+              env=_uv_environ(installer), log=log)
+
+
+def _install(installer: Installer, python: Path, pip_args: Sequence[str],
+             requirements: Sequence[str], say: Progress, log: Path | None) -> None:
+    """Install ``requirements`` into the environment of ``python`` with ``installer``;
+    ``pip_args``: the torch-pip-args (uv got their equivalent in ``installer``)."""
+    if installer.uv is None or installer.uv_args is None:
+        if not (python.parent / "pip").exists():  # an environment uv made has no pip
+            _proc.run([str(python), "-m", "ensurepip", "--default-pip"], log=log)
+        _pip_install(python, [*pip_args, *requirements], say, log)
+        return
+    try:
+        _proc.run([str(installer.uv), "pip", "install", "--no-config", "--python", str(python),
+                   "--link-mode", "hardlink", *installer.uv_args.args, *requirements],
+                  env=_uv_environ(installer), log=log, on_line=_uv_progress(say))
+    except _proc.CommandFailed as exc:
+        raise ToolchainError(
+            f"uv could not install {' '.join(requirements)} into the build environment "
+            f"{python.parent.parent}",
+            why=exc.tail.strip()[-800:],
+            fix="check the torch requirement and its index (torch / torch-pip-args in "
+                "wheelforge.yaml, pip's configuration) and that the package index is "
+                f"reachable; {INSTALLER_ENV}=pip installs with pip instead",
+            log=str(log) if log else None,
+        ) from exc
+
+
+def _uv_progress(say: Progress) -> Callable[[str], None]:
+    def on_line(line: str) -> None:
+        text = line.strip()
+        if text.startswith(("Resolved ", "Prepared ", "Installed ")):
+            say("uv: " + text[:120])
+    return on_line
 
 
 def _pip_install(python: Path, args: Sequence[str], say: Progress, log: Path | None) -> None:

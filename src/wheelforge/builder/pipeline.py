@@ -31,7 +31,7 @@ from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook, Subset
 from ..recipe.subsets import select_subset, subset_environment, subset_label
 from ..wheel import newest_member_epoch, relabel, relabeled_name
-from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain
+from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain, unitcosts
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
 from .buildenv import BuildEnv
 from .compilecache import CacheStats
@@ -125,10 +125,11 @@ def companion_depth(recipe: Recipe, book: RecipeBook, _chain: tuple[str, ...] = 
 
 
 def toolchain_identity(recipe: Recipe, config: BuildConfig,
-                       cuda: toolchain.Cuda | None) -> dict[str, str]:
+                       cuda: toolchain.Cuda | None,
+                       inspect: buildenv.Inspect = buildenv.inspect_env) -> dict[str, str]:
     """What of the toolchain goes into the build key, found without creating anything."""
     if config.python is not None:
-        env = buildenv.inspect_env(config.python, with_torch=recipe.build.kind == "extension")
+        env = inspect(config.python, with_torch=recipe.build.kind == "extension")
         torch = f"{env.torch_version} (cuda {env.torch_cuda})" if env.torch_version else ""
         tag = env.python_tag
     else:
@@ -205,12 +206,13 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     return environ
 
 
-def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path) -> BuildEnv:
+def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
+             inspect: buildenv.Inspect = buildenv.inspect_env) -> BuildEnv:
     # torch is imported (seconds) only when the wheel depends on what it is
     torch = recipe.build.kind == "extension" or recipe.build.pin_torch or \
         bool(recipe.build.local_version)
     if config.python is not None:
-        return buildenv.inspect_env(config.python, with_torch=torch)
+        return inspect(config.python, with_torch=torch)
     backend = config.compile_cache.backend if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
@@ -222,6 +224,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path)
         progress=reporter.info,
         log=log,
         with_torch=torch,
+        inspect=inspect,
     )
 
 
@@ -252,9 +255,11 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
                           reporter: Reporter) -> list[BuildResult]:
     """Build ``recipes`` and, first, the companions each one names (once each, for the same
     configuration, reused when published); every wheel pins the companion builds it was
-    made with.  The results come companions first."""
+    made with.  The results come companions first.  Interpreters are inspected once for
+    all of them (buildenv.Inspections)."""
     done: dict[str, BuildResult] = {}
     names = {r.name for r in recipes}
+    inspections = buildenv.Inspections()
 
     def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
         if recipe.name in chain:
@@ -266,7 +271,8 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
                           for c in recipe.companions}
             named = recipe.name in names and not chain
             done[recipe.name] = build_one(recipe, config if named else without_subset(config),
-                                          reporter, companions=companions)
+                                          reporter, companions=companions,
+                                          inspections=inspections)
         return done[recipe.name]
 
     for r in recipes:
@@ -275,10 +281,13 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
 
 
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
-              companions: dict[str, BuildResult] | None = None) -> BuildResult:
+              companions: dict[str, BuildResult] | None = None,
+              inspections: buildenv.Inspections | None = None) -> BuildResult:
     """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
     configuration: their build keys go into this one's, their exact versions (local label
-    included) into the wheel's requirements."""
+    included) into the wheel's requirements.  ``inspections``: the interpreters the
+    command inspected already (one import of torch per interpreter and command)."""
+    inspect = (inspections or buildenv.Inspections()).inspect
     companions = companions or {}
     missing = sorted(set(recipe.companions) - set(companions))
     if missing:
@@ -301,7 +310,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 cuda = toolchain.find_cuda()
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 toolchain.check_archs(cuda, config.archs)
-            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda),
+            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda, inspect),
                             companion_keys)
             reporter.info(f"build key {key[:16]}")
             subset = recipe_subset(recipe, config)
@@ -315,7 +324,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             if config.python is not None and recipe.build.requires:
                 # your interpreter, as it is: what the recipe names is known before the
                 # fetch (pyproject's build-system.requires only after it)
-                env = _get_env(recipe, config, reporter, log)
+                env = _get_env(recipe, config, reporter, log, inspect)
                 require(env, list(recipe.build.requires), recipe.name)
 
         def waiting(holder: str) -> None:
@@ -344,7 +353,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
         with reporter.step("build environment"):
-            env = env or _get_env(recipe, config, reporter, log)
+            env = env or _get_env(recipe, config, reporter, log, inspect)
             reporter.info(env.describe())
             if extension:
                 assert cuda is not None
@@ -369,13 +378,27 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             with contextlib.ExitStack() as stack:
                 cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
                                        reporter)
+                environ = _environment(recipe, config, env, cuda, cache)
+                costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list) \
+                    if extension else None
+                if costs is not None:
+                    environ[unitcosts.ENV] = str(costs)
+                    reporter.info(f"unit costs recorded by an earlier build: {costs}")
                 with reporter.heartbeat("building"):
-                    raw = build_wheel(tree=tree, env=env,
-                                      environ=_environment(recipe, config, env, cuda, cache),
+                    raw = build_wheel(tree=tree, env=env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
                                       jobs=config.jobs)
                 stats = _cache_stats(cache, reporter)
             reporter.info(f"built {raw.name}")
+            if extension and (stats is None or stats.hits == 0):
+                # a cold compile: what each unit took, for the packing of the next build
+                units = unitcosts.read_ninja_costs(tree)
+                if unitcosts.record(config.cache_dir, recipe.name, arch_list=config.arch_list,
+                                    jobs=config.jobs, threads=config.nvcc_threads,
+                                    costs=units):
+                    reporter.info(f"unit costs recorded: {len(units)} units, longest "
+                                  f"{units[0].seconds:.1f} s ({units[0].source}), sum "
+                                  f"{sum(u.seconds for u in units):.0f} s")
             if extension and (stats is None or stats.misses > 0):
                 # the largest child (a cicc or cc1plus) so far: the memory one job needs;
                 # a build served from the compile cache compiled nothing and says nothing

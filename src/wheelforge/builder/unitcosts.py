@@ -1,0 +1,121 @@
+"""The recorded cost of each translation unit of a build, from ninja's log.
+
+torch's ``cpp_extension`` compiles through ninja, and ninja logs when each output started
+and ended (``.ninja_log`` beside the ``build.ninja`` it writes under ``build/temp.*``).
+After a cold compile (nothing served by the compile cache) wheelforge records, per
+recipe and arch list, every unit's source, wall seconds and, for a generated unit that
+only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
+``CACHE/stats/NAME.units.json``.  The next build of the recipe gets the file's path in
+``WHEELFORGE_UNIT_COSTS``; the split patches (causal-conv1d 0008, mamba-ssm 0010) scale
+their built-in cost model by it, so the units they pack, longest first, are sized by what
+this machine took rather than by the model's figures.
+
+The record changes which files share a unit and the order ninja starts them in, never a
+kernel (the split patches' tests prove every grouping compiles each kernel once), so it
+is not part of the build key, as MAX_JOBS is not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._fs import atomic_write
+
+__all__ = ["ENV", "UnitCost", "read_ninja_costs", "record", "recorded"]
+
+#: The variable that gives a build the path of its recipe's record.
+ENV = "WHEELFORGE_UNIT_COSTS"
+_BUILD_LINE = re.compile(r"^build (?P<out>\S+): \S+ (?P<src>\S+)")
+_INCLUDE = re.compile(r'^#include "(?P<name>[^"]+)"$')
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One ninja output: its source (relative to the tree), seconds, the files it
+    includes when it is a generated unit, else ()."""
+
+    source: str
+    seconds: float
+    members: tuple[str, ...] = ()
+
+
+def _members(path: Path) -> tuple[str, ...]:
+    """The included files of a generated unit (comments and #include lines only)."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ()
+    names = []
+    for line in lines:
+        m = _INCLUDE.match(line)
+        if m:
+            names.append(m["name"])
+        elif line and not line.startswith("//"):
+            return ()
+    return tuple(names)
+
+
+def read_ninja_costs(tree: Path) -> list[UnitCost]:
+    """The units ninja compiled under ``tree`` (every ``.ninja_log`` of the build),
+    longest first; [] when there is none (a build without ninja)."""
+    costs: list[UnitCost] = []
+    for log in sorted(tree.glob("build/*/.ninja_log")):
+        sources: dict[str, str] = {}
+        try:
+            manifest = (log.parent / "build.ninja").read_text(errors="replace")
+            entries = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in manifest.splitlines():
+            m = _BUILD_LINE.match(line)
+            if m:
+                sources[m["out"].replace("$:", ":")] = m["src"].replace("$:", ":")
+        spans: dict[str, float] = {}
+        for entry in entries:
+            fields = entry.split("\t")
+            if entry.startswith("#") or len(fields) < 4 or fields[3] not in sources:
+                continue
+            try:
+                spans[fields[3]] = (int(fields[1]) - int(fields[0])) / 1000.0
+            except ValueError:
+                continue  # the last entry of a log wins: a rerun's
+        for out, seconds in spans.items():
+            src = Path(sources[out])
+            try:
+                rel = src.relative_to(tree).as_posix()
+            except ValueError:
+                rel = src.as_posix()
+            costs.append(UnitCost(rel, round(seconds, 2), _members(src)))
+    return sorted(costs, key=lambda c: (-c.seconds, c.source))
+
+
+def _path(cache_dir: Path, name: str) -> Path:
+    return cache_dir / "stats" / f"{name}.units.json"
+
+
+def record(cache_dir: Path, name: str, *, arch_list: str, jobs: int, threads: int,
+           costs: list[UnitCost]) -> Path | None:
+    """Record ``costs`` as the recipe's latest (nothing when empty); returns the file."""
+    if not costs:
+        return None
+    path = _path(cache_dir, name)
+    atomic_write(path, json.dumps({
+        "arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads,
+        "units": [{"source": c.source, "seconds": c.seconds, "members": list(c.members)}
+                  for c in costs]}, indent=1))
+    return path
+
+
+def recorded(cache_dir: Path, name: str, arch_list: str) -> Path | None:
+    """The record of an earlier build of ``name`` for the same arch list (the cost of a
+    unit grows with its archs), else None."""
+    path = _path(cache_dir, name)
+    try:
+        data: Mapping[str, object] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return path if data.get("arch_list") == arch_list and data.get("units") else None

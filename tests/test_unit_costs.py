@@ -1,0 +1,188 @@
+"""Unit costs recorded from ninja's log, and the split patches packing by them.
+
+ninja is real (a tiny manifest in torch's form; a real CUDA build for the pipeline), the
+patched setup.py functions are the shipped patches' (causal-conv1d 0008, mamba-ssm 0010).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, require_tool, setup_py_function, tinyext_project
+from test_mamba_ssm_patches import MAMBA_URL, mirror
+from wheelforge.builder import unitcosts
+from wheelforge.builder.patch import apply_series
+from wheelforge.builder.source import extract, fetch
+from wheelforge.recipe.format import RecipeBook
+
+BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
+
+
+def test_read_from_a_real_ninja_log(tmp_path: Path) -> None:
+    """A manifest as torch writes it (absolute paths, one build line per unit): the
+    seconds ninja logged per unit, longest first, and the files a generated unit
+    includes; the record is found again for the same arch list only."""
+    ninja = require_tool("ninja")
+    tree = tmp_path / "tree"
+    (tree / "csrc" / "units").mkdir(parents=True)
+    (tree / "csrc" / "a.cpp").write_text("int a;\n")
+    (tree / "csrc" / "units" / "unit_01_of_01.cu").write_text(
+        '// generated\n#include "k_w2.cu"\n#include "k_w3.cu"\n')
+    build = tree / "build" / "temp.linux-x86_64-cpython-311"
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text(
+        "rule compile\n  command = sleep $secs && touch $out\n"
+        f"build {build}/csrc/a.o: compile {tree}/csrc/a.cpp\n  secs = 0.1\n"
+        f"build {build}/csrc/units/unit_01_of_01.o: compile "
+        f"{tree}/csrc/units/unit_01_of_01.cu\n  secs = 0.6\n")
+    subprocess.run([ninja, "-C", str(build)], check=True, capture_output=True)
+    long, short = unitcosts.read_ninja_costs(tree)
+    assert (long.source, long.members) == ("csrc/units/unit_01_of_01.cu",
+                                           ("k_w2.cu", "k_w3.cu"))
+    assert (short.source, short.members) == ("csrc/a.cpp", ())
+    assert 0.5 <= long.seconds < 3 and 0.05 <= short.seconds < long.seconds
+    path = unitcosts.record(tmp_path / "cache", "demo", arch_list="12.0", jobs=2, threads=1,
+                            costs=[long, short])
+    assert path is not None and unitcosts.recorded(tmp_path / "cache", "demo", "12.0") == path
+    assert unitcosts.recorded(tmp_path / "cache", "demo", "10.0;12.0") is None
+    assert unitcosts.read_ninja_costs(tmp_path / "no-build") == []
+
+
+def included(unit: Path) -> list[str]:
+    return [ln.split('"')[1] for ln in unit.read_text().splitlines()
+            if ln.startswith("#include")]
+
+
+def write_record(path: Path, root: Path, units: list[str],
+                 seconds: Callable[[list[str]], float]) -> Path:
+    """A record as wheelforge writes it, of ``units`` (generated under ``root``)."""
+    path.write_text(json.dumps({"arch_list": "12.0", "units": [
+        {"source": u, "seconds": seconds(included(root / u)), "members": included(root / u)}
+        for u in units]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def causal_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    recipe = BOOK.load("causal-conv1d")
+    tree = extract(fetch(recipe, shared_cache).archive,
+                   tmp_path_factory.mktemp("cc1d") / "src")
+    apply_series(tree, recipe.patches, project="causal-conv1d")
+    return tree
+
+
+@pytest.fixture(scope="module")
+def mamba_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    recipe = BOOK.load("mamba-ssm")
+    fetched = fetch(recipe, tmp_path_factory.mktemp("cache"), git_mirrors={MAMBA_URL: mirror()})
+    tree = extract(fetched.archive, tmp_path_factory.mktemp("mamba") / "src")
+    apply_series(tree, recipe.patches, project="mamba-ssm")
+    return tree
+
+
+def _cost_causal(name: str) -> float:  # bwd_units()'s model, CPU-s beyond the headers
+    width = int(name[-len("2.cu")])
+    return ({2: 9, 3: 9, 4: 10} if "_bwd_fp32_" in name else {2: 18, 3: 13, 4: 16})[width]
+
+
+_MAMBA = {("bwd", "complex"): [7.2, 9.4, 16.3, 20.0, 20.8],
+          ("bwd", "real"): [6.1, 7.5, 11.5, 13.5, 13.8],
+          ("fwd", "complex"): [2.8, 3.8, 5.5, 6.5, 7.0],
+          ("fwd", "real"): [2.6, 3.4, 5.0, 5.4, 5.6]}
+_CONFIGS = ["32x4", "32x8", "32x16", "64x16", "128x16"]
+
+
+def _cost_mamba(name: str) -> float:  # selective_scan_units()'s COSTS; a dispatcher 0
+    parts = name[:-len(".cu")].split("_")  # selective_scan_<kind>_<t>_<w>[_<config>]
+    if len(parts) < 6:
+        return 0.0
+    return _MAMBA[(parts[2], parts[4])][_CONFIGS.index(parts[5])]
+
+
+def _headers_mamba(files: list[str]) -> float:  # a forward unit parses fewer headers
+    return 7.5 if "_fwd_" in files[0] else 9.0
+
+
+CASES = {
+    "causal-conv1d": ("causal_tree", "bwd_units", {"glob": glob}, lambda _f: 9.0,
+                      _cost_causal, "CAUSAL_CONV1D_BWD_UNITS"),
+    "mamba-ssm": ("mamba_tree", "selective_scan_units", {"HIP_BUILD": False}, _headers_mamba,
+                  _cost_mamba, "MAMBA_SELECTIVE_SCAN_UNITS"),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(CASES))
+def test_a_record_packs_the_units_by_what_was_measured(
+        recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 jobs.  A record that says what the model says (every unit twice its modelled
+    cost: a slower machine) packs the same units; an unreadable one too; a record in which
+    the heaviest unit took four times its model spreads that unit's files over several
+    units (at least half as many as it had files)."""
+    fixture, function, scope, headers, cost, override = CASES[recipe]
+    tree: Path = request.getfixturevalue(fixture)
+    units = setup_py_function(tree, function, **scope)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MAX_JOBS", "16")
+    monkeypatch.delenv(override, raising=False)
+    monkeypatch.delenv(unitcosts.ENV, raising=False)
+    model = units()
+    layout = [included(tmp_path / u) for u in model]
+
+    def modelled(files: list[str]) -> float:
+        return headers(files) + sum(map(cost, files))
+
+    monkeypatch.setenv(unitcosts.ENV, str(write_record(
+        tmp_path / "slower.json", tmp_path, model, lambda f: 2 * modelled(f))))
+    assert [included(tmp_path / u) for u in units()] == layout
+    monkeypatch.setenv(unitcosts.ENV, str(tmp_path / "missing.json"))
+    assert [included(tmp_path / u) for u in units()] == layout
+
+    heavy = max(layout, key=lambda f: (sum(map(cost, f)), f))
+    costly = [f for f in heavy if cost(f) > 0]
+    assert len(costly) >= 2
+    monkeypatch.setenv(unitcosts.ENV, str(write_record(
+        tmp_path / "heavy.json", tmp_path, model,
+        lambda f: (4 if f == heavy else 1) * modelled(f))))
+    after = [included(tmp_path / u) for u in units()]
+    assert after != layout
+    holders = {i for i, files in enumerate(after) for f in costly if f in files}
+    assert len(holders) >= max(2, len(costly) // 2), (costly, after)
+    assert sorted(f for files in after for f in files) == sorted(f for fs in layout for f in fs)
+
+
+@pytest.mark.nvcc
+def test_a_cold_build_records_its_units_and_the_next_build_reads_them(
+        tmp_path: Path, shared_cache: Path, nvcc: str) -> None:
+    """A real build without the compile cache records what ninja logged; the next build
+    of the recipe is given the record (WHEELFORGE_UNIT_COSTS) and says so."""
+    sdists = tinyext_project(tmp_path)
+    cache = tmp_path / "cache"
+    (cache / "envs").mkdir(parents=True)
+    for entry in (shared_cache / "envs").iterdir():  # the torch environment, not copied
+        (cache / "envs" / entry.name).symlink_to(entry)
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    env["WHEELFORGE_COMPILE_CACHE"] = "off"
+    argv = [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0",
+            "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
+            "--index", str(tmp_path / "index"), "--cache-dir", str(cache),
+            "--no-stack-check"]
+    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=1200)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "unit costs recorded: " in first.stderr
+    data = json.loads((cache / "stats" / "tinyext.units.json").read_text())
+    assert data["arch_list"] == "12.0" and data["units"]
+    assert all(u["seconds"] > 0 and not u["source"].startswith("/") for u in data["units"])
+    again = subprocess.run([*argv, "--force"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=1200)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "unit costs recorded by an earlier build: " in again.stderr
