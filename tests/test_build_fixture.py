@@ -59,12 +59,14 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     assert re.fullmatch(rf"{re.escape(stem)}-{MANYLINUX}\.whl", ext)
     assert f"published: {ext}  [sm_120]" in res.stdout
     assert "published: tinypure-0.1.0+wf-py3-none-any.whl  [pure Python]" in res.stdout
-    # the install lines are consumer.render's for the build's channel: the safe ones
-    assert "install (the index's channel cu130-torch2.14; uv too: wheelforge " \
-           "consumer-config):\n" in res.stdout
-    assert "PIP_CONFIG_FILE=/dev/null python -m pip install --isolated " in res.stdout
+    # the install lines: the one command for the build's channel, absolute paths, and uv's
+    assert "install (the index's channel cu130-torch2.14), from any directory:\n" in res.stdout
+    index_dir = (project / "index").resolve()
+    assert (f" install --index {index_dir} --channel cu130-torch2.14 --python ~/venvs/stack\n"
+            in res.stdout)
     assert "--extra-index-url" not in res.stdout
-    assert " tinyext==0.1.0+cu130torch2.14sm120 tinypure==0.1.0+wf\n" in res.stdout
+    assert f"--constraint {(index_dir / 'cu130-torch2.14' / 'constraints.txt').as_uri()} " \
+           "tinyext tinypure\n" in res.stdout
     # resolved inputs first, then steps with durations
     assert "arch list      12.0  [--arch]" in res.stderr
     assert "ok compile (TORCH_CUDA_ARCH_LIST=12.0" in res.stderr

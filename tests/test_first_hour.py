@@ -401,7 +401,7 @@ def test_commands_have_examples(command: str) -> None:
     res = wf(command, "--help")
     assert res.returncode == 0
     examples = res.stdout.split("Examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert len(examples) >= 2 and all(ln.strip().split()[0] in ("wheelforge", "pip")
+    assert len(examples) >= 2 and all(ln.strip().split()[0] in ("wheelforge", "pip", "#")
                                       for ln in examples)
 
 

@@ -478,7 +478,7 @@ def test_landing_page_lists_every_wheel(populated: Path):
     assert sorted(urllib.parse.unquote(a["href"][6:]) for a in wheel_links) == sorted(
         p.name for p in (populated / "files").glob("*.whl")
     )
-    assert "<script" not in text.lower()
+    assert text.lower().count("<script") == 1  # the page's own: install lines, copy buttons
     assert "cu130-torch2.14/simple/" in text and "yanked" in text and "sm_120" in text
     for wheel in (populated / "files").glob("*.whl"):
         digest = sha256(wheel)

@@ -207,19 +207,22 @@ document.addEventListener("click", (event) => {
 """
 
 
-def _install_section(installs: Sequence[ChannelInstall], index_path: str) -> str:
+def _install_section(installs: Sequence[ChannelInstall]) -> str:
     """Per channel, the one-command install (wheelforge's, then uv's alone), pasteable as
     shown, naming this index; what the archs mean comes after the table."""
     if not installs:
         return ""
-    here = f'<span data-here="">{_e(index_path)}</span>'
-    here_url = f'<span data-here-url="">{_e(_file_url(index_path))}</span>'
+    # the page holds no path of its own (a copy of the index gives the same bytes): the
+    # script puts in where it is read from; without it, INDEX stands for that
+    here = '<span data-here="">INDEX</span>'
+    here_url = '<span data-here-url="">INDEX-URL</span>'
     venv = "~/venvs/stack"
     out = ["<h2>Install</h2>\n<p>Every wheel of a channel with its dependencies into a venv "
            "(made if missing), from any directory. The wheels come from this index alone, "
            "pinned to their exact versions, and later <code>pip install -U</code> runs in "
            "that venv keep them; torch and the other dependencies come from your usual "
-           "index.</p>\n"]
+           "index.</p>\n<noscript><p>INDEX: this index's directory; INDEX-URL: its URL "
+           "(file:// and the directory, or the server's).</p></noscript>\n"]
     for block in installs:
         sub = f"/{_e(block.channel)}/" if block.channel else "/"
         names = " ".join(_e(n) for n in block.projects)
@@ -236,10 +239,6 @@ def _install_section(installs: Sequence[ChannelInstall], index_path: str) -> str
             f"{here_url}{sub}constraints.txt {names}</code>"
             '<button type="button" class="copy" title="copy the command">copy</button></div>\n')
     return "".join(out)
-
-
-def _file_url(path: str) -> str:
-    return "file://" + urllib.parse.quote(path)
 
 
 def _arch_legend(archs: Sequence[str]) -> str:
@@ -274,8 +273,7 @@ def _stack_items(stacks: Mapping[str | None, StackStatus], channels: Sequence[st
 def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
                   report: bool = False,
                   stacks: Mapping[str | None, StackStatus] | None = None,
-                  installs: Sequence[ChannelInstall] = (), index_path: str = "",
-                  archs: Sequence[str] = ()) -> str:
+                  installs: Sequence[ChannelInstall] = (), archs: Sequence[str] = ()) -> str:
     """The landing page: the install lines, the stack check, then one table, a <tbody> per
     project (``rows``, by project name), and what the archs mean."""
     channel_links = ", ".join(
@@ -295,7 +293,7 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         + (f' Nightly build: <a href="{REPORTS_DIR}/{NIGHTLY_REPORT}">latest report</a>.'
            if report else "")
         + "</p>\n"
-        + _install_section(installs, index_path)
+        + _install_section(installs)
         + ("<h2>Stack check</h2>\n<p>Each channel's wheels installed together with their "
            "dependencies, then imported together:</p>\n" + _stack_items(stacks or {}, channels)
            if channels or stacks else "")

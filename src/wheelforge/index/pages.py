@@ -452,7 +452,7 @@ def _sync(
     installs = _installs(index_dir, summary, groups, sorted(new_channels))
     archs = archs_in_rows(rows.values())
     landing = _landing_page(rows, sorted(new_channels), wheels, report, stacks, installs,
-                            str(index_dir.resolve()), archs).encode()
+                            archs).encode()
     if bad:
         raise BadRecords(bad)
     # the published files, caches, then project pages, then the roots that link to them,
