@@ -132,33 +132,3 @@ def test_the_printed_install_pasted_from_another_directory_imports_the_stack(
     assert res.returncode == 0, res.stdout[-6000:]
     assert "WARNING: Location" not in res.stdout
     _imports_the_stack(home / "venvs" / "stack" / "bin" / "python", elsewhere, env)
-
-
-def test_the_readmes_install_block_runs_as_printed(built: tuple[Path, str],
-                                                   tmp_path: Path) -> None:
-    """README's pip block, run by a shell in a checkout after `make build` (.venv holds
-    wheelforge, ./index the wheels), for a new user."""
-    index, _ = built
-    readme = (REPO / "README.md").read_text()
-    block = readme[readme.index("## Install the stack"):].split("```sh\n", 1)[1]
-    block = block.split("```", 1)[0]
-    checkout = tmp_path / "checkout"
-    (checkout / ".venv" / "bin").mkdir(parents=True)
-    (checkout / ".venv" / "bin" / "wheelforge").symlink_to(
-        Path(sys.executable).with_name("wheelforge"))
-    (checkout / "index").symlink_to(index)
-    home = tmp_path / "home"
-    env = _user_env(home)
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=checkout, env=env,
-                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         timeout=3600)
-    assert res.returncode == 0, res.stdout[-6000:]
-    _imports_the_stack(home / "venvs" / "stack" / "bin" / "python", tmp_path, env)
-    # later pip commands in that venv keep the wheels (the venv's pip.conf)
-    python = home / "venvs" / "stack" / "bin" / "python"
-    later = subprocess.run([str(python), "-m", "pip", "install", "causal-conv1d", "mamba-ssm"],
-                           cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=900)
-    assert later.returncode == 0, later.stdout[-4000:]
-    assert "WARNING: Location" not in later.stdout
-    _imports_the_stack(python, tmp_path, env)

@@ -271,3 +271,29 @@ def test_a_channel_directory_names_the_index_and_the_channel(
                home_env(tmp_path / "home", public), elsewhere(tmp_path))
     assert done.returncode == 0, done.stderr
     assert kept(venv / "bin" / "python")
+
+
+def test_the_readmes_install_block_runs_as_printed_in_a_checkout(
+        local: Path, public: str, tmp_path: Path) -> None:
+    """README's pip block, run by a shell in a checkout after `make build` (.venv holds
+    wheelforge, ./index the wheels: here the fake stack), for a new user whose home holds
+    ~/venvs/stack; then a later pip command there keeps the wheels.  (The real stack goes
+    through the same command in tests/test_e2e_stack.py, from build's printed line.)"""
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("## Install the stack"):].split("```sh\n", 1)[1]
+    block = block.split("```", 1)[0]
+    checkout = tmp_path / "checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    (checkout / ".venv" / "bin" / "wheelforge").symlink_to(
+        Path(sys.executable).with_name("wheelforge"))
+    (checkout / "index").symlink_to(local)
+    home = tmp_path / "home"
+    env = home_env(home, public)
+    done = run(["bash", "-euo", "pipefail", "-c", block], env, checkout)
+    assert done.returncode == 0, done.stderr
+    python = home / "venvs" / "stack" / "bin" / "python"
+    assert kept(python), installed(python)
+    later = run([str(python), "-m", "pip", "install", "-U", "wf-demo"], env, tmp_path)
+    assert later.returncode == 0 and kept(python), later.stderr
