@@ -227,6 +227,11 @@ def install(p: Plan, python: Path, *, installer: Installer = "pip",
     pip = pip_command(python, env)
     inherited = _config_values(pip, env)
     conf = write_pip_conf(python.parent.parent, lasting_settings(p), inherited, root=p.root)
+    for key, value in lasting_settings(p).items():
+        var = "PIP_" + key.upper().replace("-", "_")
+        if env.get(var) and value not in env[var].split():
+            say(f"note: {var} is set in this shell; it replaces the venv's {key} in later pip "
+                f"commands there: add {value} to it to keep them on these wheels")
     say(f"install: {len(p.pins)} wheel(s) from the local index alone")
     local = _proc.run([*pip, "install", "--isolated",
                        "--disable-pip-version-check", "--progress-bar", "off", "--no-deps",
