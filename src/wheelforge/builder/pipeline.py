@@ -61,7 +61,8 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
               companion_keys: dict[str, str] | None = None) -> str:
     """A content hash of everything that changes the binary.
 
-    The recipe file (hence its pinned sources), every patch's bytes, the toolchain
+    How the build is made reproducible (``reproducible.SCHEME``), the recipe file (hence
+    its pinned sources), every patch's bytes, the toolchain
     (Python tag, the torch requirement or installed version, nvcc), the arch list, the
     recipe's build environment, the wheelforge version and the build keys of the recipe's
     companions.  Computable before any environment exists, so an up-to-date build is
@@ -73,6 +74,7 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
         h.update(label.encode() + b"\0" + hashlib.sha256(data).digest())
 
     add("wheelforge", __version__.encode())
+    add("reproducible", reproducible.SCHEME.encode())  # fixed paths, the source's date
     add("recipe", recipe.path.read_bytes())
     for p in recipe.patches:
         add(f"patch:{p.name}", p.read_bytes())

@@ -51,9 +51,12 @@ from .. import _proc
 from .._fs import owned_lock
 from ..errors import ToolchainError
 
-__all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "UMASK", "FixedPaths", "describe_epoch",
-           "fixed_paths", "nvcc_flags", "source_date_epoch", "umask"]
+__all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "SCHEME", "UMASK", "FixedPaths",
+           "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch", "umask"]
 
+#: How a wheel is made reproducible; part of the build key: wheels built before (at
+#: per-run paths, dated at build time) are another binary, rebuilt once.
+SCHEME = "fixed-paths-1"
 #: Where every builder compiles: the same path on every machine, so the same bytes.
 BUILD_ROOT = Path("/tmp/wheelforge-build")
 #: The umask of the compile (bdist_wheel records the permission bits it leaves).
