@@ -39,6 +39,34 @@ def built_wheel(files: Path, stem: str) -> Path:
     return found[0]
 
 
+def wheel_differences(a: Path, b: Path) -> list[str]:
+    """What differs between two wheels, member by member (bytes, date, mode, order); empty
+    when the files are byte for byte the same.  The comparison the reproducibility tests
+    use (docs/reproducible.md has diffoscope's view of the same)."""
+    if a.read_bytes() == b.read_bytes():
+        return []
+    out = [f"{a.name}: sha256 {hashlib.sha256(a.read_bytes()).hexdigest()} != "
+           f"{hashlib.sha256(b.read_bytes()).hexdigest()}"]
+    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+        ia, ib = za.infolist(), zb.infolist()
+        if [i.filename for i in ia] != [i.filename for i in ib]:
+            out.append(f"member order or names: {[i.filename for i in ia]} != "
+                       f"{[i.filename for i in ib]}")
+        other = {i.filename: i for i in ib}
+        for x in ia:
+            y = other.get(x.filename)
+            if y is None:
+                continue
+            for field in ("date_time", "external_attr", "compress_type", "create_system"):
+                if getattr(x, field) != getattr(y, field):
+                    out.append(f"{x.filename}: {field} {getattr(x, field)} != "
+                               f"{getattr(y, field)}")
+            if za.read(x) != zb.read(y):
+                out.append(f"{x.filename}: content differs ({x.file_size} and {y.file_size} "
+                           "bytes)")
+    return out
+
+
 def require_tool(name: str, path: str | None = None) -> str:
     """Return the tool's path; skip with a reason when absent, but fail under CI=true."""
     found = path if path and os.access(path, os.X_OK) else shutil.which(name)

@@ -345,10 +345,12 @@ def test_free_disk(tmp_path: Path, bin_dir: Path, monkeypatch: pytest.MonkeyPatc
                    free: float, status: str) -> None:
     set_disk(monkeypatch, free)
     findings = check(tmp_path, env(bin_dir))
-    assert [one(findings, n).status for n in ("disk work", "disk cache")] == [status, status]
+    assert [one(findings, n).status for n in ("disk work", "disk cache", "disk build")] == \
+        [status, status, status]
     if status != "OK":
         assert "--work-dir" in one(findings, "disk work").fix
         assert "--cache-dir" in one(findings, "disk cache").fix
+        assert "fixed path" in one(findings, "disk build").fix
 
 
 def test_disk_is_measured_at_the_nearest_existing_parent(tmp_path: Path, bin_dir: Path,
@@ -357,11 +359,14 @@ def test_disk_is_measured_at_the_nearest_existing_parent(tmp_path: Path, bin_dir
     set_disk(monkeypatch, 50, seen)
     (tmp_path / "cache").mkdir()
     findings = run_checks(archs=(), python=None, work_dir=tmp_path / "a" / "b" / "work",
-                          cache_dir=tmp_path / "cache", jobs=1, environ=env(bin_dir))
-    assert seen == [str(tmp_path), str(tmp_path / "cache")]
+                          cache_dir=tmp_path / "cache", jobs=1, environ=env(bin_dir),
+                          build_root=tmp_path / "cache" / "build-root")
+    assert seen == [str(tmp_path), str(tmp_path / "cache"), str(tmp_path / "cache")]
     assert one(findings, "disk work").detail == (
         f"50.0 GiB free at {tmp_path} (for {tmp_path / 'a' / 'b' / 'work'})")
     assert one(findings, "disk cache").detail == f"50.0 GiB free at {tmp_path / 'cache'}"
+    assert one(findings, "disk build").detail == (  # the fixed build path: no option moves it
+        f"50.0 GiB free at {tmp_path / 'cache'} (for {tmp_path / 'cache' / 'build-root'})")
 
 
 @pytest.mark.parametrize(("mem", "jobs", "status", "fix"), [
@@ -403,7 +408,7 @@ def test_every_check_is_reported_in_order(tmp_path: Path, bin_dir: Path) -> None
                      python=python)
     assert [f.check for f in findings] == [
         "nvcc", "arch 10.0", "arch 12.0", "torch", "torch cuda", "compiler", "ninja", "git",
-        "disk work", "disk cache", "memory"]
+        "disk work", "disk cache", "disk build", "memory"]
     assert failures(findings) == []
     text = render(findings)
     assert "\x1b" not in text and len(text.splitlines()) == len(findings)

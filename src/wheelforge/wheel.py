@@ -6,7 +6,6 @@ A wheel is rewritten into a new file; the input is never modified.
 from __future__ import annotations
 
 import base64
-import calendar
 import contextlib
 import csv
 import hashlib
@@ -417,14 +416,6 @@ def zip_date(epoch: int) -> tuple[int, int, int, int, int, int]:
     moment = time.gmtime(max(epoch, 315532800))
     return (moment.tm_year, moment.tm_mon, moment.tm_mday, moment.tm_hour, moment.tm_min,
             moment.tm_sec)
-
-
-def newest_member_epoch(path: Path) -> int:
-    """The newest member date of a wheel as a Unix time (the backend's SOURCE_DATE_EPOCH
-    when it honoured one): a stable date for what is added to the wheel after the build."""
-    with reading(path) as zf:
-        newest = max((zi.date_time for zi in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
-    return calendar.timegm((*newest, 0, 0, 0))
 
 
 def add_files(path: Path, files: Mapping[str, bytes], *, epoch: int) -> Path:

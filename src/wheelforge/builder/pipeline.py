@@ -4,7 +4,9 @@ fetch -> patch -> preflight -> build key (skip if published) -> build env ->
 compile -> relabel -> SBOM (PEP 770) -> verify -> publish.  A build holds its build key's lock
 (``CACHE/locks/KEY.lock``, the nightly's too) from before the fetch to the end of the
 publish, in a work directory of its own; the directory is removed after a successful
-publish and kept (and named) after a failure.
+publish and kept (and named) after a failure.  The source is compiled at a fixed path with
+the source's date and a fixed umask, so a build key gives the same bytes on every builder
+(builder/reproducible.py, docs/reproducible.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import os
 import resource
+import shlex
 import shutil
 import tempfile
 import time
@@ -30,8 +33,18 @@ from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
 from ..recipe.format import Recipe, RecipeBook, Subset
 from ..recipe.subsets import select_subset, subset_environment, subset_label
-from ..wheel import newest_member_epoch, relabel, relabeled_name
-from . import buildenv, compilecache, doctor, platform, preflight, sbom, toolchain, unitcosts
+from ..wheel import relabel, relabeled_name
+from . import (
+    buildenv,
+    compilecache,
+    doctor,
+    platform,
+    preflight,
+    reproducible,
+    sbom,
+    toolchain,
+    unitcosts,
+)
 from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
 from .buildenv import BuildEnv
 from .compilecache import CacheStats
@@ -59,7 +72,8 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
               companion_keys: dict[str, str] | None = None) -> str:
     """A content hash of everything that changes the binary.
 
-    The recipe file (hence its pinned sources), every patch's bytes, the toolchain
+    How the build is made reproducible (``reproducible.SCHEME``), the recipe file (hence
+    its pinned sources), every patch's bytes, the toolchain
     (Python tag, the torch requirement or installed version, nvcc), the arch list, the
     recipe's build environment, the wheelforge version and the build keys of the recipe's
     companions.  Computable before any environment exists, so an up-to-date build is
@@ -71,6 +85,7 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
         h.update(label.encode() + b"\0" + hashlib.sha256(data).digest())
 
     add("wheelforge", __version__.encode())
+    add("reproducible", reproducible.SCHEME.encode())  # fixed paths, the source's date
     add("recipe", recipe.path.read_bytes())
     for p in recipe.patches:
         add(f"patch:{p.name}", p.read_bytes())
@@ -188,8 +203,11 @@ def next_build_tag(index_dir: Path, wheel_name: str) -> str | None:
 
 def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
                  cuda: toolchain.Cuda | None,
-                 cache: compilecache.CompileCache | None = None) -> dict[str, str]:
+                 cache: compilecache.CompileCache | None = None,
+                 epoch: int | None = None) -> dict[str, str]:
     environ = dict(os.environ)
+    if epoch is not None:  # the source's, whatever the caller's environment says
+        environ["SOURCE_DATE_EPOCH"] = str(epoch)
     path = [str(env.bin_dir)]
     if cuda is not None:
         path.append(str(cuda.home / "bin"))
@@ -200,6 +218,11 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ["NVCC_THREADS"] = str(config.nvcc_threads)
     environ.pop("PYTHONPATH", None)
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
+    if cuda is not None:  # torch's nvcc command: the cache's (or the toolkit's) + options
+        flags = reproducible.nvcc_flags(cuda.nvcc)
+        if flags:
+            nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
+            environ["PYTORCH_NVCC"] = " ".join([nvcc, *flags])
     environ["PYTHONUNBUFFERED"] = "1"  # the backend's output arrives as it is written
     environ.update(dict(recipe.build.env))
     environ.update(subset_environment(recipe, recipe_subset(recipe, config)))
@@ -299,6 +322,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
     work: Path | None = None
+    fixed: reproducible.FixedPaths | None = None
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log"
     held = contextlib.ExitStack()  # the build key's lock, from before the fetch to the end
@@ -347,8 +371,20 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info,
                             git_mirrors=dict(config.git_mirrors))
             reporter.info(f"{fetched.source.identity} ({fetched.origin})")
+            # reproducible bytes (docs/reproducible.md): the source's date, a fixed path
+            epoch = reproducible.source_date_epoch(fetched.archive)
+            reporter.info(f"SOURCE_DATE_EPOCH={epoch} ({reproducible.describe_epoch(epoch)}, "
+                          "the source's newest file)")
+
+        def taking_turns(holder: str) -> None:
+            reporter.info(f"waiting for the fixed build path of {recipe.name} "
+                          f"{recipe.version}: another build holds it, {holder}")
+
+        fixed = held.enter_context(reproducible.fixed_paths(
+            f"{recipe.name}-{recipe.version}", on_busy=taking_turns))
         with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
-            tree = extract(fetched.archive, work / "src", recipe.extract)
+            tree = extract(fetched.archive, fixed.src, recipe.extract)
+            reporter.info(f"building at {tree} (a fixed path)")
             apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
@@ -375,17 +411,20 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 if m:
                     reporter.progress(int(m["done"]), int(m["total"]))
 
+            # the environment through the fixed link: torch's include paths are fixed too
+            fixed_env = dataclasses.replace(env, python=fixed.link_env(env.python))
             with contextlib.ExitStack() as stack:
-                cache = _compile_cache(stack, extension, env, config, cuda, tree, log,
+                cache = _compile_cache(stack, extension, fixed_env, config, cuda, log,
                                        reporter)
-                environ = _environment(recipe, config, env, cuda, cache)
+                stack.enter_context(reproducible.umask())
+                environ = _environment(recipe, config, fixed_env, cuda, cache, epoch)
                 costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list) \
                     if extension else None
                 if costs is not None:
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
                 with reporter.heartbeat("building"):
-                    raw = build_wheel(tree=tree, env=env, environ=environ,
+                    raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
                                       jobs=config.jobs)
                 stats = _cache_stats(cache, reporter)
@@ -420,7 +459,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 cxx=(toolchain.host_compiler() or None) if extension else None,
                 torch=env.torch_version if extension else None,
                 torch_cuda=env.torch_cuda if extension else None)
-            epoch = sbom_epoch(raw)
             manylinux = plat.tag if plat is not None and plat.manylinux else None
 
             def relabeled(tag: str | None) -> Path:
@@ -467,6 +505,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 reporter.info(f"published as {published.path.name} (another build took "
                               f"{final.name} meanwhile)")
     except WheelforgeError as exc:
+        if fixed is not None and work is not None:
+            fixed.keep(work)
         if exc.log is None and log.exists():
             exc.log = str(log)
         if work is not None and work.exists():
@@ -474,6 +514,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                        "(wheelforge clean removes it)")
         raise
     except OSError as exc:  # a full disk, a read-only or unwritable directory
+        if fixed is not None and work is not None:
+            fixed.keep(work)
         err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
                                           "could not write its files", work or config.work_dir)
         if work is not None and work.exists():
@@ -481,6 +523,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         err.log = str(log) if log.exists() else None
         raise err from None
     except KeyboardInterrupt:
+        if fixed is not None and work is not None:
+            fixed.keep(work)
         kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
         logged = f"; log {log}" if log.exists() else ""
         reporter.info(f"stopped; nothing was published{kept}{logged}")
@@ -492,18 +536,15 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                        cache=stats, platform=plat)
 
 
-def sbom_epoch(wheel: Path) -> int:
-    """The SBOM's timestamp: SOURCE_DATE_EPOCH when set, else the built wheel's newest
-    member date (what the backend wrote), so a rebuild gives the same SBOM."""
-    value = os.environ.get("SOURCE_DATE_EPOCH", "")
-    return int(value) if value.isdigit() else newest_member_epoch(wheel)
-
-
 def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
-                   config: BuildConfig, cuda: toolchain.Cuda | None, tree: Path, log: Path,
+                   config: BuildConfig, cuda: toolchain.Cuda | None, log: Path,
                    reporter: Reporter) -> compilecache.CompileCache | None:
     """The compile cache of this build (see compilecache), or None: turned off, nothing
-    to compile, or the tool missing from an as-is environment."""
+    to compile, or the tool missing from an as-is environment.
+
+    No base directories: the tree and the environment are at fixed paths
+    (builder/reproducible.py), so command lines are the same on every builder as they
+    are, and a cached object is what the compiler writes for exactly that command line."""
     settings = config.compile_cache
     backend = settings.backend
     if not extension or backend is None:
@@ -511,8 +552,8 @@ def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
     try:
         cache = stack.enter_context(compilecache.session(
             env.bin_dir, config.cache_dir, backend=backend,
-            nvcc=cuda.nvcc if cuda else None, base_dir=tree, log=log,
-            env_root=env.bin_dir.parent, remote=settings.remote,
+            nvcc=cuda.nvcc if cuda else None, base_dir=None, log=log,
+            env_root=None, remote=settings.remote,
             read_only=settings.read_only))
     except WheelforgeError as exc:
         reporter.info(f"WARN compile cache off: {exc.what}" + (f" ({exc.fix})" if exc.fix else ""))

@@ -7,7 +7,7 @@ it was built from (a git commit as ``pkg:github/OWNER/REPO@COMMIT``, else
 sha256) and each patch of the recipe, with its diff, as an ``unofficial`` patch; the
 toolchain that built it (nvcc, the host C++ compiler, Python, torch and its CUDA) as
 tools; the archs, the build key and the recipe as properties.  The timestamp is
-SOURCE_DATE_EPOCH (or the wheel's newest member date) and the serial number a uuid5 of
+the source's SOURCE_DATE_EPOCH (builder/reproducible.py) and the serial number a uuid5 of
 the build key: the same build writes the same bytes.
 """
 

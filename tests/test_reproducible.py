@@ -1,0 +1,221 @@
+"""Reproducible bytes (builder/reproducible.py, docs/reproducible.md): one build key, built
+twice in different work directories, cache roots, umasks and times, gives byte-identical
+wheels; the compile cache serves what the compiler would write.
+
+The unit tests run everywhere; the build test compiles the CUDA fixture (real nvcc, torch
+and pip) three times: cache off; ccache with an empty cache (every unit a miss, so it
+compiles); ccache again (every unit a hit).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import PACKAGES, make_sdist, tinyext_project, wheel_differences, write_recipe
+from wheelforge.builder import reproducible
+from wheelforge.errors import ToolchainError
+
+
+def _tar(path: Path, members: dict[str, int]) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, mtime in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 1, mtime
+            tf.addfile(info, io.BytesIO(b"x"))
+    return path
+
+
+def test_the_date_is_the_newest_member_of_the_source(tmp_path: Path) -> None:
+    sdist = _tar(tmp_path / "p-1.tar.gz", {"p-1/a": 1_700_000_000, "p-1/b": 1_700_000_500})
+    os.utime(sdist, (2_000_000_000, 2_000_000_000))  # the download's date is not the source's
+    assert reproducible.source_date_epoch(sdist) == 1_700_000_500
+    archive = tmp_path / "p.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr(zipfile.ZipInfo("p-1/a", (2023, 11, 14, 22, 13, 20)), b"x")
+    assert reproducible.source_date_epoch(archive) == 1_700_000_000
+    # zip cannot date a member before 1980: an older (or zero) date is clamped
+    assert reproducible.source_date_epoch(_tar(tmp_path / "old.tar", {"o/a": 0})) == \
+        reproducible.MIN_EPOCH
+
+
+def test_a_git_archive_is_dated_by_its_commit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_DATE": "@1600000000 +0000",
+           "GIT_COMMITTER_DATE": "@1650000000 +0200", "GIT_AUTHOR_NAME": "a",
+           "GIT_AUTHOR_EMAIL": "a@a", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@a"}
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        if args[0] == "add":
+            (repo / "f.py").write_text("x = 1\n")
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True)
+    out = tmp_path / "a.tar"
+    subprocess.run(["git", "archive", "--format=tar", "--prefix=p/", "-o", str(out), "HEAD"],
+                   cwd=repo, env=env, check=True)
+    assert reproducible.source_date_epoch(out) == 1_650_000_000  # the committer's time
+
+
+def test_fixed_paths_are_held_emptied_and_removed(tmp_path: Path) -> None:
+    root = tmp_path / "build-root"
+    with reproducible.fixed_paths("p-1.0", root=root) as fixed:
+        assert fixed.root == root / "p-1.0" and fixed.src == root / "p-1.0" / "src"
+        assert oct(root.stat().st_mode & 0o7777) == "0o1777"  # shared, like /tmp
+        fixed.src.mkdir()
+        (fixed.src / "left").write_text("by a killed build")
+    assert not (root / "p-1.0").exists()
+    (root / "p-1.0" / "src").mkdir(parents=True)  # what a SIGKILLed build leaves
+    (root / "p-1.0" / "src" / "stale").write_text("x")
+    with reproducible.fixed_paths("p-1.0", root=root) as fixed:
+        assert not fixed.src.exists()  # emptied before use
+
+
+def test_a_link_at_the_fixed_path_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "build-root"
+    root.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "p-1.0").symlink_to(elsewhere)
+    with pytest.raises(ToolchainError, match="is not a directory of this user"), \
+            reproducible.fixed_paths("p-1.0", root=root):
+        pass
+    assert elsewhere.is_dir()  # never followed, never removed
+
+
+def test_a_failed_build_keeps_its_tree_in_the_work_directory(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(RuntimeError), \
+            reproducible.fixed_paths("p-1.0", root=tmp_path / "r") as fixed:
+        (fixed.src / "p-1.0").mkdir(parents=True)
+        (fixed.src / "p-1.0" / "setup.py").write_text("boom")
+        try:
+            raise RuntimeError("compile failed")
+        except RuntimeError:
+            fixed.keep(work)
+            raise
+    assert (work / "src" / "p-1.0" / "setup.py").read_text() == "boom"
+    assert not (tmp_path / "r" / "p-1.0").exists()
+
+
+def test_the_environment_is_reached_through_the_fixed_link(tmp_path: Path) -> None:
+    venv = tmp_path / "cache" / "envs" / "abc"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin" / "python").write_text("")
+    with reproducible.fixed_paths("p-1.0", root=tmp_path / "r") as fixed:
+        python = fixed.link_env(venv / "bin" / "python")
+        assert python == tmp_path / "r" / "p-1.0" / "env" / "bin" / "python"
+        assert python.resolve() == (venv / "bin" / "python").resolve()
+        # not a venv (a system interpreter): used as it is, no link
+        system = tmp_path / "usr" / "bin" / "python3"
+        system.parent.mkdir(parents=True)
+        system.write_text("")
+        assert fixed.link_env(system) == system
+
+
+def test_the_umask_is_set_and_given_back(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        with reproducible.umask():
+            (tmp_path / "f").write_text("x")
+        assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+        assert os.umask(0o077) == 0o077
+    finally:
+        os.umask(old)
+
+
+def test_nvcc_gets_objtemp_when_it_knows_it(tmp_path: Path) -> None:
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho '--keep (-keep)'\n")
+    fake.chmod(0o755)
+    assert reproducible.nvcc_flags(fake) == ()  # an nvcc without it: the build still runs
+    fake.write_text("#!/bin/sh\necho '--objdir-as-tempdir                (-objtemp)'\n")
+    assert reproducible.nvcc_flags(fake) == ("--objdir-as-tempdir",)
+
+
+@pytest.mark.nvcc
+def test_the_real_nvcc_knows_objtemp(nvcc: str) -> None:
+    assert reproducible.nvcc_flags(Path(nvcc)) == ("--objdir-as-tempdir",)
+
+
+# -- the whole build, twice (three times) -----------------------------------------------
+
+PURE_RECIPE = """format: 1
+name: tinypure
+version: "0.1.0"
+sources:
+  - sdist: {{filename: tinypure-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+verify:
+  imports: [tinypure]
+"""
+
+
+def _build(project: Path, cache: Path, work: Path, index: Path, *, compile_cache: str,
+           umask: int, epoch: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "SOURCE_DATE_EPOCH")}
+    env["WHEELFORGE_COMPILE_CACHE"] = compile_cache
+    if epoch is not None:
+        env["SOURCE_DATE_EPOCH"] = epoch  # a builder's own: not the source's, so ignored
+    return subprocess.run(
+        [sys.executable, "-m", "wheelforge", "build", "tinyext", "tinypure", "--arch", "12.0",
+         "--recipes", str(project / "recipes"), "--sources", str(project / "sdists"),
+         "--index", str(index), "--cache-dir", str(cache), "--work-dir", str(work),
+         "--no-stack-check"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=1800,
+        preexec_fn=lambda: os.umask(umask))  # noqa: PLW1509 (no threads started here)
+
+
+def _wheels(index: Path) -> dict[str, Path]:
+    return {p.name: p for p in sorted((index / "files").glob("*.whl"))}
+
+
+@pytest.mark.nvcc
+def test_one_build_key_built_elsewhere_gives_the_same_bytes(
+        tmp_path: Path, shared_cache: Path, nvcc: str) -> None:
+    project = tmp_path / "p"
+    tinyext_project(project)
+    _, pure_sha = make_sdist(PACKAGES / "tinypure", project / "sdists", "tinypure", "0.1.0")
+    write_recipe(project, "tinypure", PURE_RECIPE.format(sha=pure_sha))
+    # A: the user's cache root, compile cache off (every unit compiled)
+    a = _build(project, shared_cache, tmp_path / "work-a", tmp_path / "index-a",
+               compile_cache="off", umask=0o022)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert "SOURCE_DATE_EPOCH=" in a.stderr and "(a fixed path)" in a.stderr
+    time.sleep(2)  # zip dates have a 2 s resolution: B is built at another time
+    # B: another cache root (its managed environments linked from the first: same torch,
+    # another path on every command line), a deeper work directory, umask 077, a
+    # SOURCE_DATE_EPOCH of the builder's own, and ccache with an empty cache: every unit
+    # a miss, so the wheel is compiled again, through ccache
+    cache_b = tmp_path / "another" / "cache-root"
+    cache_b.mkdir(parents=True)
+    (cache_b / "envs").symlink_to(shared_cache / "envs", target_is_directory=True)
+    b = _build(project, cache_b, tmp_path / "x" / "y" / "work-b", tmp_path / "index-b",
+               compile_cache="ccache", umask=0o077, epoch="1")
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert "compile cache: 0 hits, 2 misses" in b.stderr
+    # C: B's cache root again from yet another work directory: every unit a hit
+    c = _build(project, cache_b, tmp_path / "work-c", tmp_path / "index-c",
+               compile_cache="ccache", umask=0o022)
+    assert c.returncode == 0, c.stderr[-3000:]
+    assert "compile cache: 2 hits, 0 misses" in c.stderr
+
+    wa, wb, wc = (_wheels(tmp_path / f"index-{x}") for x in "abc")
+    assert list(wa) == list(wb) == list(wc) and len(wa) == 2, (wa, wb, wc)
+    for name in wa:
+        assert wheel_differences(wa[name], wb[name]) == []
+        assert wheel_differences(wa[name], wc[name]) == []
+    # what B's umask would have changed: the members keep 0644/0755
+    with zipfile.ZipFile(next(p for n, p in wb.items() if n.startswith("tinyext"))) as zf:
+        modes = {oct(i.external_attr >> 16 & 0o777) for i in zf.infolist()}
+    assert modes <= {"0o644", "0o755"}, modes
