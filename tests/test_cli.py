@@ -31,6 +31,7 @@ def test_list_and_show() -> None:
     assert res.stdout.splitlines() == [
         "causal-conv1d                1.7.0        extension",
         "fla-core                     0.6.0        pure",
+        "flash-attn                   2.8.3.post2  extension",
         "flash-linear-attention       0.6.0        pure",
         "mamba-ssm                    2.3.2.post1  extension",
     ]
