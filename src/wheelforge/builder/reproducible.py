@@ -49,7 +49,7 @@ from pathlib import Path
 
 from .. import _proc
 from .._fs import owned_lock
-from ..errors import ToolchainError
+from ..errors import SourceError, ToolchainError
 
 __all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "SCHEME", "UMASK", "FixedPaths",
            "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch", "umask"]
@@ -84,14 +84,20 @@ def source_date_epoch(archive: Path) -> int:
     member with the commit time.  The archive file's own date (when it was downloaded) is
     never used."""
     newest = 0
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            for zi in zf.infolist():  # zip dates carry no zone: read as UTC
-                newest = max(newest, calendar.timegm((*zi.date_time, 0, 0, 0)))
-    else:
-        with tarfile.open(archive, mode="r:*") as tf:
-            for member in tf:
-                newest = max(newest, int(member.mtime))
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                for zi in zf.infolist():  # zip dates carry no zone: read as UTC
+                    newest = max(newest, calendar.timegm((*zi.date_time, 0, 0, 0)))
+        else:
+            with tarfile.open(archive, mode="r:*") as tf:
+                for member in tf:
+                    newest = max(newest, int(member.mtime))
+    except (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile, ValueError) as exc:
+        raise SourceError(f"cannot extract {archive.name} at member dates",
+                          why=f"{type(exc).__name__}: {exc}",
+                          fix="the archive is damaged or truncated: remove it from the "
+                              "cache or sources directory and fetch it again") from None
     return max(newest, MIN_EPOCH)
 
 
