@@ -165,6 +165,25 @@ def wheel_factory(tmp_path: Path) -> Callable[..., Path]:
     return factory
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _free_module_dirs(request: pytest.FixtureRequest,
+                      tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Remove the directories a test module made with ``tmp_path_factory.mktemp`` when the
+    module ends with no failure (pytest's retention policy covers ``tmp_path`` only).  Each
+    e2e module leaves several GB of venvs and wheels; kept to the end of the session they
+    filled CI's disk.  No session-scoped fixture makes directories there, so nothing
+    another module needs is removed; a module with a failure keeps its directories."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed != failed:
+        return
+    for entry in set(base.iterdir()) - before:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
     """The user's wheelforge cache: managed torch environments are shared with `make build`."""
