@@ -30,17 +30,17 @@ KEY = "ab" * 32
 VERSION = "1.0+wf"
 
 
-def _cell(archs: str | None = None) -> dict[str, Any]:
+def _cell(archs: str | None = None, **rules: list[str]) -> dict[str, Any]:
     return {"id": 0, "recipe": "demo", "version": "1.0", "python": None,
             "torch": "torch==2.14.1", "cuda": "13.0", "pip_args": [], "archs": archs,
-            "build_key": KEY, "toolchain": {"python": "py3"}}
+            "build_key": KEY, "toolchain": {"python": "py3"}, **rules}
 
 
-def _plan(root: Path) -> Path:
+def _plan(root: Path, **rules: list[str]) -> Path:
     path = root / "plan.json"
     path.write_text(json.dumps({"schema": 1, "created": "2026-12-01T00:00:00Z",
                                 "config": "w.yaml", "index": str(root / "index"),
-                                "cells": [_cell()], "done": []}))
+                                "cells": [_cell(**rules)], "done": []}))
     return path
 
 
@@ -100,6 +100,25 @@ def test_a_tampered_wheel_with_a_matching_record_is_refused(tmp_path: Path) -> N
              "demo/__init__.py: hash in RECORD does not match the file",
              "nothing was published")
     assert _published(tmp_path) == []
+
+
+def test_the_plans_content_rules_are_applied_to_the_staged_wheel(tmp_path: Path) -> None:
+    """A builder whose wheel holds what the recipe's verify.top-level / verify.excluded
+    refuse (flash-attn's `hopper` and `flash_attn/cute`) is refused by the publisher from
+    the plan's copy of the rules, though its RECORD is honest."""
+    stage = tmp_path / "stages" / "cell-0"
+    wheel = make_wheel(stage, {"demo/__init__.py": "X = 1\n", "demo/cute/k.py": "Y = 2\n",
+                               "hopper/__init__.py": ""}, name="demo", version=VERSION)
+    _write_record(stage, wheel)
+    plan = _plan(tmp_path, top_level=["demo"], excluded=["demo/cute"])
+    res = wheelforge("nightly", "publish", "--plan", plan, "--index", tmp_path / "index",
+                     "--cache-dir", tmp_path / "cache", stage, cwd=tmp_path)
+    _refused(res, 8, "failed the publisher's verification (2 problem(s))",
+             "top-level module(s) or package(s) the recipe does not ship: hopper",
+             "demo/cute is in the wheel (1 file(s), e.g. demo/cute/k.py)")
+    assert _published(tmp_path) == []
+    # a plan written before the rules were recorded still loads (no rules: not checked)
+    assert _publish(tmp_path, stage).returncode == 0
 
 
 def test_a_symlinked_wheel_is_refused_not_followed(tmp_path: Path) -> None:

@@ -113,11 +113,13 @@ def _code_problems(wheel: Path, info: WheelInfo, extension: bool, archs: tuple[A
     return issues, cuda_sos
 
 
-def _content_problems(wheel: Path, recipe: Recipe) -> list[str]:
-    """The wheel's top-level modules against ``verify.top-level`` and its paths against
-    ``verify.excluded``: a foreign package (flash-attn's ``hopper``) or a part the recipe
-    leaves out (``flash_attn/cute``) is refused."""
-    allowed, excluded = set(recipe.verify.top_level), recipe.verify.excluded
+def content_problems(wheel: Path, top_level: tuple[str, ...],
+                     excluded: tuple[str, ...]) -> list[str]:
+    """The wheel's top-level modules against ``top_level`` (a recipe's ``verify.top-level``)
+    and its paths against ``excluded`` (``verify.excluded``): a foreign package
+    (flash-attn's ``hopper``) or a part the recipe leaves out (``flash_attn/cute``) is
+    refused.  Also the publisher's check of a wheel built elsewhere."""
+    allowed = set(top_level)
     if not allowed and not excluded:
         return []
     with reading(wheel) as zf:
@@ -167,7 +169,7 @@ def verify_wheel(
 
     found, cuda_sos = _code_problems(wheel, info, recipe.build.kind == "extension", archs)
     issues.extend(found)
-    issues.extend(_content_problems(wheel, recipe))
+    issues.extend(content_problems(wheel, recipe.verify.top_level, recipe.verify.excluded))
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,

@@ -103,6 +103,10 @@ class PlannedCell:
     toolchain: Mapping[str, str]
     estimate_s: float | None = None
     peak_gib: float | None = None  # memory of one compile job in the last build
+    # the recipe's content rules (verify.top-level, verify.excluded), re-checked by the
+    # publisher on the staged wheel: the plan's word, not the builder's
+    top_level: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
 
     @property
     def cell(self) -> Cell:
@@ -177,7 +181,8 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             archs=cell.archs, build_key=p.key,
             toolchain=pipeline.toolchain_identity(p.recipe, p.config, cuda),
             estimate_s=estimate(durations, cell),
-            peak_gib=_peak(settings.cache_dir, cell.recipe)))
+            peak_gib=_peak(settings.cache_dir, cell.recipe),
+            top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded))
     todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
     return Plan(created=_now(), config=str(matrix.path), index=str(settings.index_dir),
                 cells=tuple(todo), done=tuple(done))
@@ -203,6 +208,12 @@ def _bad(path: Path | str, why: str) -> ConfigError:
                            "stage directories that `wheelforge nightly run` filled")
 
 
+def _strings(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{value!r} is not a list")
+    return tuple(str(v) for v in value)
+
+
 def _planned(data: Any, where: str) -> PlannedCell:
     if not isinstance(data, dict):
         raise _bad(where, "a cell is not a mapping")
@@ -216,7 +227,9 @@ def _planned(data: Any, where: str) -> PlannedCell:
             build_key=str(data["build_key"]),
             toolchain={str(k): str(v) for k, v in dict(data["toolchain"]).items()},
             estimate_s=None if data.get("estimate_s") is None else float(data["estimate_s"]),
-            peak_gib=None if data.get("peak_gib") is None else float(data["peak_gib"]))
+            peak_gib=None if data.get("peak_gib") is None else float(data["peak_gib"]),
+            top_level=_strings(data.get("top_level", ())),
+            excluded=_strings(data.get("excluded", ())))
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
     if not _KEY.match(cell.build_key):
@@ -493,7 +506,8 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
                 fix="publish the stages of one plan with that plan")
         if rec.status == "built":
             assert rec.wheel is not None
-            verify_stage_wheel(stage, rec.wheel, mine.archs)
+            verify_stage_wheel(stage, rec.wheel, mine.archs, top_level=mine.top_level,
+                               excluded=mine.excluded)
         loaded.setdefault(rec.cell.id, []).append((stage, rec))
     results: list[CellResult] = list(plan.done)
     timed: list[tuple[Cell, float]] = []

@@ -4,7 +4,8 @@ A stage directory comes back from a builder as a downloaded artifact; before any
 it is published, ``nightly publish`` checks it here: no symlink and no special file
 anywhere in it (a wheel that is a symlink to a file outside the stage is refused, never
 followed), the wheel verified again as a file (RECORD hashes and sizes, WHEEL tags,
-METADATA name and version, no grafted ``*.libs/``) and, for an extension cell, its SASS
+METADATA name and version, no grafted ``*.libs/``), the recipe's content rules (no
+foreign top-level package, no excluded path) and, for an extension cell, its SASS
 and PTX against the cell's arch list; and, with ``--require-reproduced N``, N builders
 that agree byte for byte.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arch import parse_arch_list
-from ..builder.verify import code_problems
+from ..builder.verify import code_problems, content_problems
 from ..errors import VerifyError
 from ..wheel import integrity_problems
 
@@ -52,14 +53,17 @@ def refuse_links(stage: Path) -> None:
                           fix=_FIX_STAGE)
 
 
-def verify_stage_wheel(stage: Path, wheel_name: str, archs: str | None) -> None:
+def verify_stage_wheel(stage: Path, wheel_name: str, archs: str | None, *,
+                       top_level: tuple[str, ...] = (), excluded: tuple[str, ...] = ()) -> None:
     """The stage's wheel verified as the build verified it, without its build environment:
     VerifyError listing every problem.  ``archs`` is the cell's arch list (None: a pure
-    cell, which must hold no shared object)."""
+    cell, which must hold no shared object); ``top_level`` and ``excluded`` are the
+    recipe's content rules as the plan recorded them (flash-attn: no ``hopper``)."""
     wheel = stage / wheel_name
     problems = integrity_problems(wheel)  # a broken zip or member list raises itself
     requested = parse_arch_list(archs) if archs is not None else ()
     problems += code_problems(wheel, extension=archs is not None, archs=requested)
+    problems += content_problems(wheel, top_level, excluded)
     if problems:
         raise VerifyError(
             f"{wheel} failed the publisher's verification ({len(problems)} problem(s)); "
