@@ -20,8 +20,9 @@ from wheelforge._log import Reporter
 from wheelforge.builder import pipeline
 from wheelforge.builder.buildenv import BuildEnv
 from wheelforge.builder.config import BuildConfig, resolve
-from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import load_matrix
+from wheelforge.recipe.model import Recipe
 from wheelforge.wheel import read_metadata, relabel
 
 COMMIT = "e9594ce1c732d97440f0332fdc43170a2294dbfa"

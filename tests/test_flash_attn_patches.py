@@ -26,14 +26,20 @@ from wheelforge.builder import buildenv
 from wheelforge.builder.config import DEFAULT_TORCH
 from wheelforge.builder.patch import apply_series
 from wheelforge.builder.source import extract, fetch
-from wheelforge.builder.verify import _content_problems
+from wheelforge.builder.verify import content_problems
 from wheelforge.recipe.format import RecipeBook
+from wheelforge.recipe.model import Recipe
 
 FAKE_TORCH = PACKAGES / "faketorch"
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 RECIPE = BOOK.load("flash-attn")
 SUBSET_ENV = ("FLASH_ATTN_HDIMS", "FLASH_ATTN_DTYPES", "FLASH_ATTN_BACKWARD",
               "FLASH_ATTN_SPLITKV")
+
+
+def _content_problems(wheel: Path, recipe: Recipe) -> list[str]:
+    """The recipe's content rules (verify.top-level, verify.excluded) on ``wheel``."""
+    return content_problems(wheel, recipe.verify.top_level, recipe.verify.excluded)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ from wheelforge.builder.source import (
     verify_git_archive,
 )
 from wheelforge.errors import ConfigError, RecipeError, SourceError
-from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.format import RecipeBook
+from wheelforge.recipe.model import Recipe
 
 UNREACHABLE = "http://127.0.0.1:9/upstream/demo.git"  # nothing listens: never contacted
 

@@ -593,7 +593,7 @@ def test_archive_bounds(tmp_path: Path, fmt: str, limits: dict[str, int],
                         members: list[tuple[str, str, bytes | str]], expected: str) -> None:
     from wheelforge.builder.source import extract
     from wheelforge.errors import SourceError
-    from wheelforge.recipe.format import ExtractLimits
+    from wheelforge.recipe.model import ExtractLimits
 
     archive = (_tar if fmt == "tar" else _zip)(tmp_path / "demo-1.0.src", members)
     with pytest.raises(SourceError) as exc:
@@ -609,7 +609,7 @@ def test_archive_bound_counts_bytes_written_not_declared(tmp_path: Path) -> None
 
     from wheelforge.builder.source import extract
     from wheelforge.errors import SourceError
-    from wheelforge.recipe.format import ExtractLimits
+    from wheelforge.recipe.model import ExtractLimits
 
     archive = _zip(tmp_path / "demo-1.0.zip", [OK, ("demo-1.0/big", "f", b"\0" * (3 << 20))])
     data = bytearray(archive.read_bytes())

@@ -31,8 +31,9 @@ from wheelforge._log import Reporter
 from wheelforge.builder import compilecache, pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError, ConfigError
-from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import cells, load_matrix
+from wheelforge.recipe.model import Recipe
 
 TINYEXT = """format: 1
 name: tinyext

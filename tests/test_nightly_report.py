@@ -23,8 +23,9 @@ from wheelforge._log import Reporter
 from wheelforge.builder import pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError
-from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import load_matrix
+from wheelforge.recipe.model import Recipe
 
 LONG = "flash-linear-attention-with-a-very-long-project-name-for-layout"
 FIX = ("install gcc 14 or older and select it with CC and CXX (e.g. CC=gcc-14 CXX=g++-14), "

@@ -6,7 +6,8 @@ import pytest
 
 from conftest import REPO, write_recipe
 from wheelforge.errors import RecipeError
-from wheelforge.recipe.format import GitSource, RecipeBook, SdistSource
+from wheelforge.recipe.format import RecipeBook
+from wheelforge.recipe.model import GitSource, SdistSource
 
 SHA = "a" * 64
 COMMIT = "b" * 40

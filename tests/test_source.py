@@ -11,7 +11,8 @@ import pytest
 from conftest import write_recipe
 from wheelforge.builder.source import cache_path, extract, fetch
 from wheelforge.errors import SourceError
-from wheelforge.recipe.format import Recipe, RecipeBook
+from wheelforge.recipe.format import RecipeBook
+from wheelforge.recipe.model import Recipe
 
 
 def sdist_bytes(name: str = "demo-1.0") -> bytes:

@@ -11,9 +11,10 @@ import pytest
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.builder import config as cfg
 from wheelforge.builder.pipeline import build_key, local_label, without_subset
-from wheelforge.builder.verify import _content_problems
+from wheelforge.builder.verify import content_problems
 from wheelforge.errors import ConfigError, RecipeError
 from wheelforge.recipe.format import RecipeBook
+from wheelforge.recipe.model import Recipe
 from wheelforge.recipe.subsets import (
     parse_subset_entries,
     select_subset,
@@ -23,6 +24,12 @@ from wheelforge.recipe.subsets import (
 
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 FA = BOOK.load("flash-attn")
+
+
+def _content_problems(wheel: Path, recipe: Recipe) -> list[str]:
+    """The recipe's content rules (verify.top-level, verify.excluded) on ``wheel``."""
+    return content_problems(wheel, recipe.verify.top_level, recipe.verify.excluded)
+
 
 BASE = """\
 format: 1

@@ -2,7 +2,7 @@
 
 wheelforge writes every member itself instead of trusting ``extractall``:
 
-* bounds (:class:`~wheelforge.recipe.format.ExtractLimits`, raised per recipe with ``extract:``)
+* bounds (:class:`~wheelforge.recipe.model.ExtractLimits`, raised per recipe with ``extract:``)
   on the bytes written in all, the member count and the bytes of one member, enforced
   while writing: the bytes actually written are counted, the sizes an archive declares
   are not trusted (they only make an archive that declares too much fail at once, from
@@ -34,7 +34,7 @@ from typing import IO
 
 from .._fs import escaping_links
 from ..errors import SourceError
-from ..recipe.format import ExtractLimits
+from ..recipe.model import ExtractLimits
 
 _CHUNK = 1 << 20
 #: What reading a broken tar, gzip, bzip2, xz or zip stream raises, besides OSError.

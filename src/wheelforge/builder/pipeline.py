@@ -31,7 +31,8 @@ from .._fs import owned_lock
 from .._log import Reporter
 from ..arch import label as arch_label
 from ..errors import RecipeError, ToolchainError, WheelforgeError
-from ..recipe.format import Recipe, RecipeBook, Subset
+from ..recipe.format import RecipeBook
+from ..recipe.model import Recipe, Subset
 from ..recipe.subsets import select_subset, subset_environment, subset_label
 from ..wheel import relabel, relabeled_name
 from . import (

@@ -47,7 +47,7 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
 from .. import __version__
-from ..recipe.format import GitSource, Recipe, Source
+from ..recipe.model import GitSource, Recipe, Source
 from ..wheel import add_files, read_dist_info_file
 from .platform import PlatformTag
 

@@ -28,7 +28,7 @@ from typing import BinaryIO
 from .. import _proc
 from .._fs import TMP_PREFIX, atomic_copy, atomic_file, atomic_write, discard, sha256_file
 from ..errors import SourceError
-from ..recipe.format import GitSource, Recipe, SdistSource, Source
+from ..recipe.model import GitSource, Recipe, SdistSource, Source
 from .archive import extract
 
 Progress = Callable[[str], None]

@@ -15,7 +15,7 @@ from packaging.utils import canonicalize_name
 from .. import _proc
 from ..arch import Arch, expected_ptx, expected_sass
 from ..errors import VerifyError
-from ..recipe.format import Recipe
+from ..recipe.model import Recipe
 from ..wheel import WheelInfo, inspect_wheel, integrity_problems, reading
 from .buildenv import BuildEnv
 from .fatbin import CudaArchs, FatbinError, cuda_archs

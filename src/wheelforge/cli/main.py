@@ -22,7 +22,7 @@ from ..errors import (
     Interrupted,
     WheelforgeError,
 )
-from ..recipe.format import SdistSource
+from ..recipe.model import SdistSource
 from ..recipe.subsets import describe_subsets, parse_subset_entries, select_subset
 from ._options import (
     EPILOG,

@@ -19,7 +19,7 @@ import click
 from .._log import Reporter, clear_live
 from ..builder.config import resolve
 from ..errors import ConfigError
-from ..recipe.format import GitSource, Recipe, SdistSource
+from ..recipe.model import GitSource, Recipe, SdistSource
 from ._options import EPILOG_SHORT, git_mirror_option, recipes_option
 from ._options import book as _book
 

@@ -29,7 +29,7 @@ from ..builder.buildenv import BuildEnv, inspect_env, missing_requirements
 from ..builder.patch import apply_series
 from ..builder.source import extract, fetch
 from ..errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
-from ..recipe.format import Recipe
+from ..recipe.model import Recipe
 
 Progress = Callable[[str], None]
 

@@ -33,7 +33,7 @@ from .._fs import TMP_PREFIX
 from ..builder.patch import apply_series
 from ..builder.source import NetLimits, extract, fetch, mirror_for
 from ..errors import WheelforgeError
-from ..recipe.format import GitSource, Recipe, SdistSource, Source
+from ..recipe.model import GitSource, Recipe, SdistSource, Source
 
 Progress = Callable[[str], None]
 MAX_JSON_BYTES = 32 << 20

@@ -36,7 +36,7 @@ from .._fs import TMP_PREFIX, atomic_write, sha256_file
 from ..builder.patch import apply_series, refusals
 from ..builder.source import extract
 from ..errors import ConfigError, PatchError
-from ..recipe.format import Recipe
+from ..recipe.model import Recipe
 from .recipefile import listed_patches, set_patches
 
 STATE_FILE = "wheelforge.json"

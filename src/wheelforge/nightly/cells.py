@@ -17,7 +17,7 @@ from .._log import Reporter
 from ..builder import config, pipeline
 from ..errors import ToolchainError
 from ..index.health import StackStatus
-from ..recipe.format import Recipe
+from ..recipe.model import Recipe
 
 CellStatus = Literal["built", "skipped", "failed", "not run"]
 REPORT_SCHEMA = 1

@@ -49,8 +49,9 @@ from .._log import Reporter
 from ..builder import pipeline
 from ..builder.config import BuildConfig, recorded_gib_per_job
 from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, WheelforgeError
-from ..recipe.format import Recipe, RecipeBook
+from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix, TorchPin, cells
+from ..recipe.model import Recipe
 from ..wheel import retag
 from .cells import REPORTS_DIR, Builder, CellResult, CellStatus, NightlyReport, Settings, log_tail
 from .durations import estimate, read_durations, record_durations

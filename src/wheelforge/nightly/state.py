@@ -17,8 +17,9 @@ from .. import index
 from .._log import Reporter
 from ..builder import buildenv, config, pipeline, toolchain
 from ..errors import ConfigError, ToolchainError, WheelforgeError
-from ..recipe.format import Recipe, RecipeBook
+from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix
+from ..recipe.model import Recipe
 from .cells import (
     Builder,
     CellResult,

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .format import Recipe, Subset
+from .model import Recipe, Subset
 
 
 def parse_subset_entries(entries: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
