@@ -270,3 +270,24 @@ def test_a_build_whose_stack_breaks_stays_published_and_exits_13(tmp_path: Path)
     assert [r.filename for r in index.load_records(tmp_path / "index")] == [
         "alpha-0.1.0+wf-py3-none-any.whl"]
     assert '<span class="bad">broken' in (tmp_path / "index" / "index.html").read_text()
+
+
+def test_recording_a_status_refreshes_the_landing_page_alone(tmp_path: Path) -> None:
+    """index.record_stack writes the status and the landing page in one change under the
+    index lock; the project pages (and every wheel) are left as they were; the status it
+    replaces comes back."""
+    wheel = make_wheel(tmp_path / "w", {"demo/__init__.py": ""}, name="demo")
+    root = tmp_path / "index"
+    index.publish(root, wheel, **NO_TARGET)
+    project_page = root / "simple" / "demo" / "index.html"
+    before = project_page.stat().st_mtime_ns
+    status = health.StackStatus(channel=None, state="broken", checked_at="2026-12-02T07:00:00Z",
+                                reason="import demo failed", pins=("demo==1.0",))
+    assert index.record_stack(root, status) is None
+    assert health.read_status(root, None) == status
+    assert "import demo failed" in (root / "index.html").read_text()
+    assert project_page.stat().st_mtime_ns == before
+    good = health.StackStatus(channel=None, state="good", checked_at="2026-12-02T08:00:00Z",
+                              pins=("demo==1.0",))
+    assert index.record_stack(root, good) == status
+    assert not (root / ".records" / "_writing").exists()

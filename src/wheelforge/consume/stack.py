@@ -297,12 +297,9 @@ def _judge(data: Mapping[str, object], pinned: set[str], pip_check: _proc.Comple
 
 
 def record(index_dir: Path, status: StackStatus) -> StackStatus | None:
-    """Record ``status`` in the index and regenerate the landing page; return the
-    status it replaces (None when there was none)."""
-    before = health.read_status(index_dir, status.channel)
-    health.write_status(index_dir, status)
-    index.rebuild(index_dir)
-    return before
+    """Record ``status`` in the index and refresh the landing page, under the index lock;
+    return the status it replaces (None when there was none)."""
+    return index.record_stack(index_dir, status)
 
 
 def changed_dependencies(before: StackStatus | None, after: StackStatus) -> list[str]:

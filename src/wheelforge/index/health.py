@@ -3,7 +3,8 @@ their dependencies as users install them, import together.
 
 The check itself is :mod:`wheelforge.consume.stack`'s; this module owns its record,
 ``<index>/<channel>/stack.json`` (or ``<index>/stack.json`` for the top-level pages),
-written atomically under the index lock and shown on the landing page.  A status is one
+written atomically under the index lock (:func:`wheelforge.index.record_stack`) and
+shown on the landing page.  A status is one
 of ``good`` (every import worked and ``pip check`` was clean), ``broken`` (what failed,
 and the package that caused it) or ``not checked`` (why: never "good" for what could not
 be checked).
@@ -18,14 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, cast, get_args
 
-from .._fs import atomic_write, locked
+from .._fs import atomic_write
 from ..errors import PublishError
 from .records import _CHANNEL_RE, _RESERVED_CHANNELS
 
 StackState = Literal["good", "broken", "not checked"]
 STACK_FILE = "stack.json"
 SCHEMA = 1
-_LOCK_FILE = ".lock"  # the index's one writer lock (store.LOCK_FILE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,8 +135,8 @@ def read_statuses(index_dir: Path, channels: Sequence[str]) -> dict[str | None, 
 
 
 def write_status(index_dir: Path, status: StackStatus) -> Path:
-    """Record ``status`` under the index lock (atomically); return the file written.
-    The caller regenerates the landing page (:func:`wheelforge.index.rebuild`)."""
+    """Record ``status`` atomically; return the file written.  The caller holds the index
+    lock and refreshes the landing page (:func:`wheelforge.index.record_stack` does both)."""
     channel = status.channel
     if channel is not None and (not _CHANNEL_RE.match(channel) or channel in _RESERVED_CHANNELS):
         raise PublishError(f"cannot record the stack status of channel {channel!r}",
@@ -144,13 +144,12 @@ def write_status(index_dir: Path, status: StackStatus) -> Path:
                            fix="pass a channel of the index (wheelforge consumer-config lists "
                                "them)")
     path = stack_file(index_dir, channel)
+    if channel is not None and not (index_dir / channel).is_dir():
+        raise PublishError(f"the index {index_dir} has no channel {channel}",
+                           why=f"{index_dir / channel} does not exist",
+                           fix="publish a wheel of that channel first")
     try:
-        with locked(index_dir / _LOCK_FILE):
-            if channel is not None and not (index_dir / channel).is_dir():
-                raise PublishError(f"the index {index_dir} has no channel {channel}",
-                                   why=f"{index_dir / channel} does not exist",
-                                   fix="publish a wheel of that channel first")
-            atomic_write(path, to_json(status))
+        atomic_write(path, to_json(status))
     except OSError as exc:
         raise PublishError(f"cannot write {path}", why=os.strerror(exc.errno or 0) or str(exc),
                            fix="free space or fix the permissions of the index") from None

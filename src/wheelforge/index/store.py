@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 from .._fs import fsync_path, locked, sha256_file
 from ..errors import IndexWarning, PublishError
 from ..wheel import check_wheel, retag
+from . import health
 from ._writes import Data, _index_errors
 from ._writes import disk_error as disk_error  # index.store.disk_error: the callers' name
 from .records import (
@@ -402,6 +403,22 @@ def rebuild(index_dir: Path) -> int:
             _sync_checked(index_dir, listing, {}, full=True, change=change)
             listing = _scan(index_dir / FILES_DIR, strict=False, sweep=False)
     return sum(len(names) for names in listing.groups.values())
+
+
+@_guarded("record the stack status in")
+def record_stack(index_dir: Path, status: health.StackStatus) -> health.StackStatus | None:
+    """Record a channel's stack status and refresh the landing page that shows it, in one
+    change under the index lock; return the status it replaces (None: there was none).
+    Only the pages whose bytes change are written (the landing page): no wheel is read."""
+    index_dir = Path(index_dir)
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        before = health.read_status(index_dir, status.channel)
+        with _changing(index_dir, {"op": "stack", "channel": status.channel}) as change:
+            health.write_status(index_dir, status)
+            listing = _scan(index_dir / FILES_DIR, strict=False, sweep=True)
+            _sync_checked(index_dir, listing, {}, full=False, change=change)
+    return before
 
 
 @contextlib.contextmanager
