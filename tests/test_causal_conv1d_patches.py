@@ -7,79 +7,46 @@ and a sitecustomize aborts at the first network access.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGES, REPO
-from wheelforge.builder.patch import apply_series
-from wheelforge.builder.source import extract, fetch
-from wheelforge.recipe.format import RecipeBook
-
-FAKE_TORCH = PACKAGES / "faketorch"
-BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
+import setup_py_runs
+from setup_py_runs import (
+    BOOK,
+    Recorded,
+    gencodes,
+    make_fake_cuda,
+    patched_trees,
+    pip_toolkit,
+    threads,
+)
+from wheelforge.builder.source import fetch
 
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, Path]:
     recipe = BOOK.load("causal-conv1d")
-    fetched = fetch(recipe, shared_cache)
-    base = tmp_path_factory.mktemp("cc1d")
-    unpatched = extract(fetched.archive, base / "unpatched")
-    patched = extract(fetched.archive, base / "patched")
-    apply_series(patched, recipe.patches, project="causal-conv1d")
-    return {"unpatched": unpatched, "patched": patched}
+    return patched_trees(recipe, fetch(recipe, shared_cache).archive,
+                         tmp_path_factory.mktemp("cc1d"))
 
 
 @pytest.fixture
 def fake_cuda(tmp_path: Path) -> Path:
-    home = tmp_path / "cuda"
-    (home / "bin").mkdir(parents=True)
-    (home / "include").mkdir()
-    (home / "include" / "cuda_runtime.h").write_text("")
-    nvcc = home / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
-    nvcc.chmod(0o755)
-    return home
+    return make_fake_cuda(tmp_path / "cuda")
 
 
 def run_setup(tree: Path, tmp_path: Path, args: list[str], env: dict[str, str]
-              ) -> tuple[subprocess.CompletedProcess[str], dict[str, object] | None]:
-    record = tmp_path / "record.json"
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS",
-                         "CAUSAL_CONV1D_FORCE_BUILD")}
-    base.update(PYTHONPATH=str(FAKE_TORCH), FAKE_TORCH_RECORD=str(record),
-                PATH="/usr/bin:/bin", PYTHONDONTWRITEBYTECODE="1")
-    base.update(env)
-    proc = subprocess.run([sys.executable, "setup.py", *args], cwd=tree, env=base,
-                          capture_output=True, text=True, timeout=120)
-    data = json.loads(record.read_text()) if record.exists() else None
-    if record.exists():
-        record.unlink()
-    return proc, data
+              ) -> tuple[subprocess.CompletedProcess[str], Recorded]:
+    return setup_py_runs.run_setup(tree, tmp_path, args, env,
+                                   clear=("CAUSAL_CONV1D_FORCE_BUILD",))
 
 
-def gencodes(data: dict[str, object] | None) -> list[str]:
-    assert data is not None
-    args = data["extra_compile_args"]["nvcc"]  # type: ignore[index]
-    return [args[i + 1] for i, a in enumerate(args) if a == "-gencode"]
 
 
 # -- 0001: find nvcc; bare_metal_version never undefined --------------------------------------
 
-def pip_toolkit(tmp_path: Path, fake_cuda: Path) -> dict[str, str]:
-    """Move the fake toolkit where NVIDIA's pip wheels put one (user site), hide /usr/local/cuda."""
-    userbase = tmp_path / "userbase"
-    site = userbase / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
-        "site-packages" / "nvidia" / "cu13"
-    site.parent.mkdir(parents=True)
-    fake_cuda.rename(site)
-    return {"PYTHONUSERBASE": str(userbase), "FAKE_HIDE_PREFIX": "/usr/local/cuda"}
 
 
 def test_nameerror_upstream_and_fixed(trees: dict[str, Path], tmp_path: Path,
@@ -161,10 +128,6 @@ def test_no_network_during_bdist_wheel(trees: dict[str, Path], tmp_path: Path,
 
 # -- 0004: NVCC_THREADS -----------------------------------------------------------------------
 
-def threads(data: dict[str, object] | None) -> str:
-    assert data is not None
-    args = data["extra_compile_args"]["nvcc"]  # type: ignore[index]
-    return str(args[args.index("--threads") + 1])
 
 
 def test_nvcc_threads(trees: dict[str, Path], tmp_path: Path, fake_cuda: Path) -> None:

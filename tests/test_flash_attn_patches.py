@@ -21,17 +21,25 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGES, REPO, require_tool
+import setup_py_runs
+from conftest import require_tool
+from setup_py_runs import (
+    BOOK,
+    Recorded,
+    cxx_flags,
+    gencodes,
+    make_fake_cuda,
+    nvcc_flags,
+    patched_trees,
+    pip_toolkit,
+    std_flags,
+)
 from wheelforge.builder import buildenv
 from wheelforge.builder.config import DEFAULT_TORCH
-from wheelforge.builder.patch import apply_series
-from wheelforge.builder.source import extract, fetch
+from wheelforge.builder.source import fetch
 from wheelforge.builder.verify import content_problems
-from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.model import Recipe
 
-FAKE_TORCH = PACKAGES / "faketorch"
-BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 RECIPE = BOOK.load("flash-attn")
 SUBSET_ENV = ("FLASH_ATTN_HDIMS", "FLASH_ATTN_DTYPES", "FLASH_ATTN_BACKWARD",
               "FLASH_ATTN_SPLITKV")
@@ -44,24 +52,13 @@ def _content_problems(wheel: Path, recipe: Recipe) -> list[str]:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> dict[str, Path]:
-    fetched = fetch(RECIPE, shared_cache)
-    base = tmp_path_factory.mktemp("fa")
-    unpatched = extract(fetched.archive, base / "unpatched", RECIPE.extract)
-    patched = extract(fetched.archive, base / "patched", RECIPE.extract)
-    apply_series(patched, RECIPE.patches, project="flash-attn")
-    return {"unpatched": unpatched, "patched": patched}
+    return patched_trees(RECIPE, fetch(RECIPE, shared_cache).archive,
+                         tmp_path_factory.mktemp("fa"), RECIPE.extract)
 
 
 @pytest.fixture
 def fake_cuda(tmp_path: Path) -> Path:
-    home = tmp_path / "cuda"
-    (home / "bin").mkdir(parents=True)
-    (home / "include").mkdir()
-    (home / "include" / "cuda_runtime.h").write_text("")
-    nvcc = home / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
-    nvcc.chmod(0o755)
-    return home
+    return make_fake_cuda(tmp_path / "cuda")
 
 
 def setup_requires_met(tmp_path: Path) -> Path:
@@ -79,36 +76,16 @@ def setup_requires_met(tmp_path: Path) -> Path:
 
 
 def run_setup(tree: Path, tmp_path: Path, args: list[str], env: dict[str, str]
-              ) -> tuple[subprocess.CompletedProcess[str], dict[str, object] | None]:
-    record = tmp_path / "record.json"
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS",
-                         "MAX_JOBS", *SUBSET_ENV) and not k.startswith("FLASH_ATTN")}
-    base.update(PYTHONPATH=os.pathsep.join([str(FAKE_TORCH), str(setup_requires_met(tmp_path))]),
-                FAKE_TORCH_RECORD=str(record), PATH="/usr/bin:/bin",
-                PYTHONDONTWRITEBYTECODE="1", MAX_JOBS="1")
-    base.update(env)
-    proc = subprocess.run([sys.executable, "setup.py", *args], cwd=tree, env=base,
-                          capture_output=True, text=True, timeout=300)
-    data = json.loads(record.read_text()) if record.exists() else None
-    if record.exists():
-        record.unlink()
-    return proc, data
+              ) -> tuple[subprocess.CompletedProcess[str], Recorded]:
+    return setup_py_runs.run_setup(tree, tmp_path, args, {"MAX_JOBS": "1", **env},
+                                   clear=("MAX_JOBS", *SUBSET_ENV), clear_prefixes=("FLASH_ATTN",),
+                                   pythonpath=[setup_requires_met(tmp_path)], timeout=300)
 
 
-def nvcc_flags(data: dict[str, object] | None) -> list[str]:
-    assert data is not None
-    return list(data["extra_compile_args"]["nvcc"])  # type: ignore[index]
 
 
-def cxx_flags(data: dict[str, object] | None) -> list[str]:
-    assert data is not None
-    return list(data["extra_compile_args"]["cxx"])  # type: ignore[index]
 
 
-def gencodes(data: dict[str, object] | None) -> list[str]:
-    args = nvcc_flags(data)
-    return [args[i + 1] for i, a in enumerate(args) if a == "-gencode"]
 
 
 def sources(data: dict[str, object] | None) -> list[str]:
@@ -122,14 +99,6 @@ UPSTREAM_ARCHS = ["arch=compute_80,code=sm_80", "arch=compute_90,code=sm_90",
 
 # -- 0001: find nvcc; never sm_80 alone because torch found no toolkit ------------------------
 
-def pip_toolkit(tmp_path: Path, fake_cuda: Path) -> dict[str, str]:
-    """Move the fake toolkit where NVIDIA's pip wheels put one (user site), hide /usr/local/cuda."""
-    userbase = tmp_path / "userbase"
-    site = userbase / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
-        "site-packages" / "nvidia" / "cu13"
-    site.parent.mkdir(parents=True)
-    fake_cuda.rename(site)
-    return {"PYTHONUSERBASE": str(userbase), "FAKE_HIDE_PREFIX": "/usr/local/cuda"}
 
 
 def test_no_cuda_home_upstream_builds_sm80_alone_and_fixed(
@@ -191,11 +160,6 @@ def test_upstream_list_when_unset(trees: dict[str, Path], tmp_path: Path, fake_c
 
 # -- 0003: C++20, against the real torch 2.14.1 headers ---------------------------------------
 
-def std_flags(data: dict[str, object] | None) -> tuple[str, str]:
-    cxx = [a for a in cxx_flags(data) if a.startswith("-std=")]
-    nvcc = [a for a in nvcc_flags(data) if a.startswith("-std=")]
-    assert len(cxx) == len(nvcc) == 1
-    return cxx[0], nvcc[0]
 
 
 @pytest.fixture(scope="module")

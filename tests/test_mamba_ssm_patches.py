@@ -17,15 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, PACKAGES, REPO, require_tool
+import setup_py_runs
+from conftest import IN_CI, REPO, require_tool
+from setup_py_runs import (
+    BOOK,
+    Recorded,
+    gencodes,
+    make_fake_cuda,
+    nvcc_flags,
+    patched_trees,
+    pip_toolkit,
+    std_flags,
+    threads,
+)
 from wheelforge.builder import buildenv
 from wheelforge.builder.config import DEFAULT_TORCH
-from wheelforge.builder.patch import apply_series
-from wheelforge.builder.source import extract, fetch
-from wheelforge.recipe.format import RecipeBook
+from wheelforge.builder.source import fetch
 
-FAKE_TORCH = PACKAGES / "faketorch"
-BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 MAMBA_URL = "https://github.com/state-spaces/mamba"
 BUNDLE = REPO.parent / "shared" / "upstream" / "state-spaces-mamba.bundle"
 
@@ -43,65 +51,28 @@ def mirror() -> Path:
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     recipe = BOOK.load("mamba-ssm")
-    cache = tmp_path_factory.mktemp("cache")
-    fetched = fetch(recipe, cache, git_mirrors={MAMBA_URL: mirror()})
-    base = tmp_path_factory.mktemp("mamba")
-    unpatched = extract(fetched.archive, base / "unpatched")
-    patched = extract(fetched.archive, base / "patched")
-    apply_series(patched, recipe.patches, project="mamba-ssm")
-    return {"unpatched": unpatched, "patched": patched}
+    fetched = fetch(recipe, tmp_path_factory.mktemp("cache"), git_mirrors={MAMBA_URL: mirror()})
+    return patched_trees(recipe, fetched.archive, tmp_path_factory.mktemp("mamba"))
 
 
 @pytest.fixture
 def fake_cuda(tmp_path: Path) -> Path:
-    home = tmp_path / "cuda"
-    (home / "bin").mkdir(parents=True)
-    (home / "include").mkdir()
-    (home / "include" / "cuda_runtime.h").write_text("")
-    nvcc = home / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
-    nvcc.chmod(0o755)
-    return home
+    return make_fake_cuda(tmp_path / "cuda")
 
 
 def run_setup(tree: Path, tmp_path: Path, args: list[str], env: dict[str, str]
-              ) -> tuple[subprocess.CompletedProcess[str], dict[str, object] | None]:
-    record = tmp_path / "record.json"
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS")
-            and not k.startswith("MAMBA_")}
-    base.update(PYTHONPATH=str(FAKE_TORCH), FAKE_TORCH_RECORD=str(record),
-                PATH="/usr/bin:/bin", PYTHONDONTWRITEBYTECODE="1",
-                MAMBA_KEEP_CUDA_BUILD="TRUE")  # the recipe's: build the CUDA kernels
-    base.update(env)
-    proc = subprocess.run([sys.executable, "setup.py", *args], cwd=tree, env=base,
-                          capture_output=True, text=True, timeout=120)
-    data = json.loads(record.read_text()) if record.exists() else None
-    if record.exists():
-        record.unlink()
-    return proc, data
+              ) -> tuple[subprocess.CompletedProcess[str], Recorded]:
+    # the recipe's MAMBA_KEEP_CUDA_BUILD: build the CUDA kernels
+    return setup_py_runs.run_setup(tree, tmp_path, args, {"MAMBA_KEEP_CUDA_BUILD": "TRUE", **env},
+                                   clear_prefixes=("MAMBA_",))
 
 
-def nvcc_flags(data: dict[str, object] | None) -> list[str]:
-    assert data is not None
-    return list(data["extra_compile_args"]["nvcc"])  # type: ignore[index]
 
 
-def gencodes(data: dict[str, object] | None) -> list[str]:
-    args = nvcc_flags(data)
-    return [args[i + 1] for i, a in enumerate(args) if a == "-gencode"]
 
 
 # -- 0001: find nvcc; bare_metal_version never undefined (both uses) --------------------------
 
-def pip_toolkit(tmp_path: Path, fake_cuda: Path) -> dict[str, str]:
-    """Move the fake toolkit where NVIDIA's pip wheels put one (user site), hide /usr/local/cuda."""
-    userbase = tmp_path / "userbase"
-    site = userbase / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
-        "site-packages" / "nvidia" / "cu13"
-    site.parent.mkdir(parents=True)
-    fake_cuda.rename(site)
-    return {"PYTHONUSERBASE": str(userbase), "FAKE_HIDE_PREFIX": "/usr/local/cuda"}
 
 
 def test_nameerror_upstream_and_fixed(trees: dict[str, Path], tmp_path: Path,
@@ -179,13 +150,6 @@ def test_upstream_list_when_unset(trees: dict[str, Path], tmp_path: Path, fake_c
 
 # -- 0003: C++20, against the real torch 2.14.1 headers ---------------------------------------
 
-def std_flags(data: dict[str, object] | None) -> tuple[str, str]:
-    assert data is not None
-    args = data["extra_compile_args"]
-    cxx = [a for a in args["cxx"] if a.startswith("-std=")]  # type: ignore[index]
-    nvcc = [a for a in args["nvcc"] if a.startswith("-std=")]  # type: ignore[index]
-    assert len(cxx) == len(nvcc) == 1
-    return cxx[0], nvcc[0]
 
 
 @pytest.fixture(scope="module")
@@ -255,9 +219,6 @@ def test_no_network_during_bdist_wheel(trees: dict[str, Path], tmp_path: Path,
 
 # -- 0005: NVCC_THREADS -----------------------------------------------------------------------
 
-def threads(data: dict[str, object] | None) -> str:
-    args = nvcc_flags(data)
-    return str(args[args.index("--threads") + 1])
 
 
 def test_nvcc_threads(trees: dict[str, Path], tmp_path: Path, fake_cuda: Path) -> None:
