@@ -158,6 +158,27 @@ def tinyext_project(root: Path, *, patches: Mapping[str, str] | None = None,
     return sdists
 
 
+TINYPURE_RECIPE = """format: 1
+name: tinypure
+version: "0.1.0"
+sources:
+  - sdist: {{filename: tinypure-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+verify:
+  imports: [tinypure]
+"""
+
+
+def tinypure_project(root: Path) -> Path:
+    """The pure fixture (tests/packages/tinypure) as an sdist in ROOT/sdists and its recipe
+    in ROOT/recipes; returns the sdists directory."""
+    sdists = root / "sdists"
+    _, sha = make_sdist(PACKAGES / "tinypure", sdists, "tinypure", "0.1.0")
+    write_recipe(root, "tinypure", TINYPURE_RECIPE.format(sha=sha))
+    return sdists
+
+
 @pytest.fixture
 def wheel_factory(tmp_path: Path) -> Callable[..., Path]:
     def factory(files: Mapping[str, bytes | str], **kw: str) -> Path:

@@ -14,21 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MANYLINUX, PACKAGES, built_wheel, make_sdist, tinyext_project, write_recipe
+from conftest import MANYLINUX, built_wheel, tinyext_project, tinypure_project
 from wheelforge.builder.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
-
-PURE_RECIPE = """format: 1
-name: tinypure
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinypure-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-verify:
-  imports: [tinypure]
-"""
 
 
 def wheelforge(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -39,9 +28,8 @@ def wheelforge(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]
 
 @pytest.fixture
 def project(tmp_path: Path, nvcc: str) -> Path:
-    sdists = tinyext_project(tmp_path)
-    _, pure_sha = make_sdist(PACKAGES / "tinypure", sdists, "tinypure", "0.1.0")
-    write_recipe(tmp_path, "tinypure", PURE_RECIPE.format(sha=pure_sha))
+    tinyext_project(tmp_path)
+    tinypure_project(tmp_path)
     return tmp_path
 
 

@@ -14,11 +14,11 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import test_index_clients
 from conftest import make_wheel
 from test_index_clients import (
     CHANNEL,
@@ -27,40 +27,13 @@ from test_index_clients import (
     fresh_venv,
     installed,
     pub,
-    serve_in_thread,
 )
 from wheelforge import index
 
 WF = [sys.executable, "-m", "wheelforge"]
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """wf-demo (channel cu130-torch2.14, needs wf-dep) and wf-helper (pure)."""
-    tmp = tmp_path_factory.mktemp("local")
-    root = tmp / "index"
-    pub(root, tmp / "dist", "wf-demo", DEMO_LOCAL, "local", requires="wf-dep", target=CU130)
-    pub(root, tmp / "dist", "wf-helper", "0.6.0", "local")
-    return root
-
-
-@pytest.fixture(scope="module")
-def public(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("public")
-    root = tmp / "index"
-    pub(root, tmp / "dist", "wf-demo", "99.0", "public")
-    pub(root, tmp / "dist", "wf-helper", "9.0", "public")
-    pub(root, tmp / "dist", "wf-dep", "1.0", "public")
-    with serve_in_thread(root) as url:
-        yield url + "/simple/"
-
-
-@pytest.fixture(scope="module")
-def uv() -> str:
-    found = Path(sys.executable).with_name("uv")
-    if not found.exists():
-        pytest.skip("uv is not installed beside this interpreter (the test extra has it)")
-    return str(found)
+#: the fixtures of tests/test_index_clients.py: the local index and the fake public one
+local = test_index_clients.local
+public = test_index_clients.public
 
 
 def home_env(home: Path, public: str, **extra: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PACKAGES, make_sdist, tinyext_project, wheel_differences, write_recipe
+from conftest import tinyext_project, tinypure_project, wheel_differences
 from wheelforge.builder import reproducible
 from wheelforge.errors import ToolchainError
 
@@ -148,18 +148,6 @@ def test_the_real_nvcc_knows_objtemp(nvcc: str) -> None:
 
 # -- the whole build, twice (three times) -----------------------------------------------
 
-PURE_RECIPE = """format: 1
-name: tinypure
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinypure-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-verify:
-  imports: [tinypure]
-"""
-
-
 def _build(project: Path, cache: Path, work: Path, index: Path, *, compile_cache: str,
            umask: int, epoch: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
@@ -185,8 +173,7 @@ def test_one_build_key_built_elsewhere_gives_the_same_bytes(
         tmp_path: Path, shared_cache: Path, nvcc: str) -> None:
     project = tmp_path / "p"
     tinyext_project(project)
-    _, pure_sha = make_sdist(PACKAGES / "tinypure", project / "sdists", "tinypure", "0.1.0")
-    write_recipe(project, "tinypure", PURE_RECIPE.format(sha=pure_sha))
+    tinypure_project(project)
     # A: the user's cache root, compile cache off (every unit compiled)
     a = _build(project, shared_cache, tmp_path / "work-a", tmp_path / "index-a",
                compile_cache="off", umask=0o022)
