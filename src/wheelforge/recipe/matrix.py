@@ -269,7 +269,7 @@ def _subsets(p: _Problems, raw: Any, recipes: Sequence[str],
                 p.add(where, f"{normal} declares no kernel subsets (no subsets: in its recipe); "
                              "remove it from matrix.subsets")
                 continue
-        choices: list[Choice] = []
+        choices: dict[Choice, int] = {}  # -> the entry's index
         for i, entry in enumerate(entries):
             at = _join(where, i)
             choice = _choice(p, entry, at)
@@ -285,11 +285,11 @@ def _subsets(p: _Problems, raw: Any, recipes: Sequence[str],
                     continue
                 choice = subset_choice(recipe, select_subset(recipe, choice))
             if choice in choices:
-                p.add(at, f"is the same build as entry [{choices.index(choice)}]" + (
+                p.add(at, f"is the same build as entry [{choices[choice]}]" + (
                     " (the full build: it asks for what the full build holds)"
                     if not choice and isinstance(entry, dict) and entry else ""))
                 continue
-            choices.append(choice)
+            choices[choice] = i
         if normal in dict(out):
             p.add(where, f"{normal!r} is listed twice")
         elif choices:
