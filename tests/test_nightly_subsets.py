@@ -23,6 +23,7 @@ import yaml
 
 from conftest import PACKAGES, make_sdist, make_wheel, write_recipe
 from setup_py_runs import make_fake_cuda
+from test_nightly import wheelforge
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
 from wheelforge.builder import pipeline, toolchain
@@ -187,3 +188,20 @@ def test_an_old_plan_without_subsets_loads_as_full_builds(
     assert estimate({"subext||torch==2.14.1|12.0": 60.0}, full.cell) == 60.0
     sub = next(c for c in plan.cells if c.subset)
     assert estimate({"subext||torch==2.14.1|12.0": 60.0}, sub.cell) is None
+
+
+def test_a_bad_subset_is_a_configuration_error_on_the_command_line(
+        project: tuple[Path, RecipeBook]) -> None:
+    root, _ = project
+    (root / "wheelforge.yaml").write_text(yaml.safe_dump({"matrix": {
+        "recipes": ["subext"], "torch": [{"spec": "torch==2.14.1", "cuda": "13.0"}],
+        "archs": ["12.0"], "subsets": {"subext": [{"kernel": "a"}, {"kernels": "c"}]}}}))
+    res = wheelforge("nightly", "plan", "--config", root / "wheelforge.yaml", "--recipes",
+                     root / "recipes", "--cache-dir", root / "cache", "--index", root / "index",
+                     cwd=root)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert f"the build matrix in {root / 'wheelforge.yaml'} has 2 problem(s)" in res.stderr
+    assert ("matrix.subsets.subext[0]: unknown subset key 'kernel' (did you mean 'kernels'?) "
+            "(subext declares kernels=a,b)") in res.stderr
+    assert ("matrix.subsets.subext[1]: kernels: unknown value(s) c; choose from a,b") in \
+        res.stderr
