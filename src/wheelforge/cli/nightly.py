@@ -60,7 +60,7 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
         raise ConfigError(f"no project file {path}", fix="run in the directory that holds "
                           "wheelforge.yaml, or pass --config")
     book = _book(recipes)
-    matrix = load_matrix(path, known_recipes=book.names())
+    matrix = load_matrix(path, known_recipes=book.names(), recipes=book.load)
     base = resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
                    sources_dirs=sources_dirs, jobs=jobs, project_file=path)
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,

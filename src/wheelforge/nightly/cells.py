@@ -55,6 +55,7 @@ class CellResult:
     pip_args: tuple[str, ...]
     archs: str | None  # requested; None for a pure recipe
     status: CellStatus
+    subset: str = ""  # the kernel subset built (hdim=128 dtype=bf16); '' the full build
     duration_s: float = 0.0
     build_key: str | None = None
     wheel: str | None = None

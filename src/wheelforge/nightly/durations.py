@@ -15,7 +15,10 @@ DURATIONS = "durations.json"
 
 
 def _signature(cell: Cell) -> str:
-    return "|".join([cell.recipe, cell.python or "", cell.torch.spec, cell.archs or "pure"])
+    """``recipe|python|torch|archs``, and ``|subset`` for a kernel subset: a subset's
+    durations are never a full build's, nor the other way round."""
+    parts = [cell.recipe, cell.python or "", cell.torch.spec, cell.archs or "pure"]
+    return "|".join([*parts, cell.subset_text] if cell.subset else parts)
 
 
 def read_durations(cache_dir: Path) -> dict[str, float]:
@@ -41,12 +44,14 @@ def record_durations(cache_dir: Path, timed: Iterable[tuple[Cell, float]]) -> No
 
 
 def estimate(durations: Mapping[str, float], cell: Cell) -> float | None:
-    """The cell's last duration; else the mean of the recipe's cells for that arch set,
-    else of all its cells; None when the recipe was never timed."""
+    """The cell's last duration; else the mean of the recipe's cells (of the same kernel
+    subset) for that arch set, else of all its cells (of that subset); None when never
+    timed."""
     if (found := durations.get(_signature(cell))) is not None:
         return found
     parts = [(k.split("|"), v) for k, v in durations.items()]
-    same_recipe = [(p, v) for p, v in parts if len(p) == 4 and p[0] == cell.recipe]
+    same_recipe = [(p, v) for p, v in parts if len(p) in (4, 5) and p[0] == cell.recipe
+                   and (p[4] if len(p) == 5 else "") == cell.subset_text]
     same_archs = [v for p, v in same_recipe if p[3] == (cell.archs or "pure")]
     for values in (same_archs, [v for _, v in same_recipe]):
         if values:

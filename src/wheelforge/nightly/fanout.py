@@ -50,7 +50,7 @@ from ..builder import pipeline
 from ..builder.config import BuildConfig, recorded_gib_per_job
 from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, WheelforgeError
 from ..recipe.format import RecipeBook
-from ..recipe.matrix import Cell, Matrix, TorchPin, cells
+from ..recipe.matrix import Cell, Choice, Matrix, TorchPin, cells
 from ..recipe.model import Recipe
 from ..wheel import retag
 from .cells import REPORTS_DIR, Builder, CellResult, CellStatus, NightlyReport, Settings, log_tail
@@ -108,12 +108,14 @@ class PlannedCell:
     # publisher on the staged wheel: the plan's word, not the builder's
     top_level: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
+    #: the kernel subset to build (matrix.subsets); () the full build (and in older plans)
+    subset: Choice = ()
 
     @property
     def cell(self) -> Cell:
         return Cell(recipe=self.recipe, python=self.python,
                     torch=TorchPin(spec=self.torch, cuda=self.cuda, pip_args=self.pip_args),
-                    archs=self.archs)
+                    archs=self.archs, subset=self.subset)
 
     @property
     def label(self) -> str:
@@ -183,7 +185,8 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             toolchain=pipeline.toolchain_identity(p.recipe, p.config, cuda),
             estimate_s=estimate(durations, cell),
             peak_gib=_peak(settings.cache_dir, cell.recipe),
-            top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded))
+            top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded,
+            subset=cell.subset))
     todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
     return Plan(created=_now(), config=str(matrix.path), index=str(settings.index_dir),
                 cells=tuple(todo), done=tuple(done))
@@ -230,7 +233,8 @@ def _planned(data: Any, where: str) -> PlannedCell:
             estimate_s=None if data.get("estimate_s") is None else float(data["estimate_s"]),
             peak_gib=None if data.get("peak_gib") is None else float(data["peak_gib"]),
             top_level=_strings(data.get("top_level", ())),
-            excluded=_strings(data.get("excluded", ())))
+            excluded=_strings(data.get("excluded", ())),
+            subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
     if not _KEY.match(cell.build_key):
@@ -253,6 +257,7 @@ def load_plan(path: Path) -> Plan:
     for r in data.get("done") or []:
         try:
             done.append(CellResult(**{**r, "pip_args": tuple(r.get("pip_args") or ()),
+                                      "subset": str(r.get("subset") or ""),
                                       "archs_found": tuple(r.get("archs_found") or ())}))
         except TypeError as exc:
             raise _bad(path, f"a planned result is malformed: {exc}") from exc
@@ -287,7 +292,8 @@ def github_matrix(plan: Plan, limit: int = GITHUB_MATRIX_LIMIT) -> dict[str, Any
 def _short(c: PlannedCell) -> str:
     if c.archs is None:
         return f"{c.recipe} (pure)"
-    return f"{c.recipe} {c.python or 'python'} {c.torch} cu{c.cuda} sm {c.archs}"
+    subset = f" [{c.cell.subset_text}]" if c.subset else ""
+    return f"{c.recipe} {c.python or 'python'} {c.torch} cu{c.cuda} sm {c.archs}{subset}"
 
 
 def select(plan: Plan, ids: Sequence[str]) -> list[PlannedCell]:
@@ -480,7 +486,7 @@ def load_stage(stage: Path) -> StageRecord:
 def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
     return CellResult(recipe=c.recipe, version=c.version, python=c.python or "", torch=c.torch,
                       cuda=c.cuda, pip_args=c.pip_args, archs=c.archs, status=status,
-                      build_key=c.build_key, **kw)
+                      subset=c.cell.subset_text, build_key=c.build_key, **kw)
 
 
 def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
@@ -590,7 +596,8 @@ def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
         id=-1, recipe=cell.recipe, version=str(plan.recipe.version), python=cell.python,
         torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
         archs=cell.archs, build_key=plan.key,
-        toolchain=pipeline.toolchain_identity(plan.recipe, plan.config, cuda))
+        toolchain=pipeline.toolchain_identity(plan.recipe, plan.config, cuda),
+        subset=cell.subset)
     root = state.settings.cache_dir / "stage"
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{cell.recipe}-", dir=root) as tmp:

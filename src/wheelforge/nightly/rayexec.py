@@ -86,7 +86,8 @@ def _build_task(cell: dict[str, Any], project_file: str, recipes_dir: str,
     planned = fanout._planned(cell, "the driver's plan")
     rdir = Path(recipes_dir)
     book = RecipeBook(rdir, rdir.parent / "patches")
-    matrix = matrix_mod.load_matrix(Path(project_file), known_recipes=book.names())
+    matrix = matrix_mod.load_matrix(Path(project_file), known_recipes=book.names(),
+                                    recipes=book.load)
     cache = default_cache_dir()
     settings = Settings(index_dir=cache / "unused-index", cache_dir=cache,
                         sources_dirs=tuple(Path(s) for s in sources_dirs), jobs=jobs,

@@ -120,14 +120,16 @@ def render_html(report: NightlyReport, report_dir: Path) -> str:
         if r.status == "failed":
             status = f'<a class="failed" href="#cell-{n}">failed</a>'
             failures.append(
-                f'<h3 id="cell-{n}">{n}. {_e(r.recipe)} ({_e(r.archs or "pure")})</h3>\n'
+                f'<h3 id="cell-{n}">{n}. {_e(r.recipe)} ({_e(r.archs or "pure")})'
+                + (f" [{_e(r.subset)}]" if r.subset else "") + "</h3>\n"
                 f"<pre>{_e(r.error or '')}</pre>\n"
                 + (f"<p>log: {_log_link(r)}</p>\n" if r.log else "")
                 + (f"<details open><summary>last lines of the log</summary>"
                    f"<pre>{_e(r.log_tail)}</pre></details>\n" if r.log_tail else ""))
         torch = r.torch + (f" {' '.join(r.pip_args)}" if r.pip_args else "")
         rows.append(
-            f"<tr><td>{n}</td><td>{_e(r.recipe)} {_e(r.version or '')}</td>"
+            f"<tr><td>{n}</td><td>{_e(r.recipe)} {_e(r.version or '')}"
+            + (f" <code>[{_e(r.subset)}]</code>" if r.subset else "") + "</td>"
             f"<td class=n><code>{_e(os.path.basename(r.python))}</code></td>"
             f"<td><code>{_e(torch)}</code> (CUDA {_e(r.cuda)})</td>"
             f"<td>{_e(r.archs or 'pure')}</td><td>{status}</td>"

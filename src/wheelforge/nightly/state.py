@@ -146,7 +146,8 @@ class CellRunner:
                                  work_dir=s.work_dir, sources_dirs=s.sources_dirs,
                                  project_file=s.project_file, environ=s.environ)
             plan.config = dataclasses.replace(cfg, python=None, base_python=python,
-                                              torch_pip_args=cell.torch.pip_args)
+                                              torch_pip_args=cell.torch.pip_args,
+                                              subset=cell.subset)
             cuda = self.find_cuda() if plan.recipe.build.kind == "extension" else None
             plan.key = pipeline.planned_key(plan.recipe, plan.config, self.book, cuda)
         except WheelforgeError as exc:
@@ -159,7 +160,8 @@ class CellRunner:
             recipe=plan.cell.recipe,
             version=str(plan.recipe.version) if plan.recipe else None,
             python=plan.python, torch=pin.spec, cuda=pin.cuda, pip_args=pin.pip_args,
-            archs=plan.cell.archs, status=status, build_key=plan.key,
+            archs=plan.cell.archs, subset=plan.cell.subset_text, status=status,
+            build_key=plan.key,
             duration_s=round(time.monotonic() - plan.started, 3), **kw)
 
     def failed(self, plan: CellPlan, exc: WheelforgeError) -> CellResult:

@@ -11,18 +11,25 @@ matrix into the builds it stands for::
         - {spec: "torch==2.14.1", cuda: "13.0"}
       archs: ["12.0", "10.0;12.0"]    # TORCH_CUDA_ARCH_LIST values
       retention: {keep: 5}            # newest builds kept per project and channel
+      subsets:                        # kernel subsets built instead of the full build
+        flash-attn:
+          - {hdim: "128", dtype: bf16}
+          - full                      # the full build too ({} says the same)
 
 An extension recipe gives one cell per (python, torch, arch set).  A pure recipe
 builds one ``py3-none-any`` wheel whatever the interpreter, torch or arch list (its
 build key holds none of them), so it gives a single cell, built in the first python
-and torch environment.
+and torch environment.  A recipe listed under ``subsets:`` gives one cell per entry
+(per python, torch and arch set) instead of one: the full build is a cell only when
+``full`` (or ``{}``) is an entry.  The entries are checked against the recipe's own
+``subsets:`` (:mod:`.subsets`).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,19 +40,27 @@ from packaging.utils import canonicalize_name
 from .._yaml import read_yaml
 from ..arch import parse_arch_list, torch_arch_list
 from ..errors import ConfigError, WheelforgeError
+from .model import Recipe
+from .subsets import choice_text, select_subset, subset_choice, subset_problems
 
-__all__ = ["DEFAULT_KEEP", "Cell", "Matrix", "TorchPin", "cells", "load_matrix", "parse_matrix",
-           "retention_keep"]
+__all__ = ["DEFAULT_KEEP", "FULL", "Cell", "Choice", "Matrix", "TorchPin", "cells",
+           "load_matrix", "parse_matrix", "retention_keep"]
 
 #: Builds kept per project and channel when the matrix names no retention.
 DEFAULT_KEEP = 5
 
 #: the top-level keys of wheelforge.yaml
 PROJECT_KEYS = ("defaults", "matrix", "compile-cache")
-_MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention")
+_MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention", "subsets")
 _TORCH_KEYS = ("spec", "cuda", "pip-args")
 _RETENTION_KEYS = ("keep",)
 _CUDA = re.compile(r"^\d+\.\d+$")
+#: the entry of ``matrix.subsets`` that asks for the full build ({} says the same)
+FULL = "full"
+
+#: A kernel subset as asked for (``--subset`` or ``matrix.subsets``): (dimension, values);
+#: () is the full build.  See recipe.subsets.select_subset.
+Choice = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +84,9 @@ class Matrix:
     torches: tuple[TorchPin, ...]
     arch_sets: tuple[str, ...]  # canonical TORCH_CUDA_ARCH_LIST spellings
     keep: int = DEFAULT_KEEP
+    #: recipe -> the kernel subsets built of it (() the full build); a recipe not named
+    #: here gets its full build only
+    subsets: tuple[tuple[str, tuple[Choice, ...]], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +97,12 @@ class Cell:
     python: str | None  # None: the interpreter wheelforge runs on
     torch: TorchPin
     archs: str | None
+    subset: Choice = ()  # the kernel subset asked of the recipe; () the full build
+
+    @property
+    def subset_text(self) -> str:
+        """``hdim=128 dtype=bf16``; '' for the full build."""
+        return choice_text(self.subset)
 
     @property
     def label(self) -> str:
@@ -88,7 +112,7 @@ class Cell:
             if self.torch.pip_args:
                 parts.append(" ".join(self.torch.pip_args))
             parts.append(f"arch {self.archs}")
-        return " | ".join(parts)
+        return " | ".join(parts) + (f" [{self.subset_text}]" if self.subset else "")
 
 
 class _Problems:
@@ -181,8 +205,104 @@ def _torch(p: _Problems, entry: Any, where: str) -> TorchPin | None:
     return TorchPin(spec=spec.strip(), cuda=cuda, pip_args=tuple(a for _, a in pip_args))
 
 
-def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = None) -> Matrix:
-    """Validate the raw project-file data; raise ConfigError listing every problem."""
+def _choice(p: _Problems, entry: Any, where: str) -> Choice | None:
+    """One entry of ``matrix.subsets.NAME``: ``full``, ``{}``, or {dimension: values}, the
+    values a string (``"64,128"`` for several) or a list of strings."""
+    if entry == FULL or entry == {}:
+        return ()
+    if not isinstance(entry, dict):
+        p.add(where, f"must be a mapping of subset keys to values, e.g. {{hdim: \"128\", "
+                     f"dtype: bf16}}, or {FULL!r} for the full build; got {entry!r}")
+        return None
+    out: list[tuple[str, tuple[str, ...]]] = []
+    ok = True
+    for key, raw in entry.items():
+        at = _join(where, str(key))
+        items = raw if isinstance(raw, list) else [raw]
+        values: list[str] = []
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, str | int):
+                p.add(at, f"must be a string or a list of strings, got {item!r} (quote "
+                          "values in YAML: bwd: \"no\", hdim: \"128\")")
+                ok = False
+                break
+            values += [v.strip() for v in str(item).split(",") if v.strip()]
+        else:
+            if not values:
+                p.add(at, "names no value")
+                ok = False
+        out.append((str(key), tuple(values)))
+    return tuple(out) if ok else None
+
+
+def _subsets(p: _Problems, raw: Any, recipes: Sequence[str],
+             load: Callable[[str], Recipe] | None) -> tuple[tuple[str, tuple[Choice, ...]], ...]:
+    """``matrix.subsets``: recipe -> entries, each checked against the recipe's declared
+    subsets when ``load`` gives the recipe (a recipe that does not load is left to its
+    cells, which report why) and stored as the shortest choice that asks for it."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        p.add("matrix.subsets", "must be a mapping of recipe names to lists of subsets, e.g. "
+                                "{flash-attn: [{hdim: \"128\", dtype: bf16}]}")
+        return ()
+    out: list[tuple[str, tuple[Choice, ...]]] = []
+    for name, entries in raw.items():
+        where = _join("matrix.subsets", str(name))
+        normal = str(canonicalize_name(str(name)))
+        if normal not in recipes:
+            hint = difflib.get_close_matches(normal, recipes, n=1)
+            p.add(where, f"{name!r} is not in matrix.recipes" + (
+                f"; did you mean '{hint[0]}'?" if hint else "; add it there to build subsets "
+                                                            "of it"))
+            continue
+        if not isinstance(entries, list) or not entries:
+            p.add(where, "must be a non-empty list of subsets, e.g. [{hdim: \"128\"}, full]")
+            continue
+        recipe: Recipe | None = None
+        if load is not None:
+            try:
+                recipe = load(normal)
+            except WheelforgeError:
+                recipe = None  # the recipe's cells report what is wrong with it
+            if recipe is not None and not recipe.subsets:
+                p.add(where, f"{normal} declares no kernel subsets (no subsets: in its recipe); "
+                             "remove it from matrix.subsets")
+                continue
+        choices: dict[Choice, int] = {}  # -> the entry's index
+        for i, entry in enumerate(entries):
+            at = _join(where, i)
+            choice = _choice(p, entry, at)
+            if choice is None:
+                continue
+            if recipe is not None:
+                problems = subset_problems(recipe, choice)
+                if problems:
+                    declared = "; ".join(f"{d.name}={','.join(d.values)}"
+                                         for d in recipe.subsets)
+                    for problem in problems:
+                        p.add(at, f"{problem} ({normal} declares {declared})")
+                    continue
+                choice = subset_choice(recipe, select_subset(recipe, choice))
+            if choice in choices:
+                p.add(at, f"is the same build as entry [{choices[choice]}]" + (
+                    " (the full build: it asks for what the full build holds)"
+                    if not choice and isinstance(entry, dict) and entry else ""))
+                continue
+            choices[choice] = i
+        if normal in dict(out):
+            p.add(where, f"{normal!r} is listed twice")
+        elif choices:
+            out.append((normal, tuple(choices)))
+    return tuple(out)
+
+
+def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = None,
+                 recipes: Callable[[str], Recipe] | None = None) -> Matrix:
+    """Validate the raw project-file data; raise ConfigError listing every problem.
+
+    ``recipes`` loads a recipe by name (RecipeBook.load): with it, ``matrix.subsets`` is
+    checked against the subsets each recipe declares."""
     p = _Problems(path)
     fix = "correct the keys above; the matrix is described in docs/nightly.md"
     if not isinstance(data, dict):
@@ -196,7 +316,7 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
             p.items), fix=fix)
     p.unknown_keys("matrix", raw, _MATRIX_KEYS)
 
-    recipes: list[str] = []
+    names: list[str] = []
     for i, name in _strings(p, raw, "recipes", "matrix", required=True):
         normal = str(canonicalize_name(name))
         where = _join("matrix.recipes", i)
@@ -205,10 +325,11 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
             p.add(where, f"no recipe named {name!r}" + (
                 f"; did you mean '{hint[0]}'?" if hint else
                 f"; known: {', '.join(sorted(known_recipes)) or '(none)'}"))
-        elif normal in recipes:
+        elif normal in names:
             p.add(where, f"{name!r} is listed twice")
         else:
-            recipes.append(normal)
+            names.append(normal)
+    subsets = _subsets(p, raw.get("subsets"), names, recipes)
 
     pythons: list[str] = []
     for i, py in _strings(p, raw, "python", "matrix", required=False):
@@ -258,18 +379,21 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
     if p.items:
         raise ConfigError(f"the build matrix in {path} has {len(p.items)} problem(s)",
                           why="\n    " + "\n    ".join(p.items), fix=fix)
-    return Matrix(path=path, recipes=tuple(recipes), pythons=tuple(pythons),
-                  torches=tuple(torches), arch_sets=tuple(arch_sets), keep=keep)
+    return Matrix(path=path, recipes=tuple(names), pythons=tuple(pythons),
+                  torches=tuple(torches), arch_sets=tuple(arch_sets), keep=keep,
+                  subsets=subsets)
 
 
-def load_matrix(path: Path, known_recipes: Collection[str] | None = None) -> Matrix:
+def load_matrix(path: Path, known_recipes: Collection[str] | None = None,
+                recipes: Callable[[str], Recipe] | None = None) -> Matrix:
     """Read and validate the ``matrix:`` of a project file.
 
     With ``known_recipes`` (the names in the recipes directory), an unknown recipe
-    name is a problem, with a did-you-mean.
+    name is a problem, with a did-you-mean; with ``recipes`` (RecipeBook.load), the
+    kernel subsets asked of each recipe are checked against the ones it declares.
     """
     data = read_yaml(path, ConfigError, str(path), read_fix="pass the project file with --config")
-    return parse_matrix(data, path, known_recipes)
+    return parse_matrix(data, path, known_recipes, recipes)
 
 
 def retention_keep(path: Path | None) -> int:
@@ -288,10 +412,13 @@ def cells(matrix: Matrix, kinds: Mapping[str, str] | None = None) -> list[Cell]:
     """The builds the matrix stands for, in a stable order.
 
     ``kinds`` maps recipe names to their build kind ("extension" or "pure"); a recipe
-    not in it counts as an extension.  Pure recipes give one cell each.
+    not in it counts as an extension.  Pure recipes give one cell each.  A recipe with
+    ``subsets`` gives one cell per subset (its full build only if listed) per python,
+    torch and arch set, the subsets innermost.
     """
     kinds = kinds or {}
     pythons: tuple[str | None, ...] = matrix.pythons or (None,)
+    subsets = dict(matrix.subsets)
     out: list[Cell] = []
     for recipe in matrix.recipes:
         if kinds.get(recipe) == "pure":
@@ -301,5 +428,6 @@ def cells(matrix: Matrix, kinds: Mapping[str, str] | None = None) -> list[Cell]:
         for python in pythons:
             for pin in matrix.torches:
                 for archs in matrix.arch_sets:
-                    out.append(Cell(recipe=recipe, python=python, torch=pin, archs=archs))
+                    out.extend(Cell(recipe=recipe, python=python, torch=pin, archs=archs,
+                                    subset=subset) for subset in subsets.get(recipe, ((),)))
     return out

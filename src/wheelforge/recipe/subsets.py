@@ -33,22 +33,19 @@ def parse_subset_entries(entries: Sequence[str]) -> tuple[tuple[str, tuple[str, 
     return tuple(out.items())
 
 
-def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]]) -> Subset:
-    """The kernel subset of ``recipe`` that ``chosen`` (parse_subset_entries) asks for: every
-    dimension of the recipe with its values in the recipe's order, or () for the full build.
-    Unknown dimensions or values are a ConfigError naming what the recipe declares."""
+def subset_problems(recipe: Recipe,
+                    chosen: Sequence[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """What is wrong with ``chosen`` for ``recipe`` (which declares subsets): unknown
+    dimensions (with a did-you-mean, else the recipe's), unknown values (with the allowed
+    ones), several values for a one-value dimension, a value twice; [] when it is good."""
     dims = {d.name: d for d in recipe.subsets}
-    if chosen and not dims:
-        raise ConfigError(f"{recipe.name} declares no kernel subsets; --subset does not apply",
-                          fix="build it without --subset")
-    picked = dict(chosen)
     problems = []
-    for key, values in picked.items():
+    for key, values in dict(chosen).items():
         dim = dims.get(key)
         if dim is None:
             hint = difflib.get_close_matches(key, list(dims), n=1)
-            problems.append(f"unknown subset key {key!r}" + (f" (did you mean {hint[0]!r}?)"
-                                                              if hint else ""))
+            problems.append(f"unknown subset key {key!r}" + (
+                f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(dims)})"))
             continue
         unknown = [v for v in values if v not in dim.values]
         if unknown:
@@ -58,6 +55,19 @@ def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]])
             problems.append(f"{key} takes one value: {' or '.join(dim.values)}")
         elif len(set(values)) != len(values):
             problems.append(f"{key}: a value is given twice")
+    return problems
+
+
+def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]]) -> Subset:
+    """The kernel subset of ``recipe`` that ``chosen`` (parse_subset_entries) asks for: every
+    dimension of the recipe with its values in the recipe's order, or () for the full build.
+    Unknown dimensions or values are a ConfigError naming what the recipe declares."""
+    dims = {d.name: d for d in recipe.subsets}
+    if chosen and not dims:
+        raise ConfigError(f"{recipe.name} declares no kernel subsets; --subset does not apply",
+                          fix="build it without --subset")
+    picked = dict(chosen)
+    problems = subset_problems(recipe, chosen)
     if problems:
         raise ConfigError(f"--subset for {recipe.name}: " + "; ".join(problems),
                           why="its subsets: " + describe_subsets(recipe),
@@ -68,6 +78,18 @@ def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]])
     if all(values == dims[name].default for name, values in subset):
         return ()
     return subset
+
+
+def subset_choice(recipe: Recipe, subset: Subset) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The shortest choice that asks for ``subset`` (select_subset): its dimensions that
+    differ from the full build, in the recipe's order; () for the full build."""
+    dims = {d.name: d for d in recipe.subsets}
+    return tuple((name, values) for name, values in subset if values != dims[name].default)
+
+
+def choice_text(chosen: Sequence[tuple[str, tuple[str, ...]]]) -> str:
+    """``hdim=64,128 dtype=bf16``: a choice as ``--subset`` spells it; '' for the full build."""
+    return " ".join(f"{k}={','.join(v)}" for k, v in chosen)
 
 
 def describe_subsets(recipe: Recipe) -> str:
