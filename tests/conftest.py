@@ -77,6 +77,18 @@ def require_tool(name: str, path: str | None = None) -> str:
     pytest.skip(f"{name} not found on this machine")
 
 
+def require_python311() -> None:
+    """Skip unless this is Python 3.11 (the local torch 2.14.1 CUDA wheel, and so the managed
+    build environment, is for 3.11 only); fail instead under CI=true, which runs 3.11."""
+    if sys.version_info[:2] == (3, 11):
+        return
+    why = (f"the local torch 2.14.1 CUDA wheel is for Python 3.11, this is "
+           f"{sys.version_info[0]}.{sys.version_info[1]}")
+    if IN_CI:
+        pytest.fail(f"CI=true runs Python 3.11: {why}")
+    pytest.skip(why)
+
+
 @pytest.fixture
 def nvcc() -> str:
     return require_tool("nvcc", "/usr/local/cuda/bin/nvcc")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MANYLINUX, REPO, built_wheel, wheel_differences
+from conftest import MANYLINUX, REPO, built_wheel, require_python311, wheel_differences
 from wheelforge.builder.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
@@ -48,8 +48,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
     from conftest import require_tool
 
     require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
+    require_python311()
     base = tmp_path_factory.mktemp("e2e")
     index = base / "index"
     cache = cache_root(base / "cache", shared_cache)

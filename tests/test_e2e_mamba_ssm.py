@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, MANYLINUX, REPO, built_wheel
+from conftest import IN_CI, MANYLINUX, REPO, built_wheel, require_python311
 from wheelforge.builder.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
@@ -47,8 +47,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
     from conftest import require_tool
 
     require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
+    require_python311()
     index = tmp_path_factory.mktemp("e2e-mamba") / "index"
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS")}

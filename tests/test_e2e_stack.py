@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, require_python311
 from test_e2e_mamba_ssm import URL, bundle
 from wheelforge.index import health
 
@@ -35,8 +35,7 @@ def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> tuple
     from conftest import require_tool
 
     require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")  # CI runs 3.11
+    require_python311()
     index = tmp_path_factory.mktemp("e2e-stack") / "index"
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import setup_py_runs
-from conftest import require_tool
+from conftest import require_python311, require_tool
 from setup_py_runs import (
     BOOK,
     Recorded,
@@ -165,8 +165,7 @@ def test_upstream_list_when_unset(trees: dict[str, Path], tmp_path: Path, fake_c
 @pytest.fixture(scope="module")
 def managed_python(shared_cache: Path) -> Path:
     """The managed torch 2.14.1 build environment (created as `make build` does)."""
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the managed torch 2.14.1 CUDA environment is for Python 3.11")
+    require_python311()
     env = buildenv.managed_env(shared_cache, base_python=Path(sys._base_executable),  # type: ignore[attr-defined]
                                torch_req=DEFAULT_TORCH, requirements=RECIPE.verify.requires)
     return env.python

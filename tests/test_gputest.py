@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, require_python311
 from wheelforge.builder import buildenv
 from wheelforge.builder.config import DEFAULT_TORCH
 from wheelforge.consume.gputest import can_run
@@ -31,8 +31,7 @@ def test_can_run(archs: tuple[str, ...], cc: str, ok: bool) -> None:
 
 def test_no_gpu_exit_code(tmp_path: Path, shared_cache: Path) -> None:
     """On a machine without a GPU, `wheelforge test` says so and exits 10, never 'passed'."""
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the local torch 2.14.1 CUDA wheel is for Python 3.11")
+    require_python311()
     env = buildenv.managed_env(shared_cache, base_python=Path(sys.executable),
                                torch_req=DEFAULT_TORCH, requirements=())
     gpu = subprocess.run([str(env.python), "-c", "import torch; print(torch.cuda.is_available())"],

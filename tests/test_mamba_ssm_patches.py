@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import setup_py_runs
-from conftest import IN_CI, REPO, require_tool
+from conftest import IN_CI, REPO, require_python311, require_tool
 from setup_py_runs import (
     BOOK,
     Recorded,
@@ -156,8 +156,7 @@ def test_upstream_list_when_unset(trees: dict[str, Path], tmp_path: Path, fake_c
 def managed_python(shared_cache: Path) -> Path:
     """The managed torch 2.14.1 build environment (created as `make build` does), with
     what `import mamba_ssm` needs (the recipe's verify.requires)."""
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the managed torch 2.14.1 CUDA environment is for Python 3.11")
+    require_python311()
     env = buildenv.managed_env(shared_cache, base_python=Path(sys._base_executable),  # type: ignore[attr-defined]
                                torch_req=DEFAULT_TORCH,
                                requirements=BOOK.load("mamba-ssm").verify.requires)
