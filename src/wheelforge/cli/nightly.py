@@ -100,8 +100,15 @@ def _echo_report(report: Any, reports: Path) -> None:
                 click.echo(f"         {line.strip()}")
     for s in report.stacks:
         click.echo(f"stack {s.channel or 'simple/'}: {summary_line(s)}")
+    for c in report.canaries:
+        click.echo(c.line())
     click.echo(f"report: {reports / 'nightly-latest.html'}")
     click.echo(report.summary())
+    broken = [c.recipe for c in report.canaries if c.state == "failed"]
+    if broken:  # a warning: the pinned cells alone decide the exit status
+        click.echo(f"warning: the newest upstream release of {', '.join(broken)} does not "
+                   "pass its canary (see the canary lines above); the pinned cells are "
+                   "unaffected", err=True)
 
 
 @click.group(epilog=EPILOG_SHORT, invoke_without_command=True)

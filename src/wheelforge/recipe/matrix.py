@@ -35,8 +35,8 @@ from .._yaml import read_yaml
 from ..arch import parse_arch_list, torch_arch_list
 from ..errors import ConfigError, WheelforgeError
 
-__all__ = ["DEFAULT_KEEP", "Canary", "Cell", "Matrix", "TorchPin", "cells", "load_matrix", "parse_matrix",
-           "retention_keep"]
+__all__ = ["DEFAULT_KEEP", "Canary", "Cell", "Matrix", "TorchPin", "cells", "load_matrix",
+           "parse_matrix", "retention_keep"]
 
 #: Builds kept per project and channel when the matrix names no retention.
 DEFAULT_KEEP = 5
@@ -289,18 +289,18 @@ def _canary(p: _Problems, raw: Any, matrix_recipes: Sequence[str],
         return None
     where = "matrix.canary"
     data: Mapping[str, Any]
-    if isinstance(raw, (list, str)):
-        data = {"recipes": raw}
-        at = where
+    if isinstance(raw, (list, str)):  # canary: [names]
+        data, at = {}, where
+        entries = _strings(p, {"canary": raw}, "canary", "matrix", required=True)
     elif isinstance(raw, dict):
         p.unknown_keys(where, raw, _CANARY_KEYS)
         data, at = raw, _join(where, "recipes")
+        entries = _strings(p, raw, "recipes", where, required=True)
     else:
         p.add(where, f"must be a list of recipe names or a mapping with recipes, got "
                      f"{type(raw).__name__}, e.g. {{recipes: [causal-conv1d]}}")
         return None
     names: list[str] = []
-    entries = _strings(p, {"recipes": data.get("recipes")}, "recipes", where, required=True)
     for i, name in entries:
         normal = str(canonicalize_name(name))
         item = _join(at, i)
