@@ -251,3 +251,54 @@ def test_the_console_shows_the_canary_and_the_exit_status_stays_the_cells(
     assert "canary demo 0.1.0 -> 0.3.0: applies no / builds not run / verifies not run / " \
            "stack not run (applies: patch 0001-fix.patch does not apply" in out
     assert "warning: the newest upstream release of demo does not pass its canary" in err
+
+
+@pytest.mark.e2e
+def test_end_to_end_the_real_nightly_builds_the_canary_and_publishes_only_the_pin(
+        tmp_path: Path) -> None:
+    """`wheelforge nightly` with the real builder (pip, the managed environment shared
+    through the user's cache, the real index): the pinned 0.1.0 is published, the canary
+    0.2.0 is patched, built and verified (its import) and left nowhere in the index."""
+    from conftest import REPO
+    from test_nightly import clean_env, wheelforge
+    from wheelforge.builder.config import default_cache_dir
+
+    notes = "".join(f"line {i}\n" for i in range(1, 21))
+    patch = ("--- a/NOTES\n+++ b/NOTES\n@@ -4,3 +4,3 @@\n line 4\n-line 5\n+LINE 5\n"
+             " line 6\n")
+    www = tmp_path / "www"
+    with serve(www) as url:
+        shas = {}
+        for version in ("0.1.0", "0.2.0"):
+            src = tmp_path / f"src-{version}"
+            (src / "demo").mkdir(parents=True)
+            (src / "demo" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+            (src / "NOTES").write_text(notes)
+            (src / "pyproject.toml").write_text(
+                '[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                f'"setuptools.build_meta"\n[project]\nname = "demo"\nversion = "{version}"\n'
+                '[tool.setuptools]\npackages = ["demo"]\n')
+            _, shas[version] = make_sdist(src, www / "files", "demo", version)
+        doc = {"releases": {v: [{"filename": f"demo-{v}.tar.gz", "packagetype": "sdist",
+                                 "url": f"{url}/files/demo-{v}.tar.gz",
+                                 "digests": {"sha256": sha}}] for v, sha in shas.items()}}
+        (www / "pypi" / "demo").mkdir(parents=True)
+        (www / "pypi" / "demo" / "json").write_text(json.dumps(doc))
+        write_recipe(tmp_path, "demo", "format: 1\nname: demo\nversion: '0.1.0'\nsources:\n"
+                     f"  - sdist: {{filename: demo-0.1.0.tar.gz, sha256: '{shas['0.1.0']}', "
+                     f"url: '{url}/files/demo-0.1.0.tar.gz'}}\npatches: [0001-notes.patch]\n"
+                     "build: {kind: pure}\nverify: {imports: [demo]}\n",
+                     {"0001-notes.patch": patch})
+        (tmp_path / "wheelforge.yaml").write_text(yaml.safe_dump({"matrix": {
+            "recipes": ["demo"], "torch": [{"spec": "torch==2.14.1", "cuda": "13.0"}],
+            "archs": ["12.0"], "canary": {"recipes": ["demo"], "index-url": url}}}))
+        env = dict(clean_env(), WHEELFORGE_STACK_CHECK="0", PYTHONPATH=str(REPO / "src"))
+        res = wheelforge("nightly", "--config", tmp_path / "wheelforge.yaml", "--recipes",
+                         tmp_path / "recipes", "--index", tmp_path / "index", "--cache-dir",
+                         default_cache_dir(), "--work-dir", tmp_path / "work", cwd=tmp_path,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ("canary demo 0.1.0 -> 0.2.0: applies yes / builds yes / verifies yes / "
+            "stack not run") in res.stdout
+    files = sorted(p.name for p in (tmp_path / "index" / "files").iterdir())
+    assert "demo-0.1.0+wf-py3-none-any.whl" in files and not any("0.2.0" in f for f in files)
