@@ -141,6 +141,10 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     a cell twice. Writes nightly-<time>.json and .html (and nightly-latest.*) to the report
     directory. Exits 1 when any cell failed.
 
+    With a canary: section in the matrix, the newest upstream release of each canary
+    recipe is then patched, built and verified in scratch (never published) and reported
+    beside the cells; a failing canary is a warning, not part of the exit status.
+
     \b
     The same night in three parts, for engines that run one job per cell:
       wheelforge nightly plan --output plan.json --github-matrix matrix.json
@@ -167,6 +171,10 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     reports = report_dir or settings.index_dir / night.REPORTS_DIR
     if executor == "ray":
         from ..nightly import fanout, rayexec
+
+        if matrix.canary is not None:
+            reporter.info("canary: not run on a Ray cluster (only with --executor local); "
+                          "`wheelforge outdated` says whether the series applies")
 
         plan = fanout.make_plan(matrix, book, settings, reporter=reporter)
         reporter.info(f"plan: {len(plan.cells)} cell(s) to build, {len(plan.done)} done")
