@@ -22,7 +22,7 @@ from wheelforge._log import Reporter
 from wheelforge.builder import pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import VerifyError
-from wheelforge.nightly.canary import CANARY_DIR, STACK_NOT_RUN
+from wheelforge.nightly.canary import CANARY_DIR, STACK_OFF
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import load_matrix
 from wheelforge.recipe.model import Recipe
@@ -30,7 +30,7 @@ from wheelforge.recipe.model import Recipe
 Build = Callable[[Recipe, BuildConfig, Reporter], pipeline.BuildResult]
 
 
-def builder(calls: list[Recipe], verify_fails: bool = False) -> Build:
+def builder(calls: list[Recipe], verify_fails: bool = False, init: str = "") -> Build:
     """Publishes a made-up wheel of the recipe's version under its real build key into
     the configuration's index; for a canary that is the scratch index."""
     def build(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> pipeline.BuildResult:
@@ -39,7 +39,8 @@ def builder(calls: list[Recipe], verify_fails: bool = False) -> Build:
             raise VerifyError(f"{recipe.name} {recipe.version}: import demo failed",
                               why="ModuleNotFoundError")
         key = pipeline.build_key(recipe, config, {"python": "py3"})
-        wheel = make_wheel(config.work_dir / "dist", {"demo/__init__.py": ""},
+        code = init if recipe.version.public != "0.1.0" else ""
+        wheel = make_wheel(config.work_dir / "dist", {"demo/__init__.py": code},
                            name=recipe.name, version=str(recipe.version))
         res = index.publish(config.index_dir, wheel, channel=None, cuda=None, torch=None,
                             archs=(), build_key=key)
@@ -77,9 +78,11 @@ def project(root: Path, source: str, canary: object) -> tuple[Path, RecipeBook]:
     return path, RecipeBook(root / "recipes", root / "patches")
 
 
-def night(root: Path, path: Path, book: RecipeBook, build: Build) -> nightly.NightlyReport:
+def night(root: Path, path: Path, book: RecipeBook, build: Build,
+          stack_check: bool = False) -> nightly.NightlyReport:
     settings = nightly.Settings(index_dir=root / "index", cache_dir=root / "cache",
-                                work_dir=root / "work", project_file=path, stack_check=False)
+                                work_dir=root / "work", project_file=path,
+                                stack_check=stack_check)
     return nightly.run(load_matrix(path, book.names()), book, settings,
                        reporter=Reporter(io.StringIO()), build=build)
 
@@ -127,9 +130,9 @@ def test_a_newer_release_that_applies_builds_and_verifies_in_scratch(
     assert (c.recipe, c.pinned, c.version, c.state) == ("demo", "0.1.0", "0.2.0", "passed")
     assert (c.applies, c.builds, c.verifies, c.stack) == ("yes", "yes", "yes", "not run")
     assert c.source == f"sdist:demo-0.2.0.tar.gz@sha256:{shas['0.2.0']}"
-    assert c.reason == STACK_NOT_RUN
+    assert c.reason == STACK_OFF
     assert c.line() == "canary demo 0.1.0 -> 0.2.0: applies yes / builds yes / verifies yes " \
-                       "/ stack not run"
+                       "/ stack not run (stack: the night's stack check is off)"
     # the canary was built from the derived recipe: the new version and its sdist
     assert [str(r.version) for r in calls] == ["0.1.0", "0.2.0"]
     assert calls[1].sources[0].identity == c.source and calls[1].patches == calls[0].patches
@@ -176,6 +179,30 @@ def test_a_verification_failure_is_verifies_no(
     [c] = report.canaries
     assert (c.applies, c.builds, c.verifies, c.failed_step) == ("yes", "yes", "no", "verifies")
     assert c.reason == "demo 0.2.0: import demo failed" and not report.failed
+
+
+@pytest.mark.parametrize(("init", "expected"), [
+    ("", ("passed", "yes", None)),
+    ("raise ImportError('demo 0.2.0 needs a newer torch')\n", ("failed", "no", "stack"))])
+def test_the_canary_stack_check_in_scratch(
+        tmp_path: Path, pypi: tuple[str, dict[str, str]], init: str,
+        expected: tuple[str, str, str | None]) -> None:
+    """The channel's published wheels and the canary's, installed together and imported
+    (a real venv and pip), in the scratch index: nothing recorded in the real one."""
+    url, shas = pypi
+    only(tmp_path, ["0.1.0", "0.2.0"])
+    path, book = project(tmp_path, sdist_source(url, shas["0.1.0"]),
+                         {"recipes": ["demo"], "index-url": url})
+    report = night(tmp_path, path, book, builder([], init=init), stack_check=True)
+    [c] = report.canaries
+    assert (c.state, c.stack, c.failed_step) == expected, c
+    assert (c.applies, c.builds, c.verifies) == ("yes", "yes", "yes")
+    if c.stack == "no":
+        assert "demo 0.2.0 needs a newer torch" in c.reason
+    # the night's own stack check, of the pinned 0.1.0, is good and is the one recorded
+    assert [s.state for s in report.stacks] == ["good"] and not report.failed
+    recorded = [p for p in (tmp_path / "index").rglob("*stack*") if p.is_file()]
+    assert all("0.2.0" not in p.read_text() for p in recorded)
 
 
 def test_an_unreachable_index_is_not_checked_and_the_night_goes_on(
@@ -258,7 +285,8 @@ def test_end_to_end_the_real_nightly_builds_the_canary_and_publishes_only_the_pi
         tmp_path: Path) -> None:
     """`wheelforge nightly` with the real builder (pip, the managed environment shared
     through the user's cache, the real index): the pinned 0.1.0 is published, the canary
-    0.2.0 is patched, built and verified (its import) and left nowhere in the index."""
+    0.2.0 is patched, built, verified (its import) and stack-checked, and left nowhere in
+    the index."""
     from conftest import REPO
     from test_nightly import clean_env, wheelforge
     from wheelforge.builder.config import default_cache_dir
@@ -292,13 +320,18 @@ def test_end_to_end_the_real_nightly_builds_the_canary_and_publishes_only_the_pi
         (tmp_path / "wheelforge.yaml").write_text(yaml.safe_dump({"matrix": {
             "recipes": ["demo"], "torch": [{"spec": "torch==2.14.1", "cuda": "13.0"}],
             "archs": ["12.0"], "canary": {"recipes": ["demo"], "index-url": url}}}))
-        env = dict(clean_env(), WHEELFORGE_STACK_CHECK="0", PYTHONPATH=str(REPO / "src"))
+        env = dict(clean_env(), PYTHONPATH=str(REPO / "src"))
+        env.pop("WHEELFORGE_STACK_CHECK")  # conftest's "off": this test checks the stack
         res = wheelforge("nightly", "--config", tmp_path / "wheelforge.yaml", "--recipes",
                          tmp_path / "recipes", "--index", tmp_path / "index", "--cache-dir",
                          default_cache_dir(), "--work-dir", tmp_path / "work", cwd=tmp_path,
                          env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert ("canary demo 0.1.0 -> 0.2.0: applies yes / builds yes / verifies yes / "
-            "stack not run") in res.stdout
+            "stack yes\n") in res.stdout
     files = sorted(p.name for p in (tmp_path / "index" / "files").iterdir())
     assert "demo-0.1.0+wf-py3-none-any.whl" in files and not any("0.2.0" in f for f in files)
+    pages = [p for p in (tmp_path / "index").rglob("*") if p.is_file()
+             and p.suffix in (".html", ".json", ".txt") and "reports" not in p.parts]
+    assert pages and not [p for p in pages if "demo-0.2.0" in p.read_text()
+                          or "demo==0.2.0" in p.read_text()]

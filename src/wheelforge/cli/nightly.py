@@ -142,8 +142,9 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     directory. Exits 1 when any cell failed.
 
     With a canary: section in the matrix, the newest upstream release of each canary
-    recipe is then patched, built and verified in scratch (never published) and reported
-    beside the cells; a failing canary is a warning, not part of the exit status.
+    recipe is then patched, built, verified and stack-checked in scratch (never published)
+    and reported beside the cells; a failing canary is a warning, not part of the exit
+    status.
 
     \b
     The same night in three parts, for engines that run one job per cell:

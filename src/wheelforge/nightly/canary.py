@@ -12,7 +12,10 @@ order:
   or pins;
 * **verifies**: the build's normal verification (a :class:`~wheelforge.errors.VerifyError`
   is "verifies: no", any other build failure "builds: no");
-* **stack**: not run yet (the canary's wheel is not combined with its channel's).
+* **stack**: the channel's published wheels copied into the scratch index beside the
+  canary's, then its stack checked there (:func:`wheelforge.consume.stack.check`: the
+  channel's newest wheels, the canary's among them, installed together and imported);
+  nothing is recorded in the real index.  Off when the night's stack check is off.
 
 The first failing step stops the rest and is named with its reason.  A canary that cannot
 look up or fetch its release (offline, an unreachable index) is "not checked", with why.
@@ -28,9 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import index
 from .._fs import TMP_PREFIX
 from .._log import Reporter
+from ..consume import stack
 from ..errors import PatchError, VerifyError, WheelforgeError
+from ..index.health import StackStatus, summary_line
+from ..index.pins import channels, is_pure
 from ..maintain import outdated
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Canary, Matrix, cells
@@ -38,7 +45,7 @@ from .cells import Builder, CanaryResult, Settings
 from .state import CellRunner
 
 CANARY_DIR = "canary"  # under the cache: the scratch index and work of each canary
-STACK_NOT_RUN = "not run: a canary's wheel is not yet checked in its channel's stack"
+STACK_OFF = "stack: the night's stack check is off"
 
 
 def run_canaries(matrix: Matrix, book: RecipeBook, settings: Settings, *,
@@ -73,7 +80,7 @@ def _one(name: str, matrix: Matrix, canary: Canary, book: RecipeBook, settings: 
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=TMP_PREFIX + f"{name}-", dir=root) as tmp:
         scratch = dataclasses.replace(settings, index_dir=Path(tmp) / "index",
-                                      work_dir=Path(tmp) / "work", stack_check=False)
+                                      work_dir=Path(tmp) / "work")
         state = CellRunner(matrix, book, scratch, reporter, build)
         planned = state.plan(cell)  # the pinned cell's configuration (and git mirrors)
         if planned.error is not None or planned.config is None:
@@ -122,6 +129,44 @@ def _one(name: str, matrix: Matrix, canary: Canary, book: RecipeBook, settings: 
         finally:
             shutil.rmtree(Path(tmp) / "work", ignore_errors=True)
         log = getattr(res, "log", None)
-        return dataclasses.replace(base, state="passed", builds="yes", verifies="yes",
-                                   reason=STACK_NOT_RUN, log=str(log) if log else None)
+        base = dataclasses.replace(base, builds="yes", verifies="yes",
+                                   log=str(log) if log else None)
+        if not settings.stack_check:
+            return dataclasses.replace(base, state="passed", reason=STACK_OFF)
+        try:
+            status = _stack(settings, book, scratch.index_dir, res.channel, plan.python,
+                            reporter)
+        except (WheelforgeError, OSError) as exc:
+            what = exc.what if isinstance(exc, WheelforgeError) else str(exc)
+            return dataclasses.replace(base, state="passed", reason=f"stack: {what}")
+        if status.state == "good":
+            return dataclasses.replace(base, state="passed", stack="yes")
+        if status.state == "broken":
+            return dataclasses.replace(base, state="failed", stack="no", failed_step="stack",
+                                       reason=summary_line(status))
+        return dataclasses.replace(base, state="passed", reason=f"stack: {status.reason}")
+
+
+def _stack(settings: Settings, book: RecipeBook, scratch: Path, channel: str | None,
+           python: str, reporter: Reporter) -> StackStatus:
+    """The stack of the canary's channel (a pure canary: the first channel of the real
+    index) in the scratch index: the real index's wheels of that channel are copied in
+    beside the canary's, whose newer version is then the one installed; not recorded."""
+    real = index.load_records(settings.index_dir)
+    if channel is None:
+        channel = next(iter(channels(real)), None)
+    have = {r.build_key for r in index.load_records(scratch) if r.build_key}
+    names = {p.name for p in (scratch / index.FILES_DIR).iterdir()}
+    for r in real:
+        if r.yanked is not None or r.build_key in have or r.filename in names or not (
+                r.channel == channel or (r.channel is None and is_pure(r.filename))):
+            continue
+        index.publish(scratch, settings.index_dir / index.FILES_DIR / r.filename,
+                      channel=r.channel, cuda=r.cuda, torch=r.torch, archs=r.archs,
+                      build_key=r.build_key)
+    options = stack.StackOptions(python=Path(python), work_dir=settings.cache_dir / "stack",
+                                 log_dir=settings.cache_dir / "logs",
+                                 deps_dir=settings.deps_dir, environ=settings.environ)
+    with reporter.step(f"canary stack check of {channel or 'simple/'}"):
+        return stack.check(scratch, channel, book, options, say=reporter.info)
 

@@ -75,7 +75,7 @@ CANARY_STEPS = ("applies", "builds", "verifies", "stack")
 @dataclass(frozen=True, kw_only=True)
 class CanaryResult:
     """The newest upstream release of a canary recipe, tried beside its pinned cell:
-    the series applied, built and verified in scratch (never published), in that order;
+    the series applied, built, verified and stack-checked in scratch (never published);
     the first failing step stops the rest and ``reason`` says why it failed.
 
     ``state``: passed (every step that ran said yes), failed (a step said no), up to
@@ -103,8 +103,8 @@ class CanaryResult:
         if self.state in ("up to date", "not checked"):
             return f"{head}: {self.state}" + (f" ({self.reason})" if self.reason else "")
         steps = " / ".join(f"{name} {getattr(self, name)}" for name in CANARY_STEPS)
-        return f"{head} -> {self.version}: {steps}" + (
-            f" ({self.failed_step}: {self.reason})" if self.failed_step else "")
+        why = f"{self.failed_step}: {self.reason}" if self.failed_step else self.reason
+        return f"{head} -> {self.version}: {steps}" + (f" ({why})" if why else "")
 
 
 @dataclass(frozen=True, kw_only=True)
