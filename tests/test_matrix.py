@@ -187,6 +187,16 @@ def test_no_canary_section_is_the_default(tmp_path: Path) -> None:
     assert load_matrix(write(tmp_path, CANARY_BASE), KNOWN).canary is None
 
 
+def test_the_shipped_canary_is_commented_out_and_valid_when_uncommented(tmp_path: Path) -> None:
+    names = tuple(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    shipped = (REPO / "wheelforge.yaml").read_text()
+    assert load_matrix(REPO / "wheelforge.yaml", known_recipes=names).canary is None
+    on = shipped.replace("  # canary: {", "  canary: {")
+    assert on != shipped
+    m = load_matrix(write(tmp_path, on), known_recipes=names)
+    assert m.canary == Canary(recipes=("causal-conv1d", "mamba-ssm"))
+
+
 @pytest.mark.parametrize("text", ["  canary: [causal-conv1d, Mamba_SSM]\n",
                                   "  canary: {recipes: [causal-conv1d, mamba-ssm]}\n"])
 def test_canary_as_a_list_or_a_mapping(tmp_path: Path, text: str) -> None:
