@@ -42,6 +42,7 @@ from ..maintain import outdated
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Canary, Matrix, cells
 from .cells import Builder, CanaryResult, Settings
+from .fanout import seed_companions
 from .state import CellRunner
 
 CANARY_DIR = "canary"  # under the cache: the scratch index and work of each canary
@@ -116,6 +117,9 @@ def _one(name: str, matrix: Matrix, canary: Canary, book: RecipeBook, settings: 
             assert plan.recipe is not None and plan.config is not None
             if plan.recipe.build.kind == "extension":
                 state.check_torch_cuda(plan)
+            # the companions the real index holds for this target are reused, not rebuilt
+            seed_companions(state, plan.recipe, plan.config, settings.index_dir,
+                            scratch.index_dir)
             res = build(plan.recipe, plan.config, reporter)
         except VerifyError as exc:
             return dataclasses.replace(base, state="failed", builds="yes", verifies="no",
