@@ -13,6 +13,7 @@ from wheelforge.errors import ConfigError, RecipeError
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import (
     DEFAULT_KEEP,
+    Canary,
     Cell,
     TorchPin,
     cells,
@@ -300,3 +301,79 @@ def test_a_recipe_that_does_not_load_is_left_to_its_cells(tmp_path: Path) -> Non
         raise RecipeError(f"recipe {name} is broken")
     m = load_matrix(subsets_matrix(tmp_path, '{hdim: "128"}'), BOOK.names(), broken)
     assert m.subsets == (("flash-attn", ((("hdim", ("128",)),),)),)
+
+
+# --------------------------------------------------------------------------- canary:
+
+CANARY_BASE = """
+matrix:
+  recipes: [causal-conv1d, mamba-ssm]
+  torch: [{spec: "torch==2.14.1", cuda: "13.0"}]
+  archs: ["12.0"]
+"""
+KNOWN = ("causal-conv1d", "mamba-ssm", "fla-core")
+
+
+def test_no_canary_section_is_the_default(tmp_path: Path) -> None:
+    assert load_matrix(write(tmp_path, CANARY_BASE), KNOWN).canary is None
+
+
+def test_the_shipped_canary_is_commented_out_and_valid_when_uncommented(tmp_path: Path) -> None:
+    names = tuple(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+    shipped = (REPO / "wheelforge.yaml").read_text()
+    assert load_matrix(REPO / "wheelforge.yaml", known_recipes=names).canary is None
+    on = shipped.replace("  # canary: {", "  canary: {")
+    assert on != shipped
+    m = load_matrix(write(tmp_path, on), known_recipes=names)
+    assert m.canary == Canary(recipes=("causal-conv1d", "mamba-ssm"))
+
+
+@pytest.mark.parametrize("text", ["  canary: [causal-conv1d, Mamba_SSM]\n",
+                                  "  canary: {recipes: [causal-conv1d, mamba-ssm]}\n"])
+def test_canary_as_a_list_or_a_mapping(tmp_path: Path, text: str) -> None:
+    m = load_matrix(write(tmp_path, CANARY_BASE + text), KNOWN)
+    assert m.canary == Canary(recipes=("causal-conv1d", "mamba-ssm"))
+    assert m.canary.index_url == "https://pypi.org" and m.canary.timeout == 30.0
+
+
+def test_canary_index_and_timeout(tmp_path: Path) -> None:
+    m = load_matrix(write(tmp_path, CANARY_BASE + "  canary: {recipes: mamba-ssm, "
+                          "index-url: 'http://127.0.0.1:8080/', timeout: 5}\n"), KNOWN)
+    assert m.canary == Canary(recipes=("mamba-ssm",), index_url="http://127.0.0.1:8080",
+                              timeout=5.0)
+
+
+def test_every_canary_problem_at_once(tmp_path: Path) -> None:
+    found = problems(tmp_path, CANARY_BASE + """  canary:
+    recipe: [x]
+    recipes: [causal-conv1dd, fla-core, nope, mamba-ssm, mamba_ssm, 3]
+    index-url: pypi.org
+    timeout: 0
+""", known=KNOWN)
+    assert found == [
+        "matrix.canary.recipe: unknown key; did you mean 'recipes'?",
+        "matrix.canary.recipes[5]: must be a non-empty string, got 3 (quote numbers in "
+        "YAML: \"12.0\")",
+        "matrix.canary.recipes[0]: 'causal-conv1dd' is not a recipe; did you mean "
+        "'causal-conv1d'?",
+        "matrix.canary.recipes[1]: 'fla-core' is not in matrix.recipes; a canary is one of "
+        "matrix.recipes: causal-conv1d, mamba-ssm",
+        "matrix.canary.recipes[2]: 'nope' is not a recipe; a canary is one of "
+        "matrix.recipes: causal-conv1d, mamba-ssm",
+        "matrix.canary.recipes[4]: 'mamba_ssm' is listed twice",
+        "matrix.canary.index-url: must be an http(s) URL of an index with the PyPI JSON "
+        "API (e.g. https://pypi.org), got 'pypi.org'",
+        "matrix.canary.timeout: must be a positive number of seconds, got 0",
+    ] or found
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("  canary: []\n", ["matrix.canary: must not be empty"]),
+    ("  canary: {}\n", ["matrix.canary.recipes: is required: a list"]),
+    ("  canary: 3\n", ["matrix.canary: must be a list of recipe names or a mapping with "
+                       "recipes, got int, e.g. {recipes: [causal-conv1d]}"]),
+    ("  canary: [causal-conv1d, 1.5]\n", ["matrix.canary[1]: must be a non-empty string, "
+                                          "got 1.5 (quote numbers in YAML: \"12.0\")"]),
+])
+def test_canary_shapes(tmp_path: Path, text: str, expected: list[str]) -> None:
+    assert problems(tmp_path, CANARY_BASE + text, KNOWN) == expected

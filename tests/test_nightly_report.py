@@ -7,6 +7,7 @@ the report, the copy of the logs, the server and the browser are real."""
 from __future__ import annotations
 
 import io
+import json
 import sys
 import threading
 import urllib.request
@@ -131,6 +132,25 @@ def test_a_failure_without_a_log_has_no_last_lines_box(tmp_path: Path) -> None:
                                 results=(cell,))
     page = nightly.render_html(rep, tmp_path)
     assert "recipe error: no recipe named" in page and "last lines" not in page
+
+
+def test_canaries_in_the_json_and_the_html_escaped(tmp_path: Path) -> None:
+    canary = nightly.CanaryResult(
+        recipe="mamba-ssm", pinned="2.3.0", version="2.4.0", state="failed", applies="no",
+        failed_step="applies", reason="patch 0002-<x>.patch does not apply",
+        source="sdist:mamba_ssm-2.4.0.tar.gz@sha256:00")
+    rep = nightly.NightlyReport(started="2026-12-01T00:00:00Z", finished="2026-12-01T00:00:01Z",
+                                duration_s=1.0, config="wheelforge.yaml", index=str(tmp_path),
+                                results=(), canaries=(canary,))
+    assert not rep.failed  # a canary is never part of the night's status
+    doc = json.loads(nightly.to_json(rep))
+    assert doc["canaries"][0]["failed_step"] == "applies"
+    page = nightly.render_html(rep, tmp_path)
+    assert "<h2>Canaries</h2>" in page and "0002-&lt;x&gt;.patch" in page
+    assert '<td class="failed">no</td>' in page
+    assert canary.line() == ("canary mamba-ssm 2.3.0 -> 2.4.0: applies no / builds not run / "
+                             "verifies not run / stack not run (applies: patch 0002-<x>.patch "
+                             "does not apply)")
 
 
 @pytest.fixture(scope="module")

@@ -100,8 +100,15 @@ def _echo_report(report: Any, reports: Path) -> None:
                 click.echo(f"         {line.strip()}")
     for s in report.stacks:
         click.echo(f"stack {s.channel or 'simple/'}: {summary_line(s)}")
+    for c in report.canaries:
+        click.echo(c.line())
     click.echo(f"report: {reports / 'nightly-latest.html'}")
     click.echo(report.summary())
+    broken = [c.recipe for c in report.canaries if c.state == "failed"]
+    if broken:  # a warning: the pinned cells alone decide the exit status
+        click.echo(f"warning: the newest upstream release of {', '.join(broken)} does not "
+                   "pass its canary (see the canary lines above); the pinned cells are "
+                   "unaffected", err=True)
 
 
 @click.group(epilog=EPILOG_SHORT, invoke_without_command=True)
@@ -134,6 +141,11 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     a cell twice. Writes nightly-<time>.json and .html (and nightly-latest.*) to the report
     directory. Exits 1 when any cell failed.
 
+    With a canary: section in the matrix, the newest upstream release of each canary
+    recipe is then patched, built, verified and stack-checked in scratch (never published)
+    and reported beside the cells; a failing canary is a warning, not part of the exit
+    status.
+
     \b
     The same night in three parts, for engines that run one job per cell:
       wheelforge nightly plan --output plan.json --github-matrix matrix.json
@@ -160,6 +172,10 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     reports = report_dir or settings.index_dir / night.REPORTS_DIR
     if executor == "ray":
         from ..nightly import fanout, rayexec
+
+        if matrix.canary is not None:
+            reporter.info("canary: not run on a Ray cluster (only with --executor local); "
+                          "`wheelforge outdated` says whether the series applies")
 
         plan = fanout.make_plan(matrix, book, settings, reporter=reporter)
         reporter.info(f"plan: {len(plan.cells)} cell(s) to build, {len(plan.done)} done")

@@ -87,11 +87,17 @@ def check_recipes(recipes: Sequence[Recipe], *, index_url: str, timeout: float,
                          try_patches=try_patches, say=say) for r in recipes]
 
 
-def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
-                 git_mirrors: Mapping[str, Path], try_patches: bool, say: Progress) -> Report:
-    src = recipe.sources[0]
+Candidate = tuple[Version, str, Source | None]  # a release, where found, its source
+
+
+def releases(recipe: Recipe, *, index_url: str, timeout: float,
+             git_mirrors: Mapping[str, Path], say: Progress
+             ) -> tuple[list[Candidate], str | None, int | None, list[str]]:
+    """The releases after the pin, oldest first, each with the source to try (None: the
+    index has no sdist of it); the default branch's head and the commits after the pin
+    (git); and the problems met (an unreachable index, a failed ls-remote)."""
     problems: list[str] = []
-    candidates: list[tuple[Version, str, Source | None]] = []
+    candidates: list[Candidate] = []
     head = ahead = None
     git_src = next((s for s in recipe.sources if isinstance(s, GitSource)), None)
     if git_src is None or any(isinstance(s, SdistSource) for s in recipe.sources):
@@ -110,8 +116,16 @@ def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
                            for v, t, c in tags if v not in seen]
         except WheelforgeError as exc:
             problems.append(f"{exc.what} ({exc.why})" if exc.why else exc.what)
+    return sorted(candidates, key=lambda c: c[0]), head, ahead, problems
+
+
+def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
+                 git_mirrors: Mapping[str, Path], try_patches: bool, say: Progress) -> Report:
+    src = recipe.sources[0]
+    candidates, head, ahead, problems = releases(recipe, index_url=index_url, timeout=timeout,
+                                                 git_mirrors=git_mirrors, say=say)
     newer = []
-    for version, found, source in sorted(candidates, key=lambda c: c[0]):
+    for version, found, source in candidates:
         if source is None:
             newer.append(Newer(version=str(version), found=found, source="",
                                series="no sdist", detail="the release has no sdist"))

@@ -6,16 +6,19 @@ parts (a cell built into a stage, stages published under the index lock) and the
 Actions matrix; :mod:`.inprocess` the nightly on one machine, through the same parts;
 :mod:`.rayexec` the Ray executor; :mod:`.gate` the stack check of the channels a night
 changed; :mod:`.report` the JSON and HTML report;
-:mod:`.prune` the retention.
+:mod:`.prune` the retention; :mod:`.canary` the opt-in trial of each canary recipe's newest
+upstream release (never published).
 
-May import: :mod:`wheelforge.consume`, :mod:`wheelforge.builder`, :mod:`wheelforge.index`,
-:mod:`wheelforge.recipe` and the primitives; never the CLI.  The names below are the
+May import: :mod:`wheelforge.consume`, :mod:`wheelforge.maintain`,
+:mod:`wheelforge.builder`, :mod:`wheelforge.index`, :mod:`wheelforge.recipe` and the
+primitives; never the CLI.  The names below are the
 nightly's API.
 """
 
 from .cells import (
     REPORTS_DIR,
     Builder,
+    CanaryResult,
     CellResult,
     CellStatus,
     NightlyReport,
@@ -30,6 +33,7 @@ from .state import CellPlan, CellRunner, with_companions
 __all__ = [
     "REPORTS_DIR",
     "Builder",
+    "CanaryResult",
     "CellPlan",
     "CellResult",
     "CellRunner",

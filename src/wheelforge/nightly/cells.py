@@ -67,6 +67,47 @@ class CellResult:
     log_file: str | None = None  # the log's copy beside the report, relative to it
 
 
+#: a canary's step: passed, failed, or not tried (an earlier step failed, or not checked)
+StepOutcome = Literal["yes", "no", "not run"]
+CanaryState = Literal["passed", "failed", "up to date", "not checked"]
+CANARY_STEPS = ("applies", "builds", "verifies", "stack")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CanaryResult:
+    """The newest upstream release of a canary recipe, tried beside its pinned cell:
+    the series applied, built, verified and stack-checked in scratch (never published);
+    the first failing step stops the rest and ``reason`` says why it failed.
+
+    ``state``: passed (every step that ran said yes), failed (a step said no), up to
+    date (nothing after the pin), not checked (the release could not be looked up or
+    fetched: offline, an unreachable index; ``reason`` says why)."""
+
+    recipe: str
+    pinned: str
+    state: CanaryState
+    version: str | None = None  # the release tried
+    source: str = ""  # its identity (sdist:FILE@sha256:HEX, git:URL@COMMIT)
+    cell: str = ""  # the cell it was built as (the recipe's first cell of the matrix)
+    applies: StepOutcome = "not run"
+    builds: StepOutcome = "not run"
+    verifies: StepOutcome = "not run"
+    stack: StepOutcome = "not run"
+    failed_step: str | None = None  # the first step that said no
+    reason: str = ""  # why that step failed, why not checked, or why the stack was not run
+    duration_s: float = 0.0
+    log: str | None = None  # the build's log (kept in the cache's logs/)
+
+    def line(self) -> str:
+        """``canary causal-conv1d 1.7.0 -> 1.8.0: applies yes / builds yes / ...``"""
+        head = f"canary {self.recipe} {self.pinned}"
+        if self.state in ("up to date", "not checked"):
+            return f"{head}: {self.state}" + (f" ({self.reason})" if self.reason else "")
+        steps = " / ".join(f"{name} {getattr(self, name)}" for name in CANARY_STEPS)
+        why = f"{self.failed_step}: {self.reason}" if self.failed_step else self.reason
+        return f"{head} -> {self.version}: {steps}" + (f" ({why})" if why else "")
+
+
 @dataclass(frozen=True, kw_only=True)
 class NightlyReport:
     started: str
@@ -79,6 +120,8 @@ class NightlyReport:
     wheelforge: str = __version__
     #: the stack check of each channel the night changed (empty when off or none changed)
     stacks: tuple[StackStatus, ...] = ()
+    #: the matrix's canaries (empty without a canary: section); never part of ``failed``
+    canaries: tuple[CanaryResult, ...] = ()
 
     def count(self, status: CellStatus) -> int:
         return sum(1 for r in self.results if r.status == status)

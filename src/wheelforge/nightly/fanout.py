@@ -367,7 +367,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     try:
         if p.recipe.build.kind == "extension":
             state.check_torch_cuda(p)
-        _seed_companions(state, p.recipe, p.config, settings.index_dir, private)
+        seed_companions(state, p.recipe, p.config, settings.index_dir, private)
         res = state.build(p.recipe, p.config, reporter)
     except WheelforgeError as exc:
         return failed(exc, exc.log)
@@ -389,7 +389,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     return _write_stage(stage, out, str(log) if log else None)
 
 
-def _seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
+def seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
                      real_index: Path, private: Path) -> None:
     """Copy the recipe's companions that the real index already holds for this target
     (same build key) into the stage's private index, so that the cell reuses them
@@ -405,7 +405,7 @@ def _seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
             index.publish(private, real_index / index.FILES_DIR / found.filename,
                           channel=found.channel, cuda=found.cuda, torch=found.torch,
                           archs=found.archs, build_key=found.build_key)
-        _seed_companions(state, companion, config, real_index, private)
+        seed_companions(state, companion, config, real_index, private)
 
 
 def _write_stage(stage: Path, record: StageRecord, log: str | None) -> StageRecord:

@@ -11,6 +11,10 @@ holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index again
 it holds it, so two nightly runs on one index never build a cell twice: a cell that
 another run is building is put back and taken up last, when that run has published it.
 
+With a ``canary:`` in the matrix, the newest upstream release of each canary recipe is
+then tried in scratch (:mod:`.canary`): reported beside the cells, never published, and
+never part of the night's status.
+
 Every run writes ``nightly-<UTC time>.json`` and ``.html`` to the report directory
 (``<index>/reports/`` unless told otherwise), and ``nightly-latest.json``/``.html``.
 
@@ -32,7 +36,8 @@ from ..builder import pipeline
 from ..index.health import StackStatus
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Matrix, cells
-from .cells import REPORTS_DIR, Builder, CellResult, NightlyReport, Settings
+from .canary import run_canaries
+from .cells import REPORTS_DIR, Builder, CanaryResult, CellResult, NightlyReport, Settings
 from .durations import record_durations
 from .fanout import run_and_publish
 from .gate import check_night
@@ -67,6 +72,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     deferred: list[tuple[int, CellPlan]] = []
     interrupted = False
     stacks: tuple[StackStatus, ...] = ()
+    canaries: tuple[CanaryResult, ...] = ()
     try:
         for i, cell in enumerate(todo):
             plan = state.plan(cell)
@@ -92,6 +98,8 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             with owned_lock(lock_path(settings.cache_dir, plan.key)):
                 results[i] = _build_cell(state, plan)
         stacks = check_night(settings, book, list(results.values()), reporter)
+        # last, never publishing: a canary's failure is reported, the night's status stays
+        canaries = run_canaries(matrix, book, settings, reporter=reporter, build=state.build)
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -103,7 +111,8 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             started=iso(started_wall), finished=iso(datetime.now(timezone.utc)),
             duration_s=round(time.monotonic() - started, 3), config=str(matrix.path),
             index=str(settings.index_dir), interrupted=interrupted,
-            results=tuple(results[i] for i in range(len(todo))), stacks=stacks)
+            results=tuple(results[i] for i in range(len(todo))), stacks=stacks,
+            canaries=canaries)
         reports = report_dir or settings.index_dir / REPORTS_DIR
         inside = os.path.abspath(reports).startswith(os.path.abspath(settings.index_dir) + os.sep)
         try:

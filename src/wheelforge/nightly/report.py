@@ -16,7 +16,14 @@ from .. import index
 from .._fs import atomic_copy, atomic_write
 from ..errors import WheelforgeError
 from ..index.health import summary_line
-from .cells import LOGS_DIR, REPORT_SCHEMA, REPORTS_DIR, CellResult, NightlyReport
+from .cells import (
+    CANARY_STEPS,
+    LOGS_DIR,
+    REPORT_SCHEMA,
+    REPORTS_DIR,
+    CellResult,
+    NightlyReport,
+)
 
 
 def link_from_landing_page(index_dir: Path, report_dir: Path) -> None:
@@ -107,6 +114,31 @@ def _stacks_html(report: NightlyReport) -> str:
             + "".join(items) + "</ul>\n")
 
 
+def _canaries_html(report: NightlyReport) -> str:
+    """Each canary recipe's newest upstream release, tried in scratch: one row per canary,
+    its steps in order (the first "no" stopped the rest), never published."""
+    if not report.canaries:
+        return ""
+    css = {"yes": "built", "no": "failed", "not run": "skipped"}
+    rows = []
+    for c in report.canaries:
+        steps = "".join(f'<td class="{css[getattr(c, s)]}">{_e(getattr(c, s))}</td>'
+                        for s in CANARY_STEPS)
+        state = {"passed": "built", "failed": "failed"}.get(c.state, "skipped")
+        why = f"{c.failed_step}: {c.reason}" if c.failed_step else c.reason
+        rows.append(f"<tr><td>{_e(c.recipe)}</td><td>{_e(c.pinned)}</td>"
+                    f"<td>{_e(c.version or '-')}</td>"
+                    f'<td class="{state}">{_e(c.state)}</td>{steps}'
+                    f"<td>{_e(why)}</td>"
+                    f"<td><code>{_e(c.source or '-')}</code></td></tr>\n")
+    return ("<h2>Canaries</h2>\n<p>The newest upstream release of each canary recipe, "
+            "patched, built and verified in scratch beside the pinned cells; never "
+            "published, and not part of the night's status:</p>\n"
+            "<table>\n<thead><tr><th>Recipe</th><th>Pinned</th><th>Newest</th><th>State</th>"
+            "<th>Applies</th><th>Builds</th><th>Verifies</th><th>Stack</th><th>Reason</th>"
+            "<th>Source</th></tr></thead>\n<tbody>\n" + "".join(rows) + "</tbody>\n</table>\n")
+
+
 def render_html(report: NightlyReport, report_dir: Path) -> str:
     """One table of the cells; failures follow with their error and log tail."""
     files = Path(report.index) / index.FILES_DIR
@@ -152,6 +184,7 @@ def render_html(report: NightlyReport, report_dir: Path) -> str:
         "<th>Build key</th><th>Note</th><th>Log</th></tr></thead>\n<tbody>\n"
         + "".join(rows) + "</tbody>\n</table>\n"
         + _stacks_html(report)
+        + _canaries_html(report)
         + (("<h2>Failures</h2>\n" + "".join(failures)) if failures else "")
         + "</body>\n</html>\n")
 

@@ -15,6 +15,7 @@ matrix into the builds it stands for::
         flash-attn:
           - {hdim: "128", dtype: bf16}
           - full                      # the full build too ({} says the same)
+      canary: {recipes: [causal-conv1d]}  # opt-in: also try the newest upstream release
 
 An extension recipe gives one cell per (python, torch, arch set).  A pure recipe
 builds one ``py3-none-any`` wheel whatever the interpreter, torch or arch list (its
@@ -43,7 +44,7 @@ from ..errors import ConfigError, WheelforgeError
 from .model import Recipe
 from .subsets import choice_text, select_subset, subset_choice, subset_problems
 
-__all__ = ["DEFAULT_KEEP", "FULL", "Cell", "Choice", "Matrix", "TorchPin", "cells",
+__all__ = ["DEFAULT_KEEP", "FULL", "Canary", "Cell", "Choice", "Matrix", "TorchPin", "cells",
            "load_matrix", "parse_matrix", "retention_keep"]
 
 #: Builds kept per project and channel when the matrix names no retention.
@@ -51,7 +52,11 @@ DEFAULT_KEEP = 5
 
 #: the top-level keys of wheelforge.yaml
 PROJECT_KEYS = ("defaults", "matrix", "compile-cache")
-_MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention", "subsets")
+_MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention", "subsets", "canary")
+_CANARY_KEYS = ("recipes", "index-url", "timeout")
+#: where a canary looks for the newest release (``wheelforge outdated --index-url``)
+DEFAULT_CANARY_INDEX = "https://pypi.org"
+DEFAULT_CANARY_TIMEOUT = 30.0
 _TORCH_KEYS = ("spec", "cuda", "pip-args")
 _RETENTION_KEYS = ("keep",)
 _CUDA = re.compile(r"^\d+\.\d+$")
@@ -77,6 +82,16 @@ class TorchPin:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Canary:
+    """The opt-in ``canary:`` of the matrix: recipes whose newest upstream release the
+    nightly also tries (patched, built and verified in scratch, never published)."""
+
+    recipes: tuple[str, ...]
+    index_url: str = DEFAULT_CANARY_INDEX  # a PyPI JSON API (as `wheelforge outdated`)
+    timeout: float = DEFAULT_CANARY_TIMEOUT  # seconds per request to it
+
+
+@dataclass(frozen=True, kw_only=True)
 class Matrix:
     path: Path
     recipes: tuple[str, ...]
@@ -87,6 +102,7 @@ class Matrix:
     #: recipe -> the kernel subsets built of it (() the full build); a recipe not named
     #: here gets its full build only
     subsets: tuple[tuple[str, tuple[Choice, ...]], ...] = ()
+    canary: Canary | None = None  # None: no canary section (the default)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,12 +392,62 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
             else:
                 keep = value
 
+    canary = _canary(p, raw.get("canary"), names, known_recipes)
+
     if p.items:
         raise ConfigError(f"the build matrix in {path} has {len(p.items)} problem(s)",
                           why="\n    " + "\n    ".join(p.items), fix=fix)
     return Matrix(path=path, recipes=tuple(names), pythons=tuple(pythons),
                   torches=tuple(torches), arch_sets=tuple(arch_sets), keep=keep,
-                  subsets=subsets)
+                  subsets=subsets, canary=canary)
+
+
+def _canary(p: _Problems, raw: Any, matrix_recipes: Sequence[str],
+            known_recipes: Collection[str] | None) -> Canary | None:
+    """``canary: [names]`` or ``canary: {recipes: [names], index-url: URL, timeout: S}``;
+    every name is a recipe of ``matrix.recipes`` (the canary sits beside its pinned cell)."""
+    if raw is None:
+        return None
+    where = "matrix.canary"
+    data: Mapping[str, Any]
+    if isinstance(raw, (list, str)):  # canary: [names]
+        data, at = {}, where
+        entries = _strings(p, {"canary": raw}, "canary", "matrix", required=True)
+    elif isinstance(raw, dict):
+        p.unknown_keys(where, raw, _CANARY_KEYS)
+        data, at = raw, _join(where, "recipes")
+        entries = _strings(p, raw, "recipes", where, required=True)
+    else:
+        p.add(where, f"must be a list of recipe names or a mapping with recipes, got "
+                     f"{type(raw).__name__}, e.g. {{recipes: [causal-conv1d]}}")
+        return None
+    names: list[str] = []
+    for i, name in entries:
+        normal = str(canonicalize_name(name))
+        item = _join(at, i)
+        if normal not in matrix_recipes:
+            pool = sorted(matrix_recipes)
+            hint = difflib.get_close_matches(normal, pool, n=1)
+            unknown = known_recipes is not None and normal not in known_recipes
+            p.add(item, f"{name!r} is not " + ("a recipe" if unknown else "in matrix.recipes")
+                  + (f"; did you mean '{hint[0]}'?" if hint else
+                     f"; a canary is one of matrix.recipes: {', '.join(pool) or '(none)'}"))
+        elif normal in names:
+            p.add(item, f"{name!r} is listed twice")
+        else:
+            names.append(normal)
+    index_url = data.get("index-url", DEFAULT_CANARY_INDEX)
+    if not isinstance(index_url, str) or not re.match(r"^https?://[^/\s]+", index_url):
+        p.add(_join(where, "index-url"), f"must be an http(s) URL of an index with the PyPI "
+                                         f"JSON API (e.g. {DEFAULT_CANARY_INDEX}), got "
+                                         f"{index_url!r}")
+    timeout = data.get("timeout", DEFAULT_CANARY_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        p.add(_join(where, "timeout"), f"must be a positive number of seconds, got {timeout!r}")
+    if not names:
+        return None
+    return Canary(recipes=tuple(names), index_url=str(index_url).rstrip("/"),
+                  timeout=float(timeout) if isinstance(timeout, (int, float)) else 0.0)
 
 
 def load_matrix(path: Path, known_recipes: Collection[str] | None = None,
