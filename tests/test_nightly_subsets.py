@@ -29,7 +29,7 @@ from wheelforge._log import Reporter
 from wheelforge.builder import pipeline, toolchain
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import PublishError
-from wheelforge.nightly import fanout
+from wheelforge.nightly import fanout, publishing
 from wheelforge.nightly.durations import estimate, read_durations
 from wheelforge.nightly.state import CellRunner
 from wheelforge.recipe.format import RecipeBook
@@ -170,7 +170,7 @@ def test_the_plan_carries_the_subset_to_the_builder_and_the_publisher_checks_the
         dataclasses.replace(c, build_key="f" * 64) if c.id == sub.id else c
         for c in loaded.cells))
     with pytest.raises(PublishError, match="is not a cell of this plan"):
-        fanout.publish(other, [root / "stage" / "sub"], settings(root),
+        publishing.publish(other, [root / "stage" / "sub"], settings(root),
                        reporter=Reporter(io.StringIO()))
 
 

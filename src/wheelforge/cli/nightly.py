@@ -316,7 +316,7 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     --require-reproduced builders, too) or did not run.
     """
     from .. import nightly as night
-    from ..nightly import fanout
+    from ..nightly import fanout, publishing
 
     plan = fanout.load_plan(plan_file)
     base = resolve(index_dir=index_dir, cache_dir=cache_dir, project_file=project_file)
@@ -328,9 +328,9 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     recipes_dir = recipes or Path("recipes")
     book = (RecipeBook(recipes_dir, recipes_dir.parent / "patches") if recipes_dir.is_dir()
             else None)
-    report = fanout.publish(plan, fanout.stage_dirs(stages), settings, reporter=reporter,
-                            report_dir=reports, book=book,
-                            require_reproduced=require_reproduced)
+    report = publishing.publish(plan, publishing.stage_dirs(stages), settings,
+                                reporter=reporter, report_dir=reports, book=book,
+                                require_reproduced=require_reproduced)
     _echo_report(report, reports)
     bad = report.count("failed") + report.count("not run")
     if bad:

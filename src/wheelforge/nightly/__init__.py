@@ -1,9 +1,10 @@
 """The nightly wheel cache: the matrix's cells built on one machine or fanned out.
 
 :mod:`.cells` holds what every part shares (a cell's result, the settings, the report of a
-run); :mod:`.state` one run's plans of its cells; :mod:`.fanout` the plan / run / publish
-parts (a cell built into a stage, stages published under the index lock) and the GitHub
-Actions matrix; :mod:`.inprocess` the nightly on one machine, through the same parts;
+run); :mod:`.state` one run's plans of its cells; :mod:`.fanout` the plan and run parts (a
+cell built into a stage) and the GitHub Actions matrix; :mod:`.publishing` the publish
+part (stages published under the index lock); :mod:`.inprocess` the nightly on one
+machine, through the same parts;
 :mod:`.rayexec` the Ray executor; :mod:`.gate` the stack check of the channels a night
 changed; :mod:`.report` the JSON and HTML report;
 :mod:`.prune` the retention; :mod:`.canary` the opt-in trial of each canary recipe's newest

@@ -16,11 +16,7 @@
     number), its record ``cell.json`` (build key, toolchain, archs, channel, the compile
     cache line, the builder) and the build log.  A failed cell leaves a record too.
 ``publish``
-    The single writer: each stage's wheel is checked against its record and the plan,
-    then :func:`index.publish_build` decides under the index lock: a build key already
-    published is skipped (a retried job is a no-op), else the build number is chosen and
-    the wheel is retagged with it and published.  The nightly report lists every cell of
-    the plan: built, skipped, failed, or not run (no stage came back).
+    The single writer: :mod:`.publishing`.
 """
 
 from __future__ import annotations
@@ -32,9 +28,8 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,13 +47,10 @@ from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, Whe
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Choice, Matrix, TorchPin, cells
 from ..recipe.model import Recipe
-from ..wheel import retag
-from .cells import REPORTS_DIR, Builder, CellResult, CellStatus, NightlyReport, Settings, log_tail
+from .cells import Builder, CellResult, Settings, log_tail
 from .durations import estimate, read_durations, record_durations
-from .gate import check_night
-from .report import link_from_landing_page, write_report
-from .stagecheck import Staged, refuse_links, reproduced, verify_stage_wheel
-from .state import CellPlan, CellRunner, with_companions
+from .stagecheck import refuse_links
+from .state import CellRunner, with_companions
 
 __all__ = [
     "GITHUB_MATRIX_LIMIT",
@@ -70,12 +62,11 @@ __all__ = [
     "load_plan",
     "load_stage",
     "make_plan",
+    "now",
     "plan_to_json",
-    "publish",
     "record_durations",
     "run_cell",
     "select",
-    "stage_dirs",
     "write_plan",
 ]
 
@@ -153,7 +144,7 @@ class StageRecord:
     wheelforge: str = __version__
 
 
-def _now() -> str:
+def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -188,7 +179,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded,
             subset=cell.subset))
     todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
-    return Plan(created=_now(), config=str(matrix.path), index=str(settings.index_dir),
+    return Plan(created=now(), config=str(matrix.path), index=str(settings.index_dir),
                 cells=tuple(todo), done=tuple(done))
 
 
@@ -478,159 +469,3 @@ def load_stage(stage: Path) -> StageRecord:
                                    f"{str(record.sha256)[:16]}",
                                fix="run the cell again; never edit a stage by hand")
     return record
-
-
-# --------------------------------------------------------------------------- publish
-
-
-def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
-    return CellResult(recipe=c.recipe, version=c.version, python=c.python or "", torch=c.torch,
-                      cuda=c.cuda, pip_args=c.pip_args, archs=c.archs, status=status,
-                      subset=c.cell.subset_text, build_key=c.build_key, **kw)
-
-
-def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
-            report_dir: Path | None = None, started: float | None = None,
-            book: RecipeBook | None = None, require_reproduced: int = 1) -> NightlyReport:
-    """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
-    nightly report (every cell of the plan; a planned cell without a stage is "not
-    run").  A stage that does not belong to the plan, holds a link, or whose wheel does
-    not match its record or fails verification (:mod:`.stagecheck`), is an error before
-    anything is published.  ``require_reproduced`` N > 1 publishes a cell only when N
-    different builders staged byte-identical wheels (else the cell fails, naming each
-    builder's sha256)."""
-    t0 = time.monotonic() if started is None else started
-    by_id = {c.id: c for c in plan.cells}
-    loaded: dict[int, list[tuple[Path, StageRecord]]] = {}
-    for stage in stages:
-        rec = load_stage(stage)
-        mine = by_id.get(rec.cell.id)
-        if mine is None or mine.build_key != rec.cell.build_key:
-            raise PublishError(
-                f"the stage {stage} ({rec.cell.label}) is not a cell of this plan",
-                why=f"plan {plan.created} has no cell {rec.cell.id} with build key "
-                    f"{rec.cell.build_key[:16]}",
-                fix="publish the stages of one plan with that plan")
-        if rec.status == "built":
-            assert rec.wheel is not None
-            verify_stage_wheel(stage, rec.wheel, mine.archs, top_level=mine.top_level,
-                               excluded=mine.excluded)
-        loaded.setdefault(rec.cell.id, []).append((stage, rec))
-    results: list[CellResult] = list(plan.done)
-    timed: list[tuple[Cell, float]] = []
-    for c in plan.cells:
-        got = loaded.get(c.id, [])
-        built = [(s, r) for s, r in got if r.status == "built"]
-        if not got:
-            results.append(_result(c, "not run", note="no stage came back from its job"))
-            continue
-        if not built:
-            r = got[-1][1]
-            reporter.info(f"FAILED {c.label} on {r.host}")
-            results.append(_result(c, "failed", duration_s=r.duration_s, error=r.error,
-                                   log_tail=r.log_tail, note=f"on {r.host}",
-                                   log=str(got[-1][0] / LOG)
-                                   if (got[-1][0] / LOG).is_file() else None))
-            continue
-        stage, r = built[0]  # a retried job staged it twice: the first is published
-        timed.append((c.cell, r.duration_s))
-        try:
-            if require_reproduced > 1:
-                chosen = reproduced(c.label, [Staged(s, x.host, str(x.sha256))
-                                              for s, x in built], require_reproduced)
-                stage, r = next((s, x) for s, x in built if s == chosen.stage)
-            results.append(_publish_one(c, stage, r, settings.index_dir, reporter))
-        except WheelforgeError as exc:
-            reporter.info(f"FAILED to publish {c.label}: {exc.render()}")
-            results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
-                                   log_tail=exc.why or exc.what, note=f"on {r.host}"))
-    record_durations(settings.cache_dir, timed)
-    stacks = check_night(settings, book, results, reporter)
-    report = NightlyReport(
-        started=plan.created or _now(), finished=_now(),
-        duration_s=round(time.monotonic() - t0, 3), config=plan.config,
-        index=str(settings.index_dir), results=tuple(results), stacks=stacks)
-    reports = report_dir or settings.index_dir / REPORTS_DIR
-    write_report(report, reports)
-    link_from_landing_page(settings.index_dir, reports)
-    return report
-
-
-def _publish_stage(c: PlannedCell, stage: Path, r: StageRecord,
-                   index_dir: Path) -> index.BuildPublishResult:
-    """The stage's wheel into the index, every decision under the index lock."""
-    assert r.wheel is not None
-    wheel = stage / r.wheel
-    with tempfile.TemporaryDirectory(prefix="wf-retag-") as tmp:
-        def relabeled(tag: str | None) -> Path:
-            return retag(wheel, Path(tmp) / (tag or "0"), tag)
-
-        return index.publish_build(index_dir, wheel, build_key=c.build_key, channel=r.channel,
-                                   cuda=r.cuda, torch=r.torch, archs=r.archs,
-                                   relabel=relabeled)
-
-
-def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
-                 reporter: Reporter) -> CellResult:
-    done = _publish_stage(c, stage, r, index_dir)
-    if not done.published:
-        reporter.info(f"{c.label}: already published as {done.path.name}; nothing written")
-        return _result(c, "skipped", duration_s=r.duration_s, wheel=done.path.name,
-                       archs_found=tuple(done.record.archs),
-                       note="published already (a retried job, or another publisher)")
-    reporter.info(f"{c.label}: published {done.path.name} (built on {r.host})")
-    return _result(c, "built", duration_s=r.duration_s, wheel=done.path.name,
-                   archs_found=_sass(r.archs), log=r.log,
-                   note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
-
-
-def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
-    """One cell of the in-process nightly, through the same two parts as on many
-    builders: run it into a stage (:func:`run_cell`), publish the stage
-    (:func:`index.publish_build` under the index lock).  The caller holds the cell's
-    build-key lock."""
-    assert plan.recipe is not None and plan.config is not None and plan.key is not None
-    cell = plan.cell
-    cuda = state.find_cuda() if plan.recipe.build.kind == "extension" else None
-    planned = PlannedCell(
-        id=-1, recipe=cell.recipe, version=str(plan.recipe.version), python=cell.python,
-        torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
-        archs=cell.archs, build_key=plan.key,
-        toolchain=pipeline.toolchain_identity(plan.recipe, plan.config, cuda),
-        subset=cell.subset)
-    root = state.settings.cache_dir / "stage"
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"{cell.recipe}-", dir=root) as tmp:
-        stage = Path(tmp) / "stage"
-        r = run_cell(planned, state.matrix, state.book, state.settings, stage,
-                     reporter=state.reporter, build=state.build, share=state)
-        if r.status == "failed":
-            state.reporter.info(f"FAILED {cell.label}")
-            return state.result(plan, "failed", error=r.error, log=r.log,
-                                log_tail=r.log_tail)
-        done = _publish_stage(planned, stage, r, state.settings.index_dir)
-    if not done.published:
-        state.published[plan.key] = done.record
-        return state.skipped(plan, "published by another run meanwhile")
-    return state.result(plan, "built", wheel=done.path.name, archs_found=_sass(r.archs),
-                        log=r.log, note=r.note)
-
-
-def _sass(archs: Iterable[str]) -> tuple[str, ...]:
-    return tuple(a for a in archs if a.startswith("sm_"))
-
-
-def stage_dirs(roots: Iterable[Path]) -> list[Path]:
-    """Stage directories under ``roots``: a root holding ``cell.json`` is one itself,
-    else each directory below it (at any depth) that holds one, in name order (the
-    artifacts of a workflow run are downloaded into one directory each)."""
-    out: list[Path] = []
-    for root in roots:
-        if (root / RECORD).is_file():
-            out.append(root)
-            continue
-        if not root.is_dir():
-            raise ConfigError(f"{root} is not a stage directory", fix="pass the directories "
-                              "that `wheelforge nightly run --stage-dir` filled")
-        out.extend(sorted(p.parent for p in root.rglob(RECORD) if ".index" not in p.parts))
-    return out

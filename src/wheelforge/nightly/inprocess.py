@@ -39,8 +39,8 @@ from ..recipe.matrix import Matrix, cells
 from .canary import run_canaries
 from .cells import REPORTS_DIR, Builder, CanaryResult, CellResult, NightlyReport, Settings
 from .durations import record_durations
-from .fanout import run_and_publish
 from .gate import check_night
+from .publishing import run_and_publish
 from .report import iso, link_from_landing_page, write_report
 from .state import CellPlan, CellRunner, lock_path, with_companions
 

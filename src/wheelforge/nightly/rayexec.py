@@ -18,7 +18,7 @@ its managed environments, compile cache and sources.  The recipes directory, the
 project file and any ``--sources`` must be readable on every node at the same path (a
 shared checkout, or the same checkout on every node).  The task returns the stage (its
 record, wheel and log, as bytes) to the driver, which writes it into a stage directory
-of its own and publishes every stage with :func:`fanout.publish`: the driver is the
+of its own and publishes every stage with :func:`publishing.publish`: the driver is the
 single writer, and nodes never see the index.
 
 A build failure is a result, not an exception (a failed stage record): Ray does not
@@ -45,7 +45,7 @@ from ..errors import ConfigError, WheelforgeError
 from ..recipe import matrix as matrix_mod
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Matrix
-from . import fanout
+from . import fanout, publishing
 from .cells import NightlyReport, Settings
 
 __all__ = ["BUILDER_RESOURCE", "resources_for", "run_night"]
@@ -197,7 +197,7 @@ def run_night(plan: fanout.Plan, matrix: Matrix, settings: Settings, *, recipes_
             reporter.info(f"cell {c.id} ({c.label}): {rec.status} on {rec.host} in "
                           f"{rec.duration_s:.1f} s")
             stages.append(stage)
-        return fanout.publish(plan, stages, settings, reporter=reporter,
+        return publishing.publish(plan, stages, settings, reporter=reporter,
                               report_dir=report_dir, started=started)
 
 
