@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import make_sdist, make_wheel, write_recipe
-from test_outdated import PATCH, SETUP, git, serve, tree
+from test_outdated import PATCH, SETUP, git, serve, tree, upstream_repo
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
 from wheelforge.builder import pipeline
@@ -233,14 +233,7 @@ def test_up_to_date_and_no_canary_section(tmp_path: Path,
 
 
 def test_a_git_canary_tries_the_newest_tag_of_the_mirror(tmp_path: Path) -> None:
-    up = tmp_path / "upstream"
-    up.mkdir()
-    git("init", "-q", "-b", "main", cwd=up)
-    (up / "setup.py").write_text(SETUP)
-    git("add", ".", cwd=up)
-    git("commit", "-qm", "one", cwd=up)
-    git("tag", "v0.1.0", cwd=up)
-    pinned = git("rev-parse", "HEAD", cwd=up)
+    up, pinned = upstream_repo(tmp_path, SETUP, "v0.1.0")
     (up / "setup.py").write_text(SETUP.replace("line 18", "line XVIII"))
     git("commit", "-qam", "two", cwd=up)
     git("tag", "-a", "-m", "release", "v0.2.0", cwd=up)

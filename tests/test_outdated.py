@@ -35,6 +35,19 @@ def git(*args: str, cwd: Path) -> str:
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
+def upstream_repo(root: Path, setup: str, tag: str) -> tuple[Path, str]:
+    """A git repository ROOT/upstream whose one commit holds ``setup`` as setup.py, tagged
+    ``tag``; returns the repository and that commit."""
+    up = root / "upstream"
+    up.mkdir()
+    git("init", "-q", "-b", "main", cwd=up)
+    (up / "setup.py").write_text(setup)
+    git("add", ".", cwd=up)
+    git("commit", "-qm", "one", cwd=up)
+    git("tag", tag, cwd=up)
+    return up, git("rev-parse", "HEAD", cwd=up)
+
+
 @contextlib.contextmanager
 def serve(root: Path) -> Iterator[str]:
     """A static HTTP server on 127.0.0.1 for ``root``; yields its base URL."""
@@ -127,14 +140,7 @@ def test_outdated_unreachable_index_is_reported(index: tuple[Path, str]) -> None
 
 
 def test_outdated_git_mirror(tmp_path: Path) -> None:
-    up = tmp_path / "upstream"
-    up.mkdir()
-    git("init", "-q", "-b", "main", cwd=up)
-    (up / "setup.py").write_text(SETUP)
-    git("add", ".", cwd=up)
-    git("commit", "-qm", "one", cwd=up)
-    git("tag", "v1.0", cwd=up)
-    pinned = git("rev-parse", "HEAD", cwd=up)
+    up, pinned = upstream_repo(tmp_path, SETUP, "v1.0")
     (up / "setup.py").write_text(SETUP.replace("line 5\n", "line five\n"))
     git("commit", "-qam", "two", cwd=up)
     git("tag", "-a", "-m", "release", "v1.1", cwd=up)

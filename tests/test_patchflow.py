@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_sdist, write_recipe
+from test_outdated import upstream_repo
 from wheelforge.errors import RecipeError
 from wheelforge.maintain.recipefile import set_patches
 
@@ -248,14 +249,7 @@ def test_causal_conv1d_round_trip(tmp_path: Path, shared_cache: Path) -> None:
 
 
 def test_git_recipe_rebase_onto_a_tag_then_export(tmp_path: Path) -> None:
-    up = tmp_path / "upstream"
-    up.mkdir()
-    git("init", "-q", "-b", "main", cwd=up)
-    (up / "setup.py").write_text(SETUP)
-    git("add", ".", cwd=up)
-    git("commit", "-qm", "one", cwd=up)
-    git("tag", "v1.0", cwd=up)
-    v10 = git("rev-parse", "HEAD", cwd=up)
+    up, v10 = upstream_repo(tmp_path, SETUP, "v1.0")
     (up / "setup.py").write_text("first\n" + SETUP)  # shifts every line: the patch moves
     git("commit", "-qam", "two", cwd=up)
     git("tag", "-a", "-m", "release", "v1.1", cwd=up)
