@@ -32,8 +32,8 @@ venv: $(VENV)/.test-tools  ## create .venv with wheelforge and the test tools
 build: $(BIN)/wheelforge  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
 	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX) $(GIT_MIRRORS)
 
-test: venv  ## the whole suite, real end-to-end builds included
-	$(BIN)/python -m pytest tests
+test: venv  ## the whole suite, real end-to-end builds included (the 25 slowest listed)
+	$(BIN)/python -m pytest tests --durations=25
 
 test-fast: venv  ## unit tests only (no nvcc, no torch)
 	$(BIN)/python -m pytest tests -m 'not e2e and not nvcc'

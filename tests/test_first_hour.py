@@ -449,9 +449,12 @@ def test_the_test_section_is_documented() -> None:
 def test_serve_stops_normally(tmp_path: Path, sig: signal.Signals) -> None:
     """Stopping a server is its normal end: exit 0, 'stopped serving', not 'interrupted'."""
     index = empty_index(tmp_path / "index")
+    # SIGINT as at a terminal: a run started in the background by a non-interactive shell
+    # (`.ci/run &`) hands its children SIGINT ignored, which Python keeps (tests/test_interrupt)
     proc = subprocess.Popen([sys.executable, "-m", "wheelforge", "serve", "--index", str(index),
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, stdin=subprocess.DEVNULL)
+                            text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith(f"serving {index} at http://127.0.0.1:")

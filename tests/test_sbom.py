@@ -66,7 +66,7 @@ def test_the_sbom_names_package_source_patches_toolchain_and_key(tmp_path: Path)
         "pkg:github/state-spaces/mamba@e9594ce1c732d97440f0332fdc43170a2294dbfa"
     patches = package["pedigree"]["patches"]
     recipe = BOOK.load("mamba-ssm")
-    assert len(patches) == len(recipe.patches) == 9
+    assert len(patches) == len(recipe.patches) > 0
     assert {p["type"] for p in patches} == {"unofficial"}
     assert patches[0]["diff"]["text"]["content"] == recipe.patches[0].read_text()
     props = {p["name"]: p["value"] for p in package["properties"]}
@@ -122,7 +122,7 @@ def test_inspect_summarises_the_sbom(tmp_path: Path) -> None:
     assert f"sbom:      .dist-info/{SBOM_PATH} (CycloneDX 1.6)" in res.output
     assert "  source:    pkg:github/state-spaces/mamba@e9594ce1c732d97440f0332fdc43170a2294dbfa" \
         in res.output
-    assert "  patches:   9" in res.output
+    assert f"  patches:   {len(BOOK.load('mamba-ssm').patches)}" in res.output
     assert "  toolchain: c++ g++ (Debian 12.2.0-14) 12.2.0; nvcc 13.0; python 3.11.9; " \
         "torch 2.14.1+cu130" in res.output
     assert f"  build key: {KEY}" in res.output

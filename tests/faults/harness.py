@@ -256,11 +256,19 @@ def kill_trial(root: Path, recipes: Path, template: Path | None, cache: Path, at
     return Trial(at, was_killed, rc, tuple(problems), out[-2000:] if problems else "")
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the child: SIGINT stops it, as at a terminal.  A run started in the background by
+    a non-interactive shell (`.ci/run &`) hands its children SIGINT ignored, which Python
+    keeps: `serve` then ran until the 30 s kill below."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def serve_once(index: Path) -> tuple[int, str]:
     """Start `wheelforge serve --port 0`, fetch the root page once, stop it."""
     proc = subprocess.Popen([sys.executable, "-m", "wheelforge", "serve", "--index",
                              str(index), "--port", "0"], env=environ(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_as_at_a_terminal)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
