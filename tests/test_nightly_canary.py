@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import make_sdist, make_wheel, write_recipe
-from test_outdated import PATCH, SETUP, git, serve, tree, upstream_repo
+from test_outdated import PATCH, SETUP, mirror_of, serve, tag_release, tree, upstream_repo
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
 from wheelforge.builder import pipeline
@@ -234,12 +234,8 @@ def test_up_to_date_and_no_canary_section(tmp_path: Path,
 
 def test_a_git_canary_tries_the_newest_tag_of_the_mirror(tmp_path: Path) -> None:
     up, pinned = upstream_repo(tmp_path, SETUP, "v0.1.0")
-    (up / "setup.py").write_text(SETUP.replace("line 18", "line XVIII"))
-    git("commit", "-qam", "two", cwd=up)
-    git("tag", "-a", "-m", "release", "v0.2.0", cwd=up)
-    tagged = git("rev-parse", "v0.2.0^{commit}", cwd=up)
-    mirror = tmp_path / "mirror.git"
-    git("clone", "-q", "--mirror", str(up), str(mirror), cwd=tmp_path)
+    tagged = tag_release(up, SETUP.replace("line 18", "line XVIII"), "v0.2.0")
+    mirror = mirror_of(up, tmp_path)
     remote = "http://127.0.0.1:9/demo.git"  # never contacted: the mirror serves it
     path, book = project(tmp_path, f"git: {{url: '{remote}', commit: {pinned}, tag: v0.1.0}}",
                          {"recipes": ["demo"], "index-url": "http://127.0.0.1:9", "timeout": 5})

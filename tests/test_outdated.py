@@ -48,6 +48,22 @@ def upstream_repo(root: Path, setup: str, tag: str) -> tuple[Path, str]:
     return up, git("rev-parse", "HEAD", cwd=up)
 
 
+def tag_release(up: Path, setup: str, tag: str) -> str:
+    """A second commit of ``up`` with ``setup`` as setup.py, tagged ``tag`` (annotated, as
+    releases are); returns that commit."""
+    (up / "setup.py").write_text(setup)
+    git("commit", "-qam", "two", cwd=up)
+    git("tag", "-a", "-m", "release", tag, cwd=up)
+    return git("rev-parse", f"{tag}^{{commit}}", cwd=up)
+
+
+def mirror_of(up: Path, root: Path) -> Path:
+    """A bare mirror of ``up`` at ROOT/mirror.git (what --git-mirror names)."""
+    mirror = root / "mirror.git"
+    git("clone", "-q", "--mirror", str(up), str(mirror), cwd=root)
+    return mirror
+
+
 @contextlib.contextmanager
 def serve(root: Path) -> Iterator[str]:
     """A static HTTP server on 127.0.0.1 for ``root``; yields its base URL."""
@@ -141,15 +157,12 @@ def test_outdated_unreachable_index_is_reported(index: tuple[Path, str]) -> None
 
 def test_outdated_git_mirror(tmp_path: Path) -> None:
     up, pinned = upstream_repo(tmp_path, SETUP, "v1.0")
-    (up / "setup.py").write_text(SETUP.replace("line 5\n", "line five\n"))
-    git("commit", "-qam", "two", cwd=up)
-    git("tag", "-a", "-m", "release", "v1.1", cwd=up)
+    tag_release(up, SETUP.replace("line 5\n", "line five\n"), "v1.1")
     (up / "other.py").write_text("x = 1\n")
     git("add", ".", cwd=up)
     git("commit", "-qm", "three", cwd=up)
     head = git("rev-parse", "HEAD", cwd=up)
-    mirror = tmp_path / "mirror.git"
-    git("clone", "-q", "--mirror", str(up), str(mirror), cwd=tmp_path)
+    mirror = mirror_of(up, tmp_path)
     remote = "http://127.0.0.1:9/demo.git"  # never contacted: the mirror serves it
     body = (f"format: 1\nname: demo\nversion: '1.0'\nsources:\n  - git: {{url: '{remote}', "
             f"commit: {pinned}, tag: v1.0}}\npatches: [0001-fix.patch]\nbuild: {{kind: pure}}\n")

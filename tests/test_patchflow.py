@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_sdist, write_recipe
-from test_outdated import upstream_repo
+from test_outdated import mirror_of, tag_release, upstream_repo
 from wheelforge.errors import RecipeError
 from wheelforge.maintain.recipefile import set_patches
 
@@ -250,12 +250,8 @@ def test_causal_conv1d_round_trip(tmp_path: Path, shared_cache: Path) -> None:
 
 def test_git_recipe_rebase_onto_a_tag_then_export(tmp_path: Path) -> None:
     up, v10 = upstream_repo(tmp_path, SETUP, "v1.0")
-    (up / "setup.py").write_text("first\n" + SETUP)  # shifts every line: the patch moves
-    git("commit", "-qam", "two", cwd=up)
-    git("tag", "-a", "-m", "release", "v1.1", cwd=up)
-    v11 = git("rev-parse", "HEAD", cwd=up)
-    mirror = tmp_path / "mirror.git"
-    git("clone", "-q", "--mirror", str(up), str(mirror), cwd=tmp_path)
+    v11 = tag_release(up, "first\n" + SETUP, "v1.1")  # shifts every line: the patch moves
+    mirror = mirror_of(up, tmp_path)
     remote = "http://127.0.0.1:9/demo.git"  # never contacted: the mirror serves it
     patch = ("--- a/setup.py\n+++ b/setup.py\n@@ -4,3 +4,3 @@\n line 4\n-line 5\n+LINE 5\n"
              " line 6\n")
