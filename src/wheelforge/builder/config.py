@@ -25,6 +25,7 @@ from .._yaml import read_yaml
 from ..arch import Arch, parse_arch_list, torch_arch_list
 from ..errors import ConfigError
 from ..recipe.matrix import PROJECT_KEYS
+from ..recipe.model import Choice
 from . import compilecache
 from .source import iter_git_mirrors, normalize_git_url
 
@@ -67,7 +68,7 @@ class BuildConfig:
     compile_cache: compilecache.Settings = compilecache.Settings()
     #: ``--subset``: (dimension, values) asked for; applied to the recipes named on the
     #: command line that declare kernel subsets (recipe.format.select_subset); () = full
-    subset: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    subset: Choice = ()
 
     @property
     def arch_list(self) -> str:
@@ -322,7 +323,7 @@ def resolve(
     project_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
     git_mirrors: tuple[str, ...] = (),
-    subset: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    subset: Choice = (),
 ) -> BuildConfig:
     env = os.environ if environ is None else environ
     defaults = load_project_file(project_file)

@@ -45,8 +45,8 @@ from ..builder import pipeline
 from ..builder.config import BuildConfig, recorded_gib_per_job
 from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, WheelforgeError
 from ..recipe.format import RecipeBook
-from ..recipe.matrix import Cell, Choice, Matrix, TorchPin, cells
-from ..recipe.model import Recipe
+from ..recipe.matrix import Cell, Matrix, TorchPin, cells
+from ..recipe.model import Choice, Recipe
 from .cells import Builder, CellResult, Settings, log_tail
 from .durations import estimate, read_durations, record_durations
 from .stagecheck import refuse_links

@@ -41,10 +41,10 @@ from packaging.utils import canonicalize_name
 from .._yaml import read_yaml
 from ..arch import parse_arch_list, torch_arch_list
 from ..errors import ConfigError, WheelforgeError
-from .model import Recipe
+from .model import Choice, Recipe
 from .subsets import choice_text, select_subset, subset_choice, subset_problems
 
-__all__ = ["DEFAULT_KEEP", "FULL", "Canary", "Cell", "Choice", "Matrix", "TorchPin", "cells",
+__all__ = ["DEFAULT_KEEP", "FULL", "Canary", "Cell", "Matrix", "TorchPin", "cells",
            "load_matrix", "parse_matrix", "retention_keep"]
 
 #: Builds kept per project and channel when the matrix names no retention.
@@ -62,10 +62,6 @@ _RETENTION_KEYS = ("keep",)
 _CUDA = re.compile(r"^\d+\.\d+$")
 #: the entry of ``matrix.subsets`` that asks for the full build ({} says the same)
 FULL = "full"
-
-#: A kernel subset as asked for (``--subset`` or ``matrix.subsets``): (dimension, values);
-#: () is the full build.  See recipe.subsets.select_subset.
-Choice = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True, kw_only=True)

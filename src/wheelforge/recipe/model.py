@@ -136,6 +136,11 @@ class SubsetDimension:
 #: the recipe's order.  Empty: the full build.
 Subset = tuple[tuple[str, tuple[str, ...]], ...]
 
+#: A kernel subset as asked for (``--subset`` or ``matrix.subsets``): (dimension, values)
+#: for the dimensions named, the same shape as a :data:`Subset`; () is the full build.
+#: ``recipe.subsets.select_subset`` turns it into the recipe's Subset.
+Choice = Subset
+
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:

@@ -9,10 +9,10 @@ import re
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from .model import Recipe, Subset
+from .model import Choice, Recipe, Subset
 
 
-def parse_subset_entries(entries: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def parse_subset_entries(entries: Sequence[str]) -> Choice:
     """``--subset`` entries (``hdim=64,128``, also several in one, space- or ';'-separated)
     as (dimension, values) pairs in the order given; a dimension named twice is an error."""
     out: dict[str, tuple[str, ...]] = {}
@@ -34,7 +34,7 @@ def parse_subset_entries(entries: Sequence[str]) -> tuple[tuple[str, tuple[str, 
 
 
 def subset_problems(recipe: Recipe,
-                    chosen: Sequence[tuple[str, tuple[str, ...]]]) -> list[str]:
+                    chosen: Choice) -> list[str]:
     """What is wrong with ``chosen`` for ``recipe`` (which declares subsets): unknown
     dimensions (with a did-you-mean, else the recipe's), unknown values (with the allowed
     ones), several values for a one-value dimension, a value twice; [] when it is good."""
@@ -58,7 +58,7 @@ def subset_problems(recipe: Recipe,
     return problems
 
 
-def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]]) -> Subset:
+def select_subset(recipe: Recipe, chosen: Choice) -> Subset:
     """The kernel subset of ``recipe`` that ``chosen`` (parse_subset_entries) asks for: every
     dimension of the recipe with its values in the recipe's order, or () for the full build.
     Unknown dimensions or values are a ConfigError naming what the recipe declares."""
@@ -80,14 +80,14 @@ def select_subset(recipe: Recipe, chosen: Sequence[tuple[str, tuple[str, ...]]])
     return subset
 
 
-def subset_choice(recipe: Recipe, subset: Subset) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def subset_choice(recipe: Recipe, subset: Subset) -> Choice:
     """The shortest choice that asks for ``subset`` (select_subset): its dimensions that
     differ from the full build, in the recipe's order; () for the full build."""
     dims = {d.name: d for d in recipe.subsets}
     return tuple((name, values) for name, values in subset if values != dims[name].default)
 
 
-def choice_text(chosen: Sequence[tuple[str, tuple[str, ...]]]) -> str:
+def choice_text(chosen: Choice) -> str:
     """``hdim=64,128 dtype=bf16``: a choice as ``--subset`` spells it; '' for the full build."""
     return " ".join(f"{k}={','.join(v)}" for k, v in chosen)
 
