@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tinyext_project
+from conftest import tinyext_project, tinypure_project
 from wheelforge._proc import descendants
 
 pytestmark = pytest.mark.nvcc
@@ -28,12 +28,15 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def start(tmp_path: Path, shared_cache: Path, *extra: str) -> subprocess.Popen[str]:
+def start(tmp_path: Path, shared_cache: Path, *extra: str,
+          names: tuple[str, ...] = ("tinyext",)) -> subprocess.Popen[str]:
     sdists = tinyext_project(tmp_path)
+    if "tinypure" in names:
+        tinypure_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
     env["WHEELFORGE_COMPILE_CACHE"] = "off"  # a cache hit would leave nothing to interrupt
     return subprocess.Popen(
-        [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0", "--force",
+        [sys.executable, "-m", "wheelforge", "build", *names, "--arch", "12.0", "--force",
          "--recipes", str(tmp_path / "recipes"), "--sources", str(sdists),
          "--index", str(tmp_path / "index"), "--cache-dir", str(shared_cache),
          "--work-dir", str(tmp_path / "work"), *extra],
@@ -60,7 +63,7 @@ def wait_for_compiler(proc: subprocess.Popen[str], timeout: float = 600) -> list
 
 
 def assert_clean_stop(proc: subprocess.Popen[str], tree: list[int], tmp_path: Path,
-                      code: int) -> str:
+                      code: int, published: str = "*.whl") -> str:
     try:
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
@@ -75,7 +78,7 @@ def assert_clean_stop(proc: subprocess.Popen[str], tree: list[int], tmp_path: Pa
             break
         time.sleep(0.2)
     assert not alive, f"still running: {[(p, _comm(p)) for p in alive]}"
-    assert not list((tmp_path / "index").rglob("*.whl"))
+    assert not list((tmp_path / "index").rglob(published))
     lock = tmp_path / "index" / ".lock"
     if lock.exists():
         with open(lock) as f:
@@ -103,3 +106,16 @@ def test_timeout_mid_compile(tmp_path: Path, shared_cache: Path, nvcc: str) -> N
     assert proc.returncode == 124, err[-2000:]
     assert "interrupted (timeout)" in err
     assert not list((tmp_path / "index").rglob("*.whl"))
+
+
+def test_sigint_stops_builds_running_at_once(tmp_path: Path, shared_cache: Path,
+                                             nvcc: str) -> None:
+    """Two recipes in one command build in threads of their own: Ctrl-C in the middle of
+    the extension's compile stops its compiler tree and the command as one."""
+    proc = start(tmp_path, shared_cache, names=("tinyext", "tinypure"))
+    tree = wait_for_compiler(proc)
+    proc.send_signal(signal.SIGINT)
+    # the pure build may have been published before the signal: never the extension
+    err = assert_clean_stop(proc, tree, tmp_path, 130, published="tinyext-*.whl")
+    assert "interrupted (" in err
+    assert "[tinyext] " in err and "stopped compile" in err and "failed compile" not in err

@@ -13,6 +13,11 @@ process still in a registered session.  A session survives re-parenting and
 the process groups that ninja gives its jobs, so the backend, ninja, nvcc,
 cicc and ptxas all die with wheelforge; only a process that leaves the session
 itself (setsid, as daemons do) escapes.
+
+Commands started from other threads (several builds at once) are stopped with
+:func:`stop_all` when the main thread is interrupted: every running child tree is
+killed, and :func:`run` raises KeyboardInterrupt in those threads, then and for any
+command they would start after.
 """
 
 from __future__ import annotations
@@ -32,6 +37,30 @@ from pathlib import Path
 from typing import IO
 
 TAIL_LINES = 40
+
+_STOPPING = threading.Event()
+_RUNNING: set[subprocess.Popen[str]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def stopping() -> bool:
+    """Whether :func:`stop_all` has been called (and not yet :func:`resume`)."""
+    return _STOPPING.is_set()
+
+
+def stop_all() -> None:
+    """Stop every command running in any thread; later :func:`run` calls raise
+    KeyboardInterrupt at once, until :func:`resume`."""
+    _STOPPING.set()
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill_group(proc)
+
+
+def resume() -> None:
+    """Commands may run again (the builds :func:`stop_all` stopped have ended)."""
+    _STOPPING.clear()
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,8 @@ def run(
     when ``check`` and the exit status is non-zero.
     """
     args = [os.fspath(a) for a in argv]
+    if _STOPPING.is_set():
+        raise KeyboardInterrupt
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     kept: list[str] = []
     log_file: IO[str] | None = None
@@ -95,6 +126,8 @@ def run(
                 raise CommandFailed(args, 127, f"cannot run {args[0]}: {exc}") from exc
             return Completed(tuple(args), 127, str(exc))
         _WATCHDOG.watch(proc.pid)
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -110,10 +143,14 @@ def run(
             _kill_group(proc)
             raise
         finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
             _WATCHDOG.forget(proc.pid)
     finally:
         if log_file is not None:
             log_file.close()
+    if _STOPPING.is_set():  # killed by stop_all: stopped, not failed
+        raise KeyboardInterrupt
     if check and returncode != 0:
         raise CommandFailed(args, returncode, "".join(tail))
     return Completed(tuple(args), returncode, "".join(kept))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 import build as pypa_build
 from packaging.requirements import Requirement
@@ -22,19 +24,53 @@ from .diagnose import diagnose, first_error_line
 NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
 
 
+_ROUTES: dict[int, list[str]] = {}  # thread -> the warnings its build backend raised
+_ROUTES_LOCK = threading.Lock()
+_CALLERS: list[Any] = []  # the filters and showwarning to give back when no build runs
+
+
+def _route(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+           file: TextIO | None = None, line: str | None = None) -> None:
+    caught = _ROUTES.get(threading.get_ident())
+    if caught is None:  # another thread's warning: shown as the caller would show it
+        _CALLERS[1](message, category, filename, lineno, file, line)
+        return
+    caught.append(f"warning from the build backend ({category.__name__}): {message}\n")
+
+
 @contextlib.contextmanager
 def backend_warnings_to(log: Path | None) -> Iterator[None]:
     """The warnings a build backend raises (pyproject_hooks re-raises them here as
     BuildBackendWarning: setuptools' deprecation banners, torch's NumPy notice) go to the
-    build's log, not between wheelforge's step lines."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    build's log, not between wheelforge's step lines.
+
+    warnings.catch_warnings is one state for the whole process, which builds running at
+    once in threads would restore out of order (and leave a recorder installed); so the
+    hook is installed by the first build, routes each warning to the log of the thread
+    that raised it, and goes when the last build is done."""
+    me = threading.get_ident()
+    caught: list[str] = []
+    with _ROUTES_LOCK:
+        if not _ROUTES:
+            _CALLERS[:] = [list(warnings.filters), warnings.showwarning]
+            warnings.simplefilter("always")
+            # the garbage of any thread, not the backend's: ignored as Python does
+            warnings.simplefilter("ignore", ResourceWarning)
+            warnings.showwarning = _route
+        _ROUTES[me] = caught
+    try:
         yield
-    if log is not None and caught:
-        with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as f:
-            for w in caught:
-                f.write(f"warning from the build backend ({w.category.__name__}): "
-                        f"{w.message}\n")
+    finally:
+        with _ROUTES_LOCK:
+            del _ROUTES[me]
+            if not _ROUTES:
+                filters, show = _CALLERS
+                warnings.filters[:] = filters  # type: ignore[index]
+                warnings._filters_mutated()  # type: ignore[attr-defined]
+                warnings.showwarning = show
+        if log is not None and caught:
+            with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as f:
+                f.writelines(caught)
 
 
 def build_system_requires(tree: Path, env: BuildEnv, log: Path | None = None

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,19 +148,21 @@ class Inspections:
     def __init__(self) -> None:
         self._answers: dict[tuple[str, bool, tuple[int, ...], bool], BuildEnv] = {}
         self.asked = 0  # how many times an interpreter was really run
+        self._lock = threading.Lock()  # builds running at once ask one at a time
 
     def inspect(self, python: Path, *, with_torch: bool = True,
                 managed: bool = False) -> BuildEnv:
         where = os.path.abspath(python)  # not realpath: a venv's python links to its base
-        stamp = _site_stamp(python)
-        for torch in (True,) if with_torch else (True, False):
-            found = self._answers.get((where, managed, stamp, torch))
-            if found is not None:
-                return found
-        env = inspect_env(python, with_torch=with_torch, managed=managed)
-        self.asked += 1
-        self._answers[(where, managed, stamp, with_torch)] = env
-        return env
+        with self._lock:
+            stamp = _site_stamp(python)
+            for torch in (True,) if with_torch else (True, False):
+                found = self._answers.get((where, managed, stamp, torch))
+                if found is not None:
+                    return found
+            env = inspect_env(python, with_torch=with_torch, managed=managed)
+            self.asked += 1
+            self._answers[(where, managed, stamp, with_torch)] = env
+            return env
 
 
 def _site_stamp(python: Path) -> tuple[int, ...]:

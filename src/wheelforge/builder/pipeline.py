@@ -21,6 +21,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from . import (
     buildenv,
     compilecache,
     doctor,
+    jobserver,
     platform,
     preflight,
     reproducible,
@@ -118,7 +120,7 @@ def without_subset(config: BuildConfig) -> BuildConfig:
 
 def planned_key(recipe: Recipe, config: BuildConfig, book: RecipeBook,
                 cuda: toolchain.Cuda | None) -> str:
-    """The build key :func:`build_with_companions` gives ``recipe`` for ``config``, its
+    """The build key :func:`scheduler.build_with_companions` gives ``recipe`` for ``config``, its
     companions' keys included, computed without building or creating anything."""
     companion_keys: dict[str, str] = {}
     for cname in recipe.companions:
@@ -275,51 +277,43 @@ def key_lock_path(cache_dir: Path, key: str) -> Path:
     return cache_dir / "locks" / f"{key}.lock"
 
 
-def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
-                          reporter: Reporter) -> list[BuildResult]:
-    """Build ``recipes`` and, first, the companions each one names (once each, for the same
-    configuration, reused when published); every wheel pins the companion builds it was
-    made with.  The results come companions first.  Interpreters are inspected once for
-    all of them (buildenv.Inspections)."""
-    done: dict[str, BuildResult] = {}
-    names = {r.name for r in recipes}
-    inspections = buildenv.Inspections()
-
-    def visit(recipe: Recipe, chain: tuple[str, ...]) -> BuildResult:
-        if recipe.name in chain:
-            raise RecipeError(f"companions of {recipe.name} form a cycle",
-                              why=" -> ".join([*chain, recipe.name]),
-                              fix="a companion cannot (indirectly) name the recipe itself")
-        if recipe.name not in done:
-            companions = {str(c): visit(book.load(c), (*chain, recipe.name))
-                          for c in recipe.companions}
-            named = recipe.name in names and not chain
-            done[recipe.name] = build_one(recipe, config if named else without_subset(config),
-                                          reporter, companions=companions,
-                                          inspections=inspections)
-        return done[recipe.name]
-
-    for r in recipes:
-        visit(r, ())
-    return list(done.values())
+@dataclass(frozen=True)
+class Pending:
+    """A companion built beside the build that needs it (builder/scheduler.py): ``key()``
+    waits for its build key (known after its preflight), ``result()`` for its published
+    wheel; both raise what stopped it."""
+    key: Callable[[], str]
+    result: Callable[[], BuildResult]
 
 
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
-              companions: dict[str, BuildResult] | None = None,
-              inspections: buildenv.Inspections | None = None) -> BuildResult:
+              companions: Mapping[str, BuildResult | Pending] | None = None,
+              inspections: buildenv.Inspections | None = None, *,
+              pool: jobserver.Pool | None = None,
+              on_key: Callable[[str], None] | None = None) -> BuildResult:
     """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
-    configuration: their build keys go into this one's, their exact versions (local label
-    included) into the wheel's requirements.  ``inspections``: the interpreters the
-    command inspected already (one import of torch per interpreter and command)."""
+    configuration, done or :class:`Pending`: their build keys go into this one's, their
+    exact versions (local label included) into the wheel's requirements.
+    ``inspections``: the interpreters the command inspected already (one import of torch
+    per interpreter and command).  ``pool``: the command's compile slots, shared with the
+    builds beside this one (builder/jobserver.py).  ``on_key`` hears the build key as soon
+    as it is known."""
     inspect = (inspections or buildenv.Inspections()).inspect
     companions = companions or {}
     missing = sorted(set(recipe.companions) - set(companions))
     if missing:
         raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
                           fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
-    pins = {str(n): str(parse_wheel_filename(companions[n].wheel.name)[1])
-            for n in recipe.companions}
-    companion_keys = {str(n): companions[n].build_key for n in recipe.companions}
+
+    def companion_result(name: str) -> BuildResult:
+        found = companions[name]
+        if isinstance(found, BuildResult):
+            return found
+        reporter.info(f"waiting for its companion {name}")
+        return found.result()
+
+    companion_keys = {str(n): (c.build_key if isinstance(c, BuildResult) else c.key())
+                      for n, c in ((n, companions[n]) for n in recipe.companions)}
     reporter.header(f"{recipe.name} {recipe.version}")
     extension = recipe.build.kind == "extension"
     work: Path | None = None
@@ -338,6 +332,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             key = build_key(recipe, config, toolchain_identity(recipe, config, cuda, inspect),
                             companion_keys)
             reporter.info(f"build key {key[:16]}")
+            if on_key is not None:
+                on_key(key)
             subset = recipe_subset(recipe, config)
             if subset:
                 reporter.info("kernel subset " + " ".join(
@@ -424,7 +420,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 if costs is not None:
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
-                with reporter.heartbeat("building"):
+                slots = pool if extension else None  # a pure build compiles nothing
+                share = _shares(slots, recipe, config, fixed_env)
+                with _compile_slots(slots, config, fixed_env, share, environ, reporter), \
+                        reporter.heartbeat("building"):
                     raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
                                       jobs=config.jobs)
@@ -445,6 +444,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
                 reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
+        pins = {str(n): str(parse_wheel_filename(companion_result(n).wheel.name)[1])
+                for n in recipe.companions}
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
                 env.torch_major_minor else None
@@ -535,6 +536,46 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     shutil.rmtree(work, ignore_errors=True)
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
                        cache=stats, platform=plat)
+
+
+def _shares(pool: jobserver.Pool | None, recipe: Recipe, config: BuildConfig,
+            env: BuildEnv) -> bool:
+    """Whether this compile takes its jobs from the pool as they start (ninja 1.13+, one
+    nvcc thread a job, no memory bound below the pool) rather than all at once."""
+    if pool is None or config.nvcc_threads != 1:
+        return False
+    if not jobserver.ninja_joins(dict(env.distributions)):
+        return False
+    if not (env.bin_dir / "ninja").exists():
+        return False
+    whole, _threads, _why = jobs_for(config, recipe.name, None, recipe.build.job_memory_gib)
+    return whole >= pool.size
+
+
+@contextlib.contextmanager
+def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildEnv,
+                   share: bool, environ: dict[str, str],
+                   reporter: Reporter) -> Iterator[None]:
+    """The compile's slots of the command's pool: one to start on and the rest from the
+    pool as ninja's jobs start (``share``), or all of its MAX_JOBS x NVCC_THREADS before
+    it starts.  ``environ`` is completed for the compile."""
+    environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
+    if pool is None:
+        yield
+        return
+    wanted = 1 if share else config.jobs * config.nvcc_threads
+    if pool.free() < min(wanted, pool.size):
+        reporter.info("waiting for compile slots (the command's other builds hold them)")
+    with pool.slots(wanted) as held:
+        if share:
+            environ.update(pool.environ())
+            shim = pool.shim(env.bin_dir / "ninja")
+            environ["PATH"] = os.pathsep.join([str(shim), environ.get("PATH", "")])
+            reporter.info(f"compile slots: shared, up to {pool.size} (ninja takes them from "
+                          "the command's jobserver as its jobs start)")
+        else:
+            reporter.info(f"compile slots: {held} of {pool.size}, held for the compile")
+        yield
 
 
 def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,

@@ -41,6 +41,7 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -105,14 +106,28 @@ def describe_epoch(epoch: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
+_UMASK_LOCK = threading.Lock()
+_UMASK_HELD: list[int] = []  # the caller's umask while builds run under ours
+
+
 @contextlib.contextmanager
 def umask(mask: int = UMASK) -> Iterator[None]:
-    """Run the body (and the processes it starts) under ``mask``."""
-    old = os.umask(mask)
+    """Run the body (and the processes it starts) under ``mask``.  The umask is the
+    process's: builds running at once in threads share it, and the caller's comes back
+    when the last of them ends."""
+    with _UMASK_LOCK:
+        old = os.umask(mask)
+        if not _UMASK_HELD:
+            _UMASK_HELD.append(old)
+        else:
+            _UMASK_HELD.append(_UMASK_HELD[0])
     try:
         yield
     finally:
-        os.umask(old)
+        with _UMASK_LOCK:
+            caller = _UMASK_HELD.pop()
+            if not _UMASK_HELD:
+                os.umask(caller)
 
 
 @dataclass(frozen=True)

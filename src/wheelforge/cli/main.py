@@ -126,7 +126,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     stack leaves the wheels published, marks the channel broken on the landing page and
     exits 13.
     """
-    from ..builder.pipeline import build_with_companions
+    from ..builder.scheduler import build_with_companions
 
     book = _book(recipes)
     loaded = [book.load(n) for n in names]

@@ -4,7 +4,7 @@ and report.
 :func:`run` walks the cells of the ``matrix:`` in wheelforge.yaml.  A cell whose
 build key is already published is skipped before any environment is created or
 anything is compiled; the others are built one after another by
-:func:`pipeline.build_with_companions` (a recipe's companions built or reused first),
+:func:`scheduler.build_with_companions` (a recipe's companions built or reused first),
 each into a stage and published from it by the parts of :mod:`fanout` (``nightly run``
 and ``nightly publish``), and a failure is recorded and the run goes on.  Each build
 holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index again once
@@ -60,7 +60,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     """Build every out-of-date cell; write the report (also when interrupted).
 
     ``report_dir`` defaults to ``<index>/reports``.  ``build`` is the builder
-    (:func:`pipeline.build_with_companions`, a recipe's companions built or reused first; tests
+    (:func:`scheduler.build_with_companions`, a recipe's companions built or reused first; tests
     pass their own).
     """
     started_wall, started = datetime.now(timezone.utc), time.monotonic()

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .. import index
 from .._log import Reporter
-from ..builder import buildenv, config, pipeline, toolchain
+from ..builder import buildenv, config, pipeline, scheduler, toolchain
 from ..errors import ConfigError, ToolchainError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix
@@ -195,9 +195,9 @@ class CellRunner:
 
 
 def with_companions(book: RecipeBook) -> Builder:
-    """The cells' builder: :func:`pipeline.build_with_companions` for one recipe (its
+    """The cells' builder: :func:`scheduler.build_with_companions` for one recipe (its
     companions reused when published for the target, else built first)."""
-    return lambda r, c, rep: pipeline.build_with_companions([r], book, c, rep)[-1]
+    return lambda r, c, rep: scheduler.build_with_companions([r], book, c, rep)[-1]
 
 
 def lock_path(cache_dir: Path, key: str) -> Path:

@@ -1,0 +1,190 @@
+"""Several builds of one command at once, within one pool of compile slots.
+
+``wheelforge build A B`` and a recipe with companions (mamba-ssm: causal-conv1d) plan
+one build per recipe, companions first.  Each build runs :func:`pipeline.build_one` in a
+thread of its own, so the fixed steps of one (fetch, environment, verify imports,
+publish) overlap the compiles of the others, and every compile takes its jobs from the
+command's pool (builder/jobserver.py), so the cores stay busy as long as any build has
+work.  A build waits for a companion only where it needs it: for the companion's build
+key in its preflight, and for the companion's published wheel (its exact version, which
+the wheel pins) after its own compile.
+
+Each build reports through a view of the command's reporter (its lines prefixed with
+the recipe's name, one live line per running build).  A failed build does not stop the
+others; the builds that need it are not built, and the command raises the first failure
+once the rest have ended.  Ctrl-C (or SIGTERM, --timeout) stops every build's commands
+(``_proc.stop_all``) and raises KeyboardInterrupt in the caller.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .. import _proc
+from .._log import Reporter
+from ..errors import BuildError, RecipeError
+from ..recipe.format import RecipeBook
+from ..recipe.model import Recipe
+from . import buildenv, jobserver
+from .config import BuildConfig
+from .pipeline import BuildResult, Pending, build_one, without_subset
+
+T = TypeVar("T")
+
+#: How long the builds get to stop after Ctrl-C before the command leaves them.
+STOP_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One build of a command: the recipe, its configuration, the companions it needs."""
+    recipe: Recipe
+    config: BuildConfig
+    companions: tuple[str, ...]
+
+
+def plan(recipes: list[Recipe], book: RecipeBook, config: BuildConfig) -> list[Planned]:
+    """``recipes`` and the companions each one names, once each, companions first.  A
+    companion is built whole (without ``--subset``) unless it is named itself."""
+    order: dict[str, Planned] = {}
+    names = {r.name for r in recipes}
+
+    def visit(recipe: Recipe, chain: tuple[str, ...]) -> None:
+        if recipe.name in chain:
+            raise RecipeError(f"companions of {recipe.name} form a cycle",
+                              why=" -> ".join([*chain, recipe.name]),
+                              fix="a companion cannot (indirectly) name the recipe itself")
+        if recipe.name in order:
+            return
+        for c in recipe.companions:
+            visit(book.load(c), (*chain, recipe.name))
+        named = recipe.name in names and not chain
+        order[recipe.name] = Planned(recipe, config if named else without_subset(config),
+                                     tuple(str(c) for c in recipe.companions))
+
+    for r in recipes:
+        visit(r, ())
+    return list(order.values())
+
+
+def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
+                          reporter: Reporter) -> list[BuildResult]:
+    """Build ``recipes`` and the companions each one names (reused when published); every
+    wheel pins the companion builds it was made with.  The results come companions first.
+    Interpreters are inspected once for all of them (buildenv.Inspections).  One build
+    runs here; several run at once (see the module's docstring)."""
+    planned = plan(recipes, book, config)
+    inspections = buildenv.Inspections()
+    if len(planned) == 1:
+        return [build_one(planned[0].recipe, planned[0].config, reporter,
+                          inspections=inspections)]
+    with jobserver.Pool(config.jobs * config.nvcc_threads) as pool:
+        return _together(planned, reporter, inspections, pool)
+
+
+class _Build:
+    """One running build's hand-offs: its key and its result, as futures."""
+
+    def __init__(self, planned: Planned) -> None:
+        self.planned = planned
+        self.name = planned.recipe.name
+        self.key: Future[str] = Future()
+        self.result: Future[BuildResult] = Future()
+        self.blocked_by: str | None = None  # a companion whose failure stopped it
+
+    def settle(self, outcome: BuildResult | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            for f in (self.key, self.result):
+                if not f.done():
+                    f.set_exception(outcome)
+            return
+        if not self.key.done():
+            self.key.set_result(outcome.build_key)
+        self.result.set_result(outcome)
+
+
+def _needs(build: _Build, companion: _Build, future: Future[T]) -> Callable[[], T]:
+    """What ``build`` calls to wait for ``future`` of its ``companion``: its value, or a
+    BuildError saying that the companion failed."""
+    def wait() -> T:
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            build.blocked_by = companion.name
+            raise BuildError(f"{build.name} was not built: its companion {companion.name} "
+                             "failed", why=getattr(exc, "what", str(exc)),
+                             fix=f"see {companion.name}'s error; a fixed "
+                                 f"{companion.name} builds both") from None
+    return wait
+
+
+def _together(planned: list[Planned], reporter: Reporter,
+              inspections: buildenv.Inspections, pool: jobserver.Pool) -> list[BuildResult]:
+    builds = {str(p.recipe.name): _Build(p) for p in planned}
+    reporter.info(f"{len(planned)} builds at once ({', '.join(builds)}), sharing "
+                  f"{pool.size} compile slot(s)")
+
+    def run(build: _Build) -> None:
+        view = reporter.view(build.name)
+        companions = {c: Pending(key=_needs(build, builds[c], builds[c].key),
+                                 result=_needs(build, builds[c], builds[c].result))
+                      for c in build.planned.companions}
+        outcome: BuildResult | BaseException
+        try:
+            outcome = build_one(build.planned.recipe, build.planned.config, view,
+                                companions, inspections, pool=pool,
+                                on_key=build.key.set_result)
+        except BaseException as exc:  # reported by the caller, in its thread
+            outcome = exc
+        finally:
+            view.done()
+        build.settle(outcome)
+
+    threads = [threading.Thread(target=run, args=(b,), name=f"wheelforge-build-{b.name}",
+                                daemon=True) for b in builds.values()]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # short waits: a signal reaches this thread between them
+    except KeyboardInterrupt:
+        _proc.stop_all()  # every build's commands, and no new ones
+        deadline = time.monotonic() + STOP_GRACE_S
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in threads):
+            _proc.resume()
+        raise
+    return _outcome(list(builds.values()), reporter)
+
+
+def _outcome(builds: list[_Build], reporter: Reporter) -> list[BuildResult]:
+    """The results in plan order, or the first failure raised (after saying which builds
+    were published, failed or not built)."""
+    failed = [b for b in builds if b.result.exception() is not None]
+    if not failed:
+        return [b.result.result() for b in builds]
+    for b in builds:
+        exc = b.result.exception()
+        if exc is None:
+            r = b.result.result()
+            reporter.info(f"{b.name}: {'already published' if r.skipped else 'published'}: "
+                          f"{r.wheel.name}")
+        elif isinstance(exc, KeyboardInterrupt):
+            reporter.info(f"{b.name}: stopped")
+        elif b.blocked_by is not None:
+            reporter.info(f"{b.name}: not built (its companion {b.blocked_by} failed)")
+        else:
+            reporter.info(f"{b.name}: failed: {getattr(exc, 'what', exc)}")
+    first = next((b for b in failed if b.blocked_by is None), failed[0])
+    exc = first.result.exception()
+    assert exc is not None
+    raise exc
