@@ -49,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import buildenv, builder, toolchain  # noqa: E402
+from wheelforge.builder import backend, buildenv, toolchain  # noqa: E402
 from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
 from wheelforge.builder.patch import apply_series  # noqa: E402
 from wheelforge.builder.source import extract, fetch  # noqa: E402
@@ -126,7 +126,7 @@ def run_frontend(frontend: str, tree: Path, env: buildenv.BuildEnv,
     # (ptxas -v is loud) goes to a log that a failure names
     with warnings.catch_warnings():  # the backend's deprecation notices
         warnings.simplefilter("ignore")
-        builder.build_wheel(tree=tree, env=env, environ=environ, out_dir=out,
+        backend.build_wheel(tree=tree, env=env, environ=environ, out_dir=out,
                             log=out.parent / f"{out.name}-build.log")
 
 

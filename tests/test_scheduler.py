@@ -27,7 +27,7 @@ from wheelforge._log import Reporter, clear_live
 from wheelforge.builder import jobserver, reproducible, scheduler
 from wheelforge.builder.config import resolve
 from wheelforge.builder.pipeline import BuildResult, Pending
-from wheelforge.errors import BuildError, SourceError
+from wheelforge.errors import BuildError, ConfigError, SourceError
 from wheelforge.recipe.format import RecipeBook
 
 
@@ -314,3 +314,24 @@ def test_backend_warnings_of_builds_at_once_go_to_each_builds_log(tmp_path: Path
     assert logs[0].read_text() == "warning from the build backend (UserWarning): from a\n"
     assert logs[1].read_text() == "warning from the build backend (UserWarning): from b\n"
     assert (list(warnings.filters), warnings.showwarning) == before
+
+
+def test_builds_at_once_can_be_turned_off(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    book = _book(tmp_path)
+    order: list[tuple[str, bool]] = []
+
+    def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
+                  pool=None, on_key=None):
+        assert all(isinstance(c, BuildResult) for c in (companions or {}).values())
+        order.append((str(recipe.name), threading.current_thread() is threading.main_thread()))
+        return BuildResult(recipe, Path(f"/i/{recipe.name}.whl"), (), None, "k")
+
+    monkeypatch.setattr(scheduler, "build_one", build_one)
+    monkeypatch.setenv(scheduler.ENV, "off")
+    scheduler.build_with_companions([book.load("purea"), book.load("purec")], book,
+                                    _config(tmp_path), Reporter(io.StringIO()))
+    assert order == [("pureb", True), ("purea", True), ("purec", True)]
+    assert scheduler.at_once({}) and scheduler.at_once({scheduler.ENV: "on"})
+    with pytest.raises(ConfigError, match="WHEELFORGE_BUILDS_AT_ONCE='sometimes' is neither"):
+        scheduler.at_once({scheduler.ENV: "sometimes"})

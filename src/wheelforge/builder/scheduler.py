@@ -5,7 +5,8 @@ one build per recipe, companions first.  Each build runs :func:`pipeline.build_o
 thread of its own, so the fixed steps of one (fetch, environment, verify imports,
 publish) overlap the compiles of the others, and every compile takes its jobs from the
 command's pool (builder/jobserver.py), so the cores stay busy as long as any build has
-work.  A build waits for a companion only where it needs it: for the companion's build
+work.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another instead.
+A build waits for a companion only where it needs it: for the companion's build
 key in its preflight, and for the companion's published wheel (its exact version, which
 the wheel pins) after its own compile.
 
@@ -18,16 +19,17 @@ once the rest have ended.  Ctrl-C (or SIGTERM, --timeout) stops every build's co
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
 from .. import _proc
 from .._log import Reporter
-from ..errors import BuildError, RecipeError
+from ..errors import BuildError, ConfigError, RecipeError
 from ..recipe.format import RecipeBook
 from ..recipe.model import Recipe
 from . import buildenv, jobserver
@@ -35,6 +37,9 @@ from .config import BuildConfig
 from .pipeline import BuildResult, Pending, build_one, without_subset
 
 T = TypeVar("T")
+
+#: ``off``: a command's builds run one after another.
+ENV = "WHEELFORGE_BUILDS_AT_ONCE"
 
 #: How long the builds get to stop after Ctrl-C before the command leaves them.
 STOP_GRACE_S = 15.0
@@ -80,11 +85,28 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
     runs here; several run at once (see the module's docstring)."""
     planned = plan(recipes, book, config)
     inspections = buildenv.Inspections()
-    if len(planned) == 1:
-        return [build_one(planned[0].recipe, planned[0].config, reporter,
-                          inspections=inspections)]
+    if len(planned) == 1 or not at_once():
+        done: dict[str, BuildResult] = {}
+        for p in planned:  # one after another, in the caller's thread
+            done[p.recipe.name] = build_one(
+                p.recipe, p.config, reporter, {c: done[c] for c in p.companions},
+                inspections)
+        return list(done.values())
     with jobserver.Pool(config.jobs * config.nvcc_threads) as pool:
         return _together(planned, reporter, inspections, pool)
+
+
+def at_once(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a command's builds run at once: yes, unless WHEELFORGE_BUILDS_AT_ONCE=off
+    (one after another, as before; for comparing, or a machine where it misbehaves)."""
+    value = (os.environ if environ is None else environ).get(ENV, "on").strip().lower()
+    if value in ("on", "1", "yes", ""):
+        return True
+    if value in ("off", "0", "no"):
+        return False
+    raise ConfigError(f"{ENV}={value!r} is neither on nor off",
+                      fix=f"{ENV}=off builds one recipe after another; unset it (or on) to "
+                          "build a command's recipes at once")
 
 
 class _Build:
