@@ -22,8 +22,9 @@ slot, announced to the compiles in ``MAKEFLAGS=--jobserver-auth=fifo:PATH``.
   pipe (``WaitForCommandOrJobserverToken``); :data:`NINJA_SHARES` names the first
   release that will share, and is raised when one does.
 
-Slots a killed compile held come back when the pool's owner hands them out again: the
-pool lives as long as the command, in a directory of its own.
+The slots a compile takes whole are given back when it ends, killed or not; slots a
+sharing ninja held when it was killed are lost to the pool, which lives only as long as
+the command, in a directory of its own.
 """
 
 from __future__ import annotations

@@ -540,8 +540,9 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
 
 def _shares(pool: jobserver.Pool | None, recipe: Recipe, config: BuildConfig,
             env: BuildEnv) -> bool:
-    """Whether this compile takes its jobs from the pool as they start (ninja 1.13+, one
-    nvcc thread a job, no memory bound below the pool) rather than all at once."""
+    """Whether this compile takes its jobs from the pool as they start (a ninja of at
+    least jobserver.NINJA_SHARES, one nvcc thread a job, no memory bound below the pool)
+    rather than all of them before it starts."""
     if pool is None or config.nvcc_threads != 1:
         return False
     if not jobserver.ninja_joins(dict(env.distributions)):
