@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from test_companions import companion_book
+from test_first_hour import FakeTty
 from wheelforge import _proc
 from wheelforge._log import Reporter, clear_live
 from wheelforge.builder import jobserver, reproducible, scheduler
@@ -273,11 +274,6 @@ def test_builds_at_once_share_the_umask_and_give_the_callers_back(tmp_path: Path
         assert os.umask(0o077) == 0o077
     finally:
         os.umask(caller)
-
-
-class FakeTty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
 
 
 def test_one_live_line_per_running_build() -> None:
