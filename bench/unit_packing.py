@@ -10,11 +10,14 @@ torch environments of the usual cache are linked in, not rebuilt) and a private 
                (WHEELFORGE_UNIT_COSTS)
 and prints, for each, the wall time of the build command, its CPU time (user + system of
 every child), wall / (CPU / cores), the ninja phase's longest unit against the sum of its
-units, and the load average before and after.  No timing is asserted.  A companion
+units, the compile step against the units' sum / cores (the split's own ratio), and the
+load average before and after.  No timing is asserted.  --python, --sources and
+--git-mirror as `wheelforge build` takes them (a machine without network).  A companion
 (mamba-ssm's causal-conv1d) is built once first and reused.  On 2 cores about 10 minutes
 for causal-conv1d, 15 for mamba-ssm.
 
     .venv/bin/python bench/unit_packing.py [--recipe causal-conv1d] [--arch 12.0] [--jobs N]
+        [--python PATH] [--sources DIR] [--git-mirror URL=PATH]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -36,9 +40,9 @@ from wheelforge.builder.config import cpu_count, default_cache_dir  # noqa: E402
 
 
 def build(name: str, cache: Path, index: Path, arch: str, jobs: int | None,
-          env: dict[str, str]) -> dict[str, float | str]:
+          env: dict[str, str], extra: list[str]) -> dict[str, float | str]:
     argv = [sys.executable, "-m", "wheelforge", "build", name, "--force", "--arch", arch,
-            "--cache-dir", str(cache), "--index", str(index), "--no-stack-check"]
+            "--cache-dir", str(cache), "--index", str(index), "--no-stack-check", *extra]
     if jobs:
         argv += ["--jobs", str(jobs)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -53,10 +57,13 @@ def build(name: str, cache: Path, index: Path, arch: str, jobs: int | None,
     units = json.loads((cache / "stats" / f"{name}.units.json").read_text())["units"]
     jobs_line = next((ln.strip() for ln in res.stderr.splitlines() if "MAX_JOBS=" in ln
                       and "compile" in ln), "")
+    step = next((m for ln in res.stderr.splitlines()
+                 if (m := re.search(r"ok compile \(.*\) \((?:(\d+)m)?([\d.]+)s\)$", ln))), None)
+    compile_s = (int(step[1] or 0) * 60 + float(step[2])) if step else float("nan")
     return {"wall": wall, "cpu": cpu, "load": f"{load:.1f}-{os.getloadavg()[0]:.1f}",
             "longest": max(u["seconds"] for u in units),
             "sum": sum(u["seconds"] for u in units), "units": len(units),
-            "jobs": jobs_line[:100]}
+            "jobs": jobs_line[:100], "compile": compile_s}
 
 
 def main() -> None:
@@ -64,7 +71,13 @@ def main() -> None:
     ap.add_argument("--recipe", action="append", default=None)
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--python", default=None)
+    ap.add_argument("--sources", default=None)
+    ap.add_argument("--git-mirror", default=None)
     args = ap.parse_args()
+    extra = (["--python", args.python] if args.python else []) + \
+        (["--sources", args.sources] if args.sources else []) + \
+        (["--git-mirror", args.git_mirror] if args.git_mirror else [])
     names = args.recipe or ["causal-conv1d", "mamba-ssm"]
     cores = cpu_count()
     root = Path(tempfile.mkdtemp(prefix="wf-bench-packing-"))
@@ -87,15 +100,16 @@ def main() -> None:
     rows = []
     for name in names:
         if name == "mamba-ssm":  # its companion, built (and recorded) once, not measured
-            build("causal-conv1d", cache, index, args.arch, args.jobs, env)
+            build("causal-conv1d", cache, index, args.arch, args.jobs, env, extra)
         (cache / "stats" / f"{name}.units.json").unlink(missing_ok=True)
         for label in ("model", "recorded"):
-            r = build(name, cache, index, args.arch, args.jobs, env)
+            r = build(name, cache, index, args.arch, args.jobs, env, extra)
             rows.append((name, label, r))
             print(f"{name:14} {label:8} wall {r['wall']:7.1f} s  CPU {r['cpu']:7.1f} s  "
                   f"wall/(CPU/{cores}) {r['wall'] / (r['cpu'] / cores):.2f}  longest unit "
-                  f"{r['longest']:.1f} s of {r['units']} (sum {r['sum']:.0f} s)  "
-                  f"load {r['load']}", flush=True)
+                  f"{r['longest']:.1f} s of {r['units']} (sum {r['sum']:.0f} s)  compile step "
+                  f"{r['compile']:.1f} s, / (sum/{cores}) "
+                  f"{r['compile'] / (r['sum'] / cores):.2f}  load {r['load']}", flush=True)
     print()
     print(f"recipe          wall model / recorded   wall/(CPU/{cores}) model -> recorded")
     for name in names:

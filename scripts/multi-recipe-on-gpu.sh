@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 26 on a GPU machine without network: bench/multi_recipe.py with this machine's
 # python/torch (--python), cold compiles: the four-recipe command with its builds at
-# once against the same command one after another (WHEELFORGE_BUILDS_AT_ONCE=off).
+# once against the same command one after another (WHEELFORGE_BUILDS_AT_ONCE=off);
+# with BENCH=packing, bench/unit_packing.py --recipe mamba-ssm instead (the split packed
+# by the model against packed by the first build's recorded unit costs).
 #
 #   scripts/multi-recipe-on-gpu.sh PAYLOAD OUT_DIR
 #
@@ -32,8 +34,12 @@ if [ ! -e "$st/started" ]; then
     export PYTHONUNBUFFERED=1 PYTHONPATH='$repo/src:$st/site'
     find '$cuda'/bin '$cuda'/nvvm '$cuda'/include '$torch_inc' -type f -print0 2>/dev/null \
       | xargs -0 cat > /dev/null
-    '$py' '$repo/bench/multi_recipe.py' --python '$py' --arch '$arch' --compile-cache off \
-      --sources '$W/sdists' \
+    if [ '${BENCH:-multi}' = packing ]; then
+      set -- '$repo/bench/unit_packing.py' --recipe mamba-ssm
+    else
+      set -- '$repo/bench/multi_recipe.py' --compile-cache off
+    fi
+    '$py' \"\$@\" --python '$py' --arch '$arch' --sources '$W/sdists' \
       --git-mirror 'https://github.com/state-spaces/mamba=$W/state-spaces-mamba.bundle' \
       ${RECIPES:+--recipes $RECIPES} > '$st/bench.log' 2>&1
     echo \$? > '$st/bench.rc'" > /dev/null 2>&1 &
