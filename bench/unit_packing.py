@@ -57,7 +57,8 @@ def build(name: str, cache: Path, index: Path, arch: str, jobs: int | None,
     units = json.loads((cache / "stats" / f"{name}.units.json").read_text())["units"]
     jobs_line = next((ln.strip() for ln in res.stderr.splitlines() if "MAX_JOBS=" in ln
                       and "compile" in ln), "")
-    step = next((m for ln in res.stderr.splitlines()
+    # the last compile step is the recipe's (--force rebuilds a companion first)
+    step = next((m for ln in reversed(res.stderr.splitlines())
                  if (m := re.search(r"ok compile \(.*\) \((?:(\d+)m)?([\d.]+)s\)$", ln))), None)
     compile_s = (int(step[1] or 0) * 60 + float(step[2])) if step else float("nan")
     return {"wall": wall, "cpu": cpu, "load": f"{load:.1f}-{os.getloadavg()[0]:.1f}",
