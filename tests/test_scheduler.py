@@ -26,6 +26,7 @@ from test_first_hour import FakeTty
 from wheelforge import _proc
 from wheelforge._log import Reporter, clear_live
 from wheelforge.builder import jobserver, reproducible, scheduler
+from wheelforge.builder.backend import NINJA_PROGRESS
 from wheelforge.builder.config import resolve
 from wheelforge.builder.pipeline import BuildResult, Pending
 from wheelforge.errors import BuildError, ConfigError, SourceError
@@ -50,9 +51,72 @@ def test_pool_hands_out_slots_and_takes_them_back(tmp_path: Path) -> None:
         with pool.slots(10) as held:  # never more than the pool
             assert held == 3 and pool.free() == 0
         assert pool.free() == 3
-        assert pool.environ()["MAKEFLAGS"] == f"-j3 --jobserver-auth=fifo:{pool.fifo}"
-        fifo = pool.fifo
-    assert not fifo.exists()  # the pool's directory goes with the command
+        with pool.lane("a", 8) as lane:
+            assert lane.environ()["MAKEFLAGS"] == f"-j3 --jobserver-auth=fifo:{lane.fifo}"
+            assert lane.sitting() == lane.given == 2 and pool.free() == 0  # 1 + 2 jobs
+            fifo = lane.fifo
+        assert not fifo.exists() and pool.free() == 3
+        directory = fifo.parent
+    assert not directory.exists()  # the pool's directory goes with the command
+
+
+@pytest.mark.parametrize(("total", "wants", "got"), [
+    (16, [("a", 15), ("b", 16)], {"a": 8, "b": 8}),
+    (15, [("a", 15), ("b", 16)], {"a": 8, "b": 7}),  # the odd slot to the first
+    (16, [("a", 3), ("b", 16)], {"a": 3, "b": 13}),  # what one cannot use, the other
+    (4, [("a", 0), ("b", 2)], {"a": 0, "b": 2}),  # more than all want: the rest free
+    (0, [("a", 5)], {"a": 0}),
+    (7, [("a", 5), ("b", 5), ("c", 1)], {"a": 3, "b": 3, "c": 1}),
+])
+def test_the_pool_splits_its_slots_equally_within_what_each_can_use(
+        total: int, wants: list[tuple[str, int]], got: dict[str, int]) -> None:
+    assert jobserver.split(total, wants) == got
+
+
+def _as_ninja(lane: jobserver.Lane, take: int = 0, give: int = 0) -> None:
+    fd = os.open(lane.fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        assert len(os.read(fd, take)) == take if take else os.write(fd, b"+" * give) == give
+    finally:
+        os.close(fd)
+
+
+def test_a_lane_in_its_tail_gives_its_slots_to_the_others(tmp_path: Path) -> None:
+    """No ninja here: the pipes are read as ninja would.  a's share is held for the
+    expected b; once a's ninja says it has no job left to start, the slots its jobs
+    give back go to b."""
+    with jobserver.Pool(8, tmp_path) as pool:
+        pool.expect("b")
+        with pool.lane("a", 8) as a:
+            assert a.given == 4 and pool.free() == 3  # b's share held, not a's to take
+            _as_ninja(a, take=4)  # ninja runs 5
+            a.started.touch()
+            os.utime(a.started, (0, time.time() - jobserver.GRAB_S))
+            with pool.lane("b", 8) as b:
+                assert b.given == 2 and pool.free() == 0  # 1 + 2: the rest is in a's hands
+                a.progress(2, 7)  # 2 ended, 5 running: nothing left to start
+                _as_ninja(a, give=2)  # two more end
+                a.progress(4, 7)
+                deadline = time.monotonic() + 5
+                while b.given < 4 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert (a.given, b.given) == (2, 4)
+        assert pool.free() == 8 - 2  # a's ninja never gave back the 2 it holds: lost
+
+
+def test_a_whole_compile_waits_while_lanes_keep_what_they_hold(tmp_path: Path) -> None:
+    with jobserver.Pool(4, tmp_path) as pool, pool.lane("a", 4) as a:
+        assert a.given == 3
+        taken = threading.Event()
+
+        def whole() -> None:
+            with pool.slots(2):
+                taken.set()
+
+        t = threading.Thread(target=whole)
+        t.start()
+        assert taken.wait(5)  # a's pipe was full (ninja took nothing): taken back
+        t.join()
 
 
 @pytest.mark.parametrize(("version", "joins"), [
@@ -60,16 +124,7 @@ def test_pool_hands_out_slots_and_takes_them_back(tmp_path: Path) -> None:
     ("1.12.1", False), ("1.11.1.4", False), ("not-a-version", False), (None, False)])
 def test_only_ninja_1_13_and_later_joins_the_pool(version: str | None, joins: bool) -> None:
     found = {"ninja": version} if version else {}
-    assert jobserver.ninja_joins(found, jobserver.NINJA_JOBSERVER) is joins
-
-
-@pytest.mark.parametrize(("version", "shares"), [
-    ("1.13.2", False), ("1.13.0", False), ("1.14.0", True), ("2.0", True), (None, False)])
-def test_no_released_ninja_shares_the_pool_yet(version: str | None, shares: bool) -> None:
-    """ninja 1.13 asks the pipe only when it starts and when one of its own jobs ends:
-    a compile started while another holds every slot starves (measured on 16 cores), so
-    compiles take their slots whole until a ninja that waits on the pipe is released."""
-    assert jobserver.ninja_joins({"ninja": version} if version else {}) is shares
+    assert jobserver.ninja_joins(found) is joins
 
 
 def _jobs_ninja(root: Path, count: int, seconds: float) -> Path:
@@ -82,11 +137,13 @@ def _jobs_ninja(root: Path, count: int, seconds: float) -> Path:
     return root
 
 
-def _most_at_once(*roots: Path) -> int:
+def _most_at_once(*roots: Path, before: float = float("inf")) -> int:
     spans = []
     for root in roots:
         for start in root.glob("*.start"):
-            spans.append((float(start.read_text()), float(start.with_suffix("").read_text())))
+            began, ended = float(start.read_text()), float(start.with_suffix("").read_text())
+            if began < before:
+                spans.append((began, min(ended, before)))
     events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     now = most = 0
     for _t, step in events:
@@ -95,30 +152,45 @@ def _most_at_once(*roots: Path) -> int:
     return most
 
 
-def test_two_ninjas_share_the_pool_through_the_shim(tmp_path: Path) -> None:
-    """torch passes -j MAX_JOBS, which turns ninja's jobserver client off: the shim drops
-    it.  Two real ninjas of 6 jobs each, asked for -j 8, run at most 3 jobs together."""
-    ninja = real_ninja()
-    a, b = _jobs_ninja(tmp_path / "a", 6, 0.4), _jobs_ninja(tmp_path / "b", 6, 0.4)
-    with jobserver.Pool(3, tmp_path) as pool:
-        shim = pool.shim(Path(ninja))
-        env = {**os.environ, **pool.environ(),
+def _run_in_lane(pool: jobserver.Pool, shim: Path, name: str, root: Path) -> None:
+    """A real ninja asked for -j 8 (as torch asks), in a lane of ``pool``, its progress
+    lines read as pipeline reads them."""
+    with pool.lane(name, 8) as lane:
+        env = {**os.environ, **lane.environ(),
                "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
         assert shutil.which("ninja", path=env["PATH"]) == str(shim / "ninja")
+        with subprocess.Popen(["ninja", "-v", "-j", "8"], cwd=root, env=env, text=True,
+                              stdout=subprocess.PIPE) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                m = NINJA_PROGRESS.match(line)
+                if m:
+                    lane.progress(int(m["done"]), int(m["total"]))
+        assert proc.returncode == 0
 
-        def run(root: Path) -> None:
-            with pool.slots(1):  # the compile's first slot, as pipeline takes it
-                subprocess.run(["ninja", "-j", "8"], cwd=root, env=env, check=True,
-                               capture_output=True)
 
-        threads = [threading.Thread(target=run, args=(r,)) for r in (a, b)]
-        for t in threads:
-            t.start()
+def test_two_ninjas_share_the_pool_through_lanes(tmp_path: Path) -> None:
+    """torch passes -j MAX_JOBS, which turns ninja's jobserver client off: the shim drops
+    it.  Two real ninjas asked for -j 8 run at most 6 jobs together in a pool of 6: a
+    has 2 long jobs, b many short ones.  b starts on its share beside a's long jobs, and
+    gets the slots a cannot use (4 of b's at once while a's two run)."""
+    ninja = real_ninja()
+    a, b = _jobs_ninja(tmp_path / "a", 2, 4.0), _jobs_ninja(tmp_path / "b", 60, 0.2)
+    with jobserver.Pool(6, tmp_path) as pool:
+        shim = pool.shim(Path(ninja))
+        pool.expect("b")
+        threads = [threading.Thread(target=_run_in_lane, args=(pool, shim, n, r))
+                   for n, r in (("a", a), ("b", b))]
+        threads[0].start()
+        time.sleep(0.3)  # b's compile starts a moment later, as a companion's does
+        threads[1].start()
         for t in threads:
             t.join()
-        assert pool.free() == 3  # every slot back
-    assert len(list(a.glob("*.start"))) == 6 and len(list(b.glob("*.start"))) == 6
-    assert 2 <= _most_at_once(a, b) <= 3
+        assert pool.free() == 6  # every slot back
+    assert len(list(a.glob("*.start"))) == 2 and len(list(b.glob("*.start"))) == 60
+    assert _most_at_once(a, b) <= 6
+    a_ends = min(float(p.read_text()) for p in a.glob("o?"))
+    assert _most_at_once(b, before=a_ends) == 4  # a's idle slots went to b
 
 
 def test_the_shim_keeps_every_other_argument(tmp_path: Path) -> None:

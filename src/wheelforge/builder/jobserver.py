@@ -1,42 +1,50 @@
-"""One pool of compile slots for every build of a command (a GNU make jobserver).
+"""One pool of compile slots for every build of a command (GNU make jobservers).
 
 A command that builds several recipes at once (``wheelforge build A B``, a recipe and
-its companions) compiles them within one budget: the command's ``MAX_JOBS`` slots.  The
-pool is a jobserver in GNU make's fifo style: a named pipe holding one byte per free
-slot, announced to the compiles in ``MAKEFLAGS=--jobserver-auth=fifo:PATH``.
+its companions) compiles them within one budget: the command's ``MAX_JOBS`` slots.
 
-* A ninja that watches the pipe takes a byte for every job beyond its first and gives
-  it back when the job ends, so a build whose tail runs one long unit leaves the other
-  slots to the builds beside it.  torch's extension builder passes ``-j MAX_JOBS``,
-  which turns ninja's jobserver client off; a ``ninja`` placed before the environment's
-  on PATH drops that option and runs the environment's own.
-* Every compile takes one slot before it starts (ninja's first job runs on it), so the
-  jobs running at once never exceed the pool.
-* Otherwise a compile takes all its ``MAX_JOBS`` slots before it starts and passes
-  ``-j`` as before: a build that must not take more (memory per job, set or recorded),
-  and, today, every build.  ninja 1.13 is a jobserver client, but a passive one: it
-  asks the pipe for slots when it starts and when one of its own jobs ends, never while
-  it waits.  A compile started while another held every slot ran on one job until its
-  first unit ended: on 16 cores mamba-ssm beside causal-conv1d compiled in 3m12s
-  against 1m41s alone (docs/performance.md).  ninja's main branch also waits on the
-  pipe (``WaitForCommandOrJobserverToken``); :data:`NINJA_SHARES` names the first
-  release that will share, and is raised when one does.
+* **Lanes.**  Each compile whose ninja is a jobserver client (ninja 1.13+, one nvcc
+  thread a job) gets a lane: a GNU make jobserver of its own, in fifo style (a named
+  pipe holding one byte per slot it may take, announced in
+  ``MAKEFLAGS=--jobserver-auth=fifo:PATH``).  The lane's first job runs on a slot taken
+  from the pool when the lane opens (ninja's implicit slot); every further job takes a
+  byte from the lane and gives it back when it ends.  torch's extension builder passes
+  ``-j MAX_JOBS``, which turns ninja's client off; a ``ninja`` placed before the
+  environment's on PATH drops that option and runs the environment's own.
+* **The pool moves slots between lanes** (a thread, every :data:`TICK_S`).  ninja 1.13's
+  client is passive: it reads its pipe when it starts and when one of its own jobs ends,
+  never while it waits.  One pipe for all (how make shares) starved a compile that
+  started while another held every slot: it ran one job until its first unit ended
+  (mamba-ssm beside causal-conv1d on 16 cores: 3m12s against 1m41s alone,
+  docs/performance.md).  So each lane is filled before its ninja starts, with an equal
+  share of the pool (:func:`split`), which ninja takes at once; the share of a build
+  the command still expects to compile (:meth:`Pool.expect`) is held for it for up to
+  :data:`RESERVE_S`.  A lane whose ninja has no unstarted job left (its progress line
+  ``[done/total]`` against the jobs it runs) leaves the slots its ending jobs give back
+  in its pipe; the pool takes them and gives them to the lanes that still have work,
+  whose ninja picks them up when its next job ends.  So the tail of one compile, its
+  longest units running alone, is filled by the others.
+* **Whole.**  Any other compile (nvcc threads > 1, or a ninja without the client) takes
+  all its ``MAX_JOBS x NVCC_THREADS`` slots before it starts and passes ``-j`` as before.
 
-The slots a compile takes whole are given back when it ends, killed or not; slots a
-sharing ninja held when it was killed are lost to the pool, which lives only as long as
-the command, in a directory of its own.
+The pool counts its free slots in memory; the lanes' pipes are the only bytes.  Slots a
+ninja held when it was killed are lost to the pool, which lives only as long as the
+command, in a directory of its own.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
-import select
 import shutil
 import stat
 import tempfile
+import termios
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -45,13 +53,18 @@ from .. import _proc
 
 #: The first ninja that is a jobserver client (ninja-build/ninja, 1.13.0).
 NINJA_JOBSERVER = Version("1.13")
-#: The first ninja whose client shares well (it waits on the pipe, not only on its own
-#: jobs): none is released yet (1.13.2 is the newest), so no compile shares today.
-NINJA_SHARES = Version("1.14")
+#: How often the pool looks at its lanes, in seconds.
+TICK_S = 0.2
+#: How long the share of an expected compile is held for it after another lane opened.
+RESERVE_S = 30.0
+#: How long a ninja gets, once started, to take the slots of its pipe for its jobs.
+GRAB_S = 1.0
+#: The file the shim touches when it starts ninja (MAKEFLAGS' lane knows it started).
+STARTED_ENV = "WHEELFORGE_NINJA_STARTED"
 
 #: Runs the environment's ninja without -j N, so that it takes its jobs from MAKEFLAGS.
 _NINJA_SHIM = """#!/bin/sh
-# wheelforge: ninja as a client of this command's jobserver (MAKEFLAGS); -j N would
+# wheelforge: ninja as a client of this compile's jobserver (MAKEFLAGS); -j N would
 # turn the client off, so it is dropped.
 skip=
 for arg do
@@ -63,13 +76,14 @@ for arg do
   esac
   set -- "$@" "$arg"
 done
+if [ -n "${{WHEELFORGE_NINJA_STARTED:-}}" ]; then : > "$WHEELFORGE_NINJA_STARTED"; fi
 exec {ninja} "$@"
 """
 
 
-def ninja_joins(distributions: Mapping[str, str], at_least: Version = NINJA_SHARES) -> bool:
+def ninja_joins(distributions: Mapping[str, str], at_least: Version = NINJA_JOBSERVER) -> bool:
     """Whether the environment's ninja (its ``ninja`` distribution) is at least
-    ``at_least``: by default, one that shares the pool well."""
+    ``at_least``: by default, a jobserver client."""
     found = distributions.get("ninja")
     if found is None:
         return False
@@ -79,19 +93,121 @@ def ninja_joins(distributions: Mapping[str, str], at_least: Version = NINJA_SHAR
         return False
 
 
+def split(total: int, wants: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """``total`` slots among ``wants`` (name, the most it can use): equal shares, none
+    above what it can use, the rest of a share to the others (water-filling); a slot
+    left over by the division goes to the first in ``wants``."""
+    got = {name: 0 for name, _cap in wants}
+    open_ = [(name, max(0, cap)) for name, cap in wants if cap > 0]
+    left = max(0, total)
+    while left > 0 and open_:
+        each = max(1, left // len(open_))
+        still = []
+        for name, cap in open_:
+            give = min(each, cap - got[name], left)
+            got[name] += give
+            left -= give
+            if got[name] < cap:
+                still.append((name, cap))
+            if left == 0:
+                break
+        open_ = still
+    return got
+
+
+class Lane:
+    """One compile's jobserver: a fifo the pool fills (see the module's docstring)."""
+
+    def __init__(self, name: str, directory: Path, jobs: int) -> None:
+        self.name = name
+        self.jobs = max(1, jobs)
+        self.fifo = directory / f"lane-{abs(hash(name)):x}-{id(self):x}"
+        os.mkfifo(self.fifo, 0o600)
+        # read and write ends in one: the pipe never sees end-of-file while we live
+        self._fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
+        self.started = self.fifo.with_name(self.fifo.name + ".started")
+        self.given = 0  # slots in the pipe or in ninja's hands, beyond the first
+        self.done: int | None = None
+        self.total: int | None = None
+        self._start_seen: float | None = None
+
+    def environ(self) -> dict[str, str]:
+        """What the compile's environment says for ninja to join this lane."""
+        return {"MAKEFLAGS": f"-j{self.jobs} --jobserver-auth=fifo:{self.fifo}",
+                STARTED_ENV: str(self.started)}
+
+    def progress(self, done: int, total: int) -> None:
+        """ninja's progress line ``[done/total]`` (its jobs ended, of all)."""
+        self.done, self.total = done, total
+
+    def sitting(self) -> int:
+        """Slots in the pipe, not taken by ninja."""
+        buf = array.array("i", [0])
+        fcntl.ioctl(self._fd, termios.FIONREAD, buf)
+        return int(buf[0])
+
+    def can_use(self, now: float | None = None) -> int:
+        """The most slots (beyond the first) this lane's compile can use now: all it may
+        take until its ninja has started and had :data:`GRAB_S` to take them; then those
+        in its hands, and as many more as its progress line says it has jobs to start."""
+        try:
+            started: float | None = self.started.stat().st_mtime
+        except FileNotFoundError:
+            started = None
+        if started is None or (now or time.time()) - started < GRAB_S:
+            return self.jobs - 1
+        if started != self._start_seen:  # another ninja (the next extension): anew
+            self._start_seen, self.done, self.total = started, None, None
+        in_hands = self.given - self.sitting()
+        if self.done is None or self.total is None:
+            return in_hands  # it took what it could use when it started
+        unstarted = max(0, self.total - self.done - (in_hands + 1))
+        return max(in_hands, min(self.jobs - 1, in_hands + unstarted))
+
+    def put(self, count: int) -> None:
+        if count > 0:
+            os.write(self._fd, b"+" * count)
+            self.given += count
+
+    def take(self, count: int) -> int:
+        """Up to ``count`` slots out of the pipe (fewer if ninja took them first)."""
+        if count <= 0:
+            return 0
+        try:
+            got = len(os.read(self._fd, count))
+        except BlockingIOError:
+            got = 0
+        self.given -= got
+        return got
+
+    def close(self) -> int:
+        """The slots back out of the pipe; those ninja still held are lost (killed)."""
+        back = self.take(self.given)
+        self.given = 0
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        with contextlib.suppress(OSError):
+            self.fifo.unlink()
+        with contextlib.suppress(OSError):
+            self.started.unlink()
+        return back
+
+
 class Pool:
-    """``size`` compile slots shared by the builds of one command (the jobserver's
-    owner).  Holds a pipe and a directory, hence a class; use as a context manager."""
+    """``size`` compile slots shared by the builds of one command.  Holds a directory
+    and a thread, hence a class; use as a context manager."""
 
     def __init__(self, size: int, directory: Path | None = None) -> None:
         self.size = max(1, size)
         self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=directory))
-        self.fifo = self._dir / "fifo"
-        os.mkfifo(self.fifo, 0o600)
-        # read and write ends in one: the pipe never sees end-of-file while we live
-        self._fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
-        os.write(self._fd, b"+" * self.size)
-        self._reserve = threading.Lock()  # one build takes several slots at a time
+        self._free = self.size
+        self._cond = threading.Condition()
+        self._lanes: dict[str, Lane] = {}
+        self._expected: dict[str, int] = {}
+        self._reserve_until: float | None = None
+        self._whole_waiting = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Pool:
         return self
@@ -100,73 +216,123 @@ class Pool:
         self.close()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def environ(self) -> dict[str, str]:
-        """What a compile's environment says for ninja to join the pool."""
-        return {"MAKEFLAGS": f"-j{self.size} --jobserver-auth=fifo:{self.fifo}"}
+    def free(self) -> int:
+        """Slots in no lane and no compile's hands."""
+        with self._cond:
+            return self._free
 
     def shim(self, ninja: Path) -> Path:
         """A directory with a ``ninja`` that runs ``ninja`` without ``-j``."""
         bin_dir = self._dir / f"bin-{abs(hash(ninja)):x}"
         script = bin_dir / "ninja"
-        if not script.exists():
-            bin_dir.mkdir(exist_ok=True)
-            tmp = bin_dir / ".ninja.tmp"
-            tmp.write_text(_NINJA_SHIM.format(ninja=_sh_quote(str(ninja))))
-            tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR)
-            tmp.replace(script)
+        with self._cond:
+            if not script.exists():
+                bin_dir.mkdir(exist_ok=True)
+                tmp = bin_dir / ".ninja.tmp"
+                tmp.write_text(_NINJA_SHIM.format(ninja=_sh_quote(str(ninja))))
+                tmp.chmod(tmp.stat().st_mode | stat.S_IXUSR)
+                tmp.replace(script)
         return bin_dir
 
-    def _take(self) -> bytes:
-        """One slot: a byte from the pipe, waiting for one (interruptible by
-        _proc.stop_all)."""
-        while True:
+    def expect(self, name: str) -> None:
+        """``name`` will compile: hold its share when another lane opens first."""
+        with self._cond:
+            self._expected[name] = self.size
+
+    def withdraw(self, name: str) -> None:
+        """``name`` will not compile (any more): its held share goes to the lanes."""
+        with self._cond:
+            self._expected.pop(name, None)
+            self._rebalance()
+
+    def _wait(self, enough: int) -> None:
+        """Wait (the lock held) until ``enough`` slots are free; Ctrl-C stops it."""
+        while self._free < enough:
             if _proc.stopping():
                 raise KeyboardInterrupt
-            try:
-                token = os.read(self._fd, 1)
-                if token:
-                    return token
-            except BlockingIOError:
-                pass
-            select.select([self._fd], [], [], 0.5)
-
-    def _give(self, tokens: bytes) -> None:
-        if tokens:
-            os.write(self._fd, tokens)
+            self._rebalance()
+            self._cond.wait(TICK_S)
 
     @contextlib.contextmanager
     def slots(self, count: int) -> Iterator[int]:
         """Hold ``count`` slots (at most the pool's) for a compile; yield how many."""
         count = max(1, min(count, self.size))
-        held = b""
+        with self._cond:
+            self._whole_waiting += 1
+            try:
+                self._wait(count)
+            finally:
+                self._whole_waiting -= 1
+            self._free -= count
         try:
-            with self._reserve:  # two builds taking slots one by one never deadlock
-                while len(held) < count:
-                    held += self._take()
             yield count
         finally:
-            self._give(held)
+            with self._cond:
+                self._free += count
+                self._rebalance()
+                self._cond.notify_all()
 
-    def free(self) -> int:
-        """Slots nobody holds now (for tests and progress)."""
-        n = 0
-        taken = b""
+    @contextlib.contextmanager
+    def lane(self, name: str, jobs: int) -> Iterator[Lane]:
+        """A lane of at most ``jobs`` jobs for ``name``'s compile, filled with its share
+        before the compile starts (it waits for the first slot)."""
+        with self._cond:
+            self._wait(1)
+            self._free -= 1
+            lane = Lane(name, self._dir, min(jobs, self.size))
+            self._expected.pop(name, None)
+            self._lanes[name] = lane
+            if self._reserve_until is None:
+                self._reserve_until = time.monotonic() + RESERVE_S
+            self._rebalance()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="wheelforge-jobserver")
+                self._thread.start()
         try:
-            while True:
-                byte = os.read(self._fd, 1)
-                if not byte:
-                    break
-                taken += byte
-                n += 1
-        except BlockingIOError:
-            pass
+            yield lane
         finally:
-            self._give(taken)
-        return n
+            with self._cond:
+                del self._lanes[name]
+                back = lane.close()
+                self._free += back + 1
+                self._rebalance()
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                self._rebalance()
+                self._cond.wait(TICK_S)
+
+    def _rebalance(self) -> None:
+        """Move slots between the free count and the lanes' pipes (the lock held)."""
+        lanes = list(self._lanes.values())
+        if not lanes:
+            return
+        uses = {lane.name: lane.can_use() for lane in lanes}
+        wants = [(lane.name, uses[lane.name]) for lane in lanes]
+        if self._whole_waiting:  # a whole compile waits: the lanes keep what they hold
+            wants = [(lane.name, lane.given - lane.sitting()) for lane in lanes]
+        elif self._reserve_until is not None and time.monotonic() < self._reserve_until:
+            wants += [(name, cap) for name, cap in self._expected.items()
+                      if name not in self._lanes]
+        target = split(self._free + sum(lane.given for lane in lanes), wants)
+        for lane in lanes:
+            if lane.given > target[lane.name]:
+                self._free += lane.take(min(lane.sitting(), lane.given - target[lane.name]))
+        for lane in lanes:
+            if lane.given < target[lane.name]:
+                give = min(self._free, target[lane.name] - lane.given)
+                lane.put(give)
+                self._free -= give
 
 
 def _sh_quote(text: str) -> str:

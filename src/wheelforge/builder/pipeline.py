@@ -402,11 +402,15 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
         with reporter.step(what):
+            lane: jobserver.Lane | None = None
+
             def on_line(line: str) -> None:
                 reporter.line(line)
                 m = NINJA_PROGRESS.match(line)
                 if m:
                     reporter.progress(int(m["done"]), int(m["total"]))
+                    if lane is not None:
+                        lane.progress(int(m["done"]), int(m["total"]))
 
             # the environment through the fixed link: torch's include paths are fixed too
             fixed_env = dataclasses.replace(env, python=fixed.link_env(env.python))
@@ -421,9 +425,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
                 slots = pool if extension else None  # a pure build compiles nothing
-                share = _shares(slots, recipe, config, fixed_env)
-                with _compile_slots(slots, config, fixed_env, share, environ, reporter), \
-                        reporter.heartbeat("building"):
+                with _compile_slots(slots, recipe, config, fixed_env, environ,
+                                    reporter) as lane, reporter.heartbeat("building"):
                     raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
                                       jobs=config.jobs)
@@ -538,45 +541,40 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                        cache=stats, platform=plat)
 
 
-def _shares(pool: jobserver.Pool | None, recipe: Recipe, config: BuildConfig,
-            env: BuildEnv) -> bool:
-    """Whether this compile takes its jobs from the pool as they start (a ninja of at
-    least jobserver.NINJA_SHARES, one nvcc thread a job, no memory bound below the pool)
-    rather than all of them before it starts."""
-    if pool is None or config.nvcc_threads != 1:
-        return False
-    if not jobserver.ninja_joins(dict(env.distributions)):
-        return False
-    if not (env.bin_dir / "ninja").exists():
-        return False
-    whole, _threads, _why = jobs_for(config, recipe.name, None, recipe.build.job_memory_gib)
-    return whole >= pool.size
+def _joins(pool: jobserver.Pool | None, config: BuildConfig, env: BuildEnv) -> bool:
+    """Whether this compile takes its jobs through a lane of the pool (a ninja that is
+    a jobserver client, one nvcc thread a job) rather than all of them before it
+    starts."""
+    return (pool is not None and config.nvcc_threads == 1
+            and jobserver.ninja_joins(dict(env.distributions))
+            and (env.bin_dir / "ninja").exists())
 
 
 @contextlib.contextmanager
-def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildEnv,
-                   share: bool, environ: dict[str, str],
-                   reporter: Reporter) -> Iterator[None]:
-    """The compile's slots of the command's pool: one to start on and the rest from the
-    pool as ninja's jobs start (``share``), or all of its MAX_JOBS x NVCC_THREADS before
-    it starts.  ``environ`` is completed for the compile."""
+def _compile_slots(pool: jobserver.Pool | None, recipe: Recipe, config: BuildConfig,
+                   env: BuildEnv, environ: dict[str, str],
+                   reporter: Reporter) -> Iterator[jobserver.Lane | None]:
+    """The compile's slots of the command's pool: a lane the pool fills and empties as
+    the builds beside it need (yielded, for ninja's progress), or all of its MAX_JOBS x
+    NVCC_THREADS before it starts.  ``environ`` is completed for the compile."""
     environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
     if pool is None:
-        yield
+        yield None
         return
-    wanted = 1 if share else config.jobs * config.nvcc_threads
-    if pool.free() < min(wanted, pool.size):
+    if pool.free() < 1:
         reporter.info("waiting for compile slots (the command's other builds hold them)")
-    with pool.slots(wanted) as held:
-        if share:
-            environ.update(pool.environ())
+    if _joins(pool, config, env):
+        with pool.lane(str(recipe.name), config.jobs) as lane:
+            environ.update(lane.environ())
             shim = pool.shim(env.bin_dir / "ninja")
             environ["PATH"] = os.pathsep.join([str(shim), environ.get("PATH", "")])
-            reporter.info(f"compile slots: shared, up to {pool.size} (ninja takes them from "
-                          "the command's jobserver as its jobs start)")
-        else:
-            reporter.info(f"compile slots: {held} of {pool.size}, held for the compile")
-        yield
+            reporter.info(f"compile slots: {lane.given + 1} of {pool.size} to start, up to "
+                          f"{lane.jobs} as the command's other builds leave them")
+            yield lane
+        return
+    with pool.slots(config.jobs * config.nvcc_threads) as held:
+        reporter.info(f"compile slots: {held} of {pool.size}, held for the compile")
+        yield None
 
 
 def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
