@@ -82,26 +82,52 @@ def _as_ninja(lane: jobserver.Lane, take: int = 0, give: int = 0) -> None:
 
 
 def test_a_lane_in_its_tail_gives_its_slots_to_the_others(tmp_path: Path) -> None:
-    """No ninja here: the pipes are read as ninja would.  a's share is held for the
-    expected b; once a's ninja says it has no job left to start, the slots its jobs
+    """No ninja here: the pipes are read as ninja would.  Half of the pool is held for
+    the expected b; once a's ninja says it has no job left to start, the slots its jobs
     give back go to b."""
     with jobserver.Pool(8, tmp_path) as pool:
         pool.expect("b")
         with pool.lane("a", 8) as a:
-            assert a.given == 4 and pool.free() == 3  # b's share held, not a's to take
-            _as_ninja(a, take=4)  # ninja runs 5
+            assert a.given == 3 and pool.free() == 4  # 1 + 3 jobs; b's 4 held
+            _as_ninja(a, take=3)  # ninja started and runs 4 jobs
             a.started.touch()
             os.utime(a.started, (0, time.time() - jobserver.GRAB_S))
             with pool.lane("b", 8) as b:
-                assert b.given == 2 and pool.free() == 0  # 1 + 2: the rest is in a's hands
-                a.progress(2, 7)  # 2 ended, 5 running: nothing left to start
+                assert b.given == 3 and pool.free() == 0
+                a.progress(3, 7)  # 3 ended, 4 running: nothing left to start
                 _as_ninja(a, give=2)  # two more end
-                a.progress(4, 7)
+                a.progress(5, 7)
                 deadline = time.monotonic() + 5
-                while b.given < 4 and time.monotonic() < deadline:
+                while b.given < 5 and time.monotonic() < deadline:
                     time.sleep(0.05)
-                assert (a.given, b.given) == (2, 4)
-        assert pool.free() == 8 - 2  # a's ninja never gave back the 2 it holds: lost
+                assert (a.given, b.given) == (1, 5)
+        assert pool.free() == 8 - 1  # a's ninja never gave back the one it holds: lost
+
+
+def test_a_lane_waits_for_its_share_rather_than_start_on_fewer(tmp_path: Path) -> None:
+    """A ninja reads its pipe only when it starts and when one of its jobs ends: b opens
+    once a's tail has left it half of the pool, not on the first free slot."""
+    with jobserver.Pool(4, tmp_path) as pool, pool.lane("a", 4) as a:
+        _as_ninja(a, take=3)  # a runs 4 jobs, more than it has units left
+        a.started.touch()
+        os.utime(a.started, (0, time.time() - jobserver.GRAB_S))
+        a.progress(0, 4)
+        opened: list[int] = []
+
+        def open_b() -> None:
+            with pool.lane("b", 4) as b:
+                opened.append(b.given + 1)
+
+        t = threading.Thread(target=open_b)
+        t.start()
+        _as_ninja(a, give=1)  # one of a's 4 ends: 1 free slot, b waits
+        a.progress(1, 4)
+        time.sleep(5 * jobserver.TICK_S)
+        assert not opened
+        _as_ninja(a, give=1)  # another: 2 free, b's half
+        a.progress(2, 4)
+        t.join(5)
+        assert opened == [2]
 
 
 def test_a_whole_compile_waits_while_lanes_keep_what_they_hold(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ its companions) compiles them within one budget: the command's ``MAX_JOBS`` slot
   started while another held every slot: it ran one job until its first unit ended
   (mamba-ssm beside causal-conv1d on 16 cores: 3m12s against 1m41s alone,
   docs/performance.md).  So each lane is filled before its ninja starts, with an equal
-  share of the pool (:func:`split`), which ninja takes at once; the share of a build
+  share of the pool (:func:`split`), which ninja takes at once (a lane waits until its
+  share is free, rather than start on fewer slots); the share of a build
   the command still expects to compile (:meth:`Pool.expect`) is held for it for up to
   :data:`RESERVE_S`.  A lane whose ninja has no unstarted job left (its progress line
   ``[done/total]`` against the jobs it runs) leaves the slots its ending jobs give back
@@ -283,10 +284,15 @@ class Pool:
     def lane(self, name: str, jobs: int) -> Iterator[Lane]:
         """A lane of at most ``jobs`` jobs for ``name``'s compile, filled with its share
         before the compile starts (it waits for the first slot)."""
+        jobs = min(jobs, self.size)
         with self._cond:
-            self._wait(1)
+            while self._free < self._opening(name, jobs):
+                if _proc.stopping():
+                    raise KeyboardInterrupt
+                self._rebalance()
+                self._cond.wait(TICK_S)
             self._free -= 1
-            lane = Lane(name, self._dir, min(jobs, self.size))
+            lane = Lane(name, self._dir, jobs)
             self._expected.pop(name, None)
             self._lanes[name] = lane
             if self._reserve_until is None:
@@ -306,6 +312,21 @@ class Pool:
                 self._rebalance()
                 self._cond.notify_all()
 
+    def _opening(self, name: str, jobs: int) -> int:
+        """The slots a lane of ``jobs`` jobs waits for before its compile starts: its
+        share beside the lanes open now (a ninja reads its pipe only when it starts and
+        when one of its jobs ends, so one started on fewer would run on those until its
+        first unit ends)."""
+        if self._whole_waiting:
+            return jobs + self.size  # after the whole compile that waits
+        wants = [(name, jobs)] + [(lane.name, lane.can_use() + 1)
+                                  for lane in self._lanes.values()]
+        return max(1, split(self._total(), wants)[name])
+
+    def _total(self) -> int:
+        """The slots in no whole compile: free, or in a lane (its first one included)."""
+        return self._free + sum(lane.given + 1 for lane in self._lanes.values())
+
     def _run(self) -> None:
         with self._cond:
             while not self._closed:
@@ -317,14 +338,14 @@ class Pool:
         lanes = list(self._lanes.values())
         if not lanes:
             return
-        uses = {lane.name: lane.can_use() for lane in lanes}
-        wants = [(lane.name, uses[lane.name]) for lane in lanes]
+        # shares counted with each lane's first slot, which stays with it
+        wants = [(lane.name, lane.can_use() + 1) for lane in lanes]
         if self._whole_waiting:  # a whole compile waits: the lanes keep what they hold
-            wants = [(lane.name, lane.given - lane.sitting()) for lane in lanes]
+            wants = [(lane.name, lane.given - lane.sitting() + 1) for lane in lanes]
         elif self._reserve_until is not None and time.monotonic() < self._reserve_until:
             wants += [(name, cap) for name, cap in self._expected.items()
                       if name not in self._lanes]
-        target = split(self._free + sum(lane.given for lane in lanes), wants)
+        target = {name: max(0, share - 1) for name, share in split(self._total(), wants).items()}
         for lane in lanes:
             if lane.given > target[lane.name]:
                 self._free += lane.take(min(lane.sitting(), lane.given - target[lane.name]))
