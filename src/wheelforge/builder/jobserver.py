@@ -20,10 +20,11 @@ its companions) compiles them within one budget: the command's ``MAX_JOBS`` slot
   share of the pool (:func:`split`), which ninja takes at once (a lane waits until its
   share is free, rather than start on fewer slots); the share of a build
   the command still expects to compile (:meth:`Pool.expect`) is held for it for up to
-  :data:`RESERVE_S`.  A lane whose ninja has no unstarted job left (its progress line
-  ``[done/total]`` against the jobs it runs) leaves the slots its ending jobs give back
-  in its pipe; the pool takes them and gives them to the lanes that still have work,
-  whose ninja picks them up when its next job ends.  So the tail of one compile, its
+  :data:`RESERVE_S`.  Slots still in a lane's pipe :data:`GRAB_S` after its ninja
+  started (the shim touches a file) are more than it has jobs for, and go; so does a
+  slot given back by a lane whose ninja has no unstarted job left (its progress line
+  ``[done/total]`` against the jobs it runs).  The pool gives them to the lanes that
+  still have work, whose ninja picks them up when its next job ends.  So the tail of one compile, its
   longest units running alone, is filled by the others.
 * **Whole.**  Any other compile (nvcc threads > 1, or a ninja without the client) takes
   all its ``MAX_JOBS x NVCC_THREADS`` slots before it starts and passes ``-j`` as before.
