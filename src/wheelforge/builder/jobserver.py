@@ -24,8 +24,8 @@ its companions) compiles them within one budget: the command's ``MAX_JOBS`` slot
   started (the shim touches a file) are more than it has jobs for, and go; so does a
   slot given back by a lane whose ninja has no unstarted job left (its progress line
   ``[done/total]`` against the jobs it runs).  The pool gives them to the lanes that
-  still have work, whose ninja picks them up when its next job ends.  So the tail of one compile, its
-  longest units running alone, is filled by the others.
+  still have work, whose ninja picks them up when its next job ends.  So the tail of
+  one compile, its longest units running alone, is filled by the others.
 * **Whole.**  Any other compile (nvcc threads > 1, or a ninja without the client) takes
   all its ``MAX_JOBS x NVCC_THREADS`` slots before it starts and passes ``-j`` as before.
 
