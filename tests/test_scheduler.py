@@ -349,11 +349,17 @@ def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
         time.sleep(0.3)
         signal.pthread_kill(main, signal.SIGINT)
 
+    # Ctrl-C as at a terminal: a test run started in the background from a shell that is
+    # not interactive inherits SIGINT ignored, and Python keeps it ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt, daemon=True).start()
     began = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        scheduler.build_with_companions([book.load("purec"), book.load("pureb")], book,
-                                        _config(tmp_path), Reporter(io.StringIO()))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            scheduler.build_with_companions([book.load("purec"), book.load("pureb")], book,
+                                            _config(tmp_path), Reporter(io.StringIO()))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - began < 20
     assert not _proc.stopping()  # both builds ended: commands may run again
     assert _proc.run(["true"]).returncode == 0
