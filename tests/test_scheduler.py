@@ -113,9 +113,10 @@ def test_a_lane_waits_for_its_share_rather_than_start_on_fewer(tmp_path: Path) -
         os.utime(a.started, (0, time.time() - jobserver.GRAB_S))
         a.progress(0, 4)
         opened: list[int] = []
+        waited: list[str] = []
 
         def open_b() -> None:
-            with pool.lane("b", 4) as b:
+            with pool.lane("b", 4, on_wait=lambda: waited.append("b")) as b:
                 opened.append(b.given + 1)
 
         t = threading.Thread(target=open_b)
@@ -127,7 +128,7 @@ def test_a_lane_waits_for_its_share_rather_than_start_on_fewer(tmp_path: Path) -
         _as_ninja(a, give=1)  # another: 2 free, b's half
         a.progress(2, 4)
         t.join(5)
-        assert opened == [2]
+        assert opened == [2] and waited == ["b"]  # told once
 
 
 def test_a_whole_compile_waits_while_lanes_keep_what_they_hold(tmp_path: Path) -> None:

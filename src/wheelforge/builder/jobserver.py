@@ -46,7 +46,7 @@ import tempfile
 import termios
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -254,22 +254,27 @@ class Pool:
             self._expected.pop(name, None)
             self._rebalance()
 
-    def _wait(self, enough: int) -> None:
-        """Wait (the lock held) until ``enough`` slots are free; Ctrl-C stops it."""
-        while self._free < enough:
+    def _wait(self, enough: Callable[[], int], on_wait: Callable[[], None] | None) -> None:
+        """Wait (the lock held) until ``enough()`` slots are free, telling ``on_wait``
+        once if it must; Ctrl-C stops it."""
+        while self._free < enough():
             if _proc.stopping():
                 raise KeyboardInterrupt
+            if on_wait is not None:
+                on_wait()
+                on_wait = None
             self._rebalance()
             self._cond.wait(TICK_S)
 
     @contextlib.contextmanager
-    def slots(self, count: int) -> Iterator[int]:
-        """Hold ``count`` slots (at most the pool's) for a compile; yield how many."""
+    def slots(self, count: int, on_wait: Callable[[], None] | None = None) -> Iterator[int]:
+        """Hold ``count`` slots (at most the pool's) for a compile; yield how many.
+        ``on_wait`` hears it once if they are not free."""
         count = max(1, min(count, self.size))
         with self._cond:
             self._whole_waiting += 1
             try:
-                self._wait(count)
+                self._wait(lambda: count, on_wait)
             finally:
                 self._whole_waiting -= 1
             self._free -= count
@@ -282,16 +287,14 @@ class Pool:
                 self._cond.notify_all()
 
     @contextlib.contextmanager
-    def lane(self, name: str, jobs: int) -> Iterator[Lane]:
+    def lane(self, name: str, jobs: int,
+             on_wait: Callable[[], None] | None = None) -> Iterator[Lane]:
         """A lane of at most ``jobs`` jobs for ``name``'s compile, filled with its share
-        before the compile starts (it waits for the first slot)."""
+        before the compile starts: it waits until the share is free (``on_wait`` hears it
+        once if it must)."""
         jobs = min(jobs, self.size)
         with self._cond:
-            while self._free < self._opening(name, jobs):
-                if _proc.stopping():
-                    raise KeyboardInterrupt
-                self._rebalance()
-                self._cond.wait(TICK_S)
+            self._wait(lambda: self._opening(name, jobs), on_wait)
             self._free -= 1
             lane = Lane(name, self._dir, jobs)
             self._expected.pop(name, None)

@@ -561,10 +561,12 @@ def _compile_slots(pool: jobserver.Pool | None, recipe: Recipe, config: BuildCon
     if pool is None:
         yield None
         return
-    if pool.free() < 1:
+
+    def waiting() -> None:
         reporter.info("waiting for compile slots (the command's other builds hold them)")
+
     if _joins(pool, config, env):
-        with pool.lane(str(recipe.name), config.jobs) as lane:
+        with pool.lane(str(recipe.name), config.jobs, on_wait=waiting) as lane:
             environ.update(lane.environ())
             shim = pool.shim(env.bin_dir / "ninja")
             environ["PATH"] = os.pathsep.join([str(shim), environ.get("PATH", "")])
@@ -572,7 +574,7 @@ def _compile_slots(pool: jobserver.Pool | None, recipe: Recipe, config: BuildCon
                           f"{lane.jobs} as the command's other builds leave them")
             yield lane
         return
-    with pool.slots(config.jobs * config.nvcc_threads) as held:
+    with pool.slots(config.jobs * config.nvcc_threads, on_wait=waiting) as held:
         reporter.info(f"compile slots: {held} of {pool.size}, held for the compile")
         yield None
 
