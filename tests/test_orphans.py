@@ -124,3 +124,18 @@ def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache
     _, err = again.communicate(timeout=900)
     assert again.returncode == 0, err[-3000:]
     assert list((tmp_path / "index" / "files").glob("tinyext-*.whl"))
+
+
+def test_a_command_that_ended_is_not_held_by_what_it_left_behind() -> None:
+    """A build backend the OOM killer took leaves ninja and its compilers holding the
+    output pipe: once the command has ended, what is left of its session is killed after
+    a short grace, and a command killed by a signal says so as a shell would."""
+    from wheelforge import _proc
+
+    began = time.monotonic()
+    done = _proc.run(["sh", "-c", "echo started; sleep 120 & exit 0"], check=False)
+    assert done.returncode == 0 and done.output == "started\n"
+    assert time.monotonic() - began < 60  # not the sleep's 120 s
+    with pytest.raises(_proc.CommandFailed) as failed:
+        _proc.run(["sh", "-c", "kill -9 $$"])
+    assert failed.value.tail.endswith("sh was killed by SIGKILL (exit status 137)\n")

@@ -128,6 +128,8 @@ def run(
         _WATCHDOG.watch(proc.pid)
         with _RUNNING_LOCK:
             _RUNNING.add(proc)
+        reading = threading.Event()
+        threading.Thread(target=_end_orphans, args=(proc, reading), daemon=True).start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -143,6 +145,7 @@ def run(
             _kill_group(proc)
             raise
         finally:
+            reading.set()
             with _RUNNING_LOCK:
                 _RUNNING.discard(proc)
             _WATCHDOG.forget(proc.pid)
@@ -151,9 +154,49 @@ def run(
             log_file.close()
     if _STOPPING.is_set():  # killed by stop_all: stopped, not failed
         raise KeyboardInterrupt
+    if returncode < 0:  # killed by a signal: say so as a shell would (137 for SIGKILL)
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-returncode).name
+            tail.append(f"{os.path.basename(args[0])} was killed by {name} "
+                        f"(exit status {128 - returncode})\n")
     if check and returncode != 0:
         raise CommandFailed(args, returncode, "".join(tail))
     return Completed(tuple(args), returncode, "".join(kept))
+
+
+#: How long the processes a command left behind may hold its output once it has ended.
+ORPHAN_GRACE_S = 5.0
+
+
+def _end_orphans(proc: subprocess.Popen[str], reading: threading.Event) -> None:
+    """Once ``proc`` has ended, kill what is left of its session after
+    :data:`ORPHAN_GRACE_S` if its output is still being read: processes it left behind
+    (a ninja and its compilers when the kernel's OOM killer took the build backend)
+    would otherwise hold the pipe, and the command, for as long as they run."""
+    while proc.poll() is None:
+        if reading.wait(0.2):
+            return
+    if reading.wait(ORPHAN_GRACE_S):
+        return
+    for pid in _session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _session_members(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(int(entry))
+    return found
 
 
 def descendants(pid: int) -> list[int]:
