@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -185,7 +185,12 @@ def _end_orphans(proc: subprocess.Popen[str], reading: threading.Event) -> None:
 
 def _session_members(sid: int) -> list[int]:
     """The live processes of session ``sid`` (from /proc)."""
-    found = []
+    return [pid for pid, fields in _processes() if fields[0] != "Z" and int(fields[3]) == sid]
+
+
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Every process's pid and the fields of its /proc/PID/stat after the command name
+    (state, ppid, pgrp, session, ...)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -194,24 +199,14 @@ def _session_members(sid: int) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            found.append(int(entry))
-    return found
+        yield int(entry), fields
 
 
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc), children first found first."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+    for child, fields in _processes():
+        children.setdefault(int(fields[1]), []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

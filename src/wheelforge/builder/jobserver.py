@@ -100,7 +100,7 @@ def split(total: int, wants: Sequence[tuple[str, int]]) -> dict[str, int]:
     above what it can use, the rest of a share to the others (water-filling); a slot
     left over by the division goes to the first in ``wants``."""
     got = {name: 0 for name, _cap in wants}
-    open_ = [(name, max(0, cap)) for name, cap in wants if cap > 0]
+    open_ = [(name, cap) for name, cap in wants if cap > 0]
     left = max(0, total)
     while left > 0 and open_:
         each = max(1, left // len(open_))
@@ -148,7 +148,7 @@ class Lane:
         fcntl.ioctl(self._fd, termios.FIONREAD, buf)
         return int(buf[0])
 
-    def can_use(self, now: float | None = None) -> int:
+    def can_use(self) -> int:
         """The most slots (beyond the first) this lane's compile can use now: all it may
         take until its ninja has started and had :data:`GRAB_S` to take them; then those
         in its hands, and as many more as its progress line says it has jobs to start."""
@@ -156,7 +156,7 @@ class Lane:
             started: float | None = self.started.stat().st_mtime
         except FileNotFoundError:
             started = None
-        if started is None or (now or time.time()) - started < GRAB_S:
+        if started is None or time.time() - started < GRAB_S:
             return self.jobs - 1
         if started != self._start_seen:  # another ninja (the next extension): anew
             self._start_seen, self.done, self.total = started, None, None
@@ -205,7 +205,7 @@ class Pool:
         self._free = self.size
         self._cond = threading.Condition()
         self._lanes: dict[str, Lane] = {}
-        self._expected: dict[str, int] = {}
+        self._expected: set[str] = set()
         self._reserve_until: float | None = None
         self._whole_waiting = 0
         self._closed = False
@@ -246,12 +246,12 @@ class Pool:
     def expect(self, name: str) -> None:
         """``name`` will compile: hold its share when another lane opens first."""
         with self._cond:
-            self._expected[name] = self.size
+            self._expected.add(name)
 
     def withdraw(self, name: str) -> None:
         """``name`` will not compile (any more): its held share goes to the lanes."""
         with self._cond:
-            self._expected.pop(name, None)
+            self._expected.discard(name)
             self._rebalance()
 
     def _wait(self, enough: Callable[[], int], on_wait: Callable[[], None] | None) -> None:
@@ -297,7 +297,7 @@ class Pool:
             self._wait(lambda: self._opening(name, jobs), on_wait)
             self._free -= 1
             lane = Lane(name, self._dir, jobs)
-            self._expected.pop(name, None)
+            self._expected.discard(name)
             self._lanes[name] = lane
             if self._reserve_until is None:
                 self._reserve_until = time.monotonic() + RESERVE_S
@@ -347,8 +347,7 @@ class Pool:
         if self._whole_waiting:  # a whole compile waits: the lanes keep what they hold
             wants = [(lane.name, lane.given - lane.sitting() + 1) for lane in lanes]
         elif self._reserve_until is not None and time.monotonic() < self._reserve_until:
-            wants += [(name, cap) for name, cap in self._expected.items()
-                      if name not in self._lanes]
+            wants += [(name, self.size) for name in self._expected if name not in self._lanes]
         target = {name: max(0, share - 1) for name, share in split(self._total(), wants).items()}
         for lane in lanes:
             if lane.given > target[lane.name]:
