@@ -317,3 +317,18 @@ def test_undefined_symbol_only_at_import() -> None:
     assert diagnose("ld.lld: error: undefined symbol: cudaLaunchKernel\n") == []
     d = only("OSError: /x/libops.so: undefined symbol: _ZN2at4_ops3add4callEv\n")
     assert d.id == "WF-D011" and "_ZN2at4_ops3add4callEv" in d.cause
+
+
+@pytest.mark.parametrize("returncode", [-9, 137])
+def test_a_build_backend_killed_by_sigkill_is_out_of_memory(tmp_path: Path,
+                                                           returncode: int) -> None:
+    """The OOM killer may take the build backend's Python (the largest process: it holds
+    torch) rather than a compiler; its log then ends with no compiler message at all."""
+    from wheelforge._proc import CommandFailed
+    from wheelforge.builder.backend import failure
+
+    log_file = tmp_path / "build.log"
+    log_file.write_text("running build_ext\nbuilding 'tinyext_cuda' extension\n")
+    err = failure("tinyext-0.1.0", CommandFailed(["python"], returncode, ""), log_file, jobs=4)
+    assert "[WF-D009]" in str(err)
+    assert "--jobs 2" in err.fix

@@ -165,7 +165,8 @@ def failure(what: str, exc: _proc.CommandFailed, log: Path, jobs: int | None) ->
     except OSError:
         text = exc.tail
     if exc.returncode in (-9, 137):  # SIGKILL: on a build machine, the OOM killer
-        text += "\nwheelforge: the build backend exited with status 137 (SIGKILL)\n"
+        # worded as the shell words it, which WF-D009's patterns know
+        text += "\nwheelforge: the build backend was killed by SIGKILL (exit status 137)\n"
     found = diagnose(text, jobs=jobs)
     if found:
         d = found[0]
