@@ -157,8 +157,8 @@ def test_published_cells_are_skipped_without_a_build_or_an_environment(
         tmp_path: Path, pure_book: RecipeBook, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     first = run_fake(tmp_path, pure_book, fake_builder(calls), ["purea", "pureb"])
-    assert [r.status for r in first.results] == ["built", "built"] and calls == ["purea",
-                                                                                 "pureb"]
+    assert [r.status for r in first.results] == ["built", "built"]
+    assert sorted(calls) == ["purea", "pureb"]  # built at once: in either order
 
     def no_env(*a: object, **kw: object) -> None:
         raise AssertionError("a build environment was asked for")
@@ -166,7 +166,7 @@ def test_published_cells_are_skipped_without_a_build_or_an_environment(
     monkeypatch.setattr("wheelforge.builder.buildenv.inspect_env", no_env)
     second = run_fake(tmp_path, pure_book, fake_builder(calls), ["purea", "pureb"])
     assert [r.status for r in second.results] == ["skipped", "skipped"]
-    assert calls == ["purea", "pureb"]  # nothing built again
+    assert sorted(calls) == ["purea", "pureb"]  # nothing built again
     assert second.results[0].wheel == "purea-0.1.0-py3-none-any.whl"
     assert second.results[0].build_key == first.results[0].build_key
     assert not second.failed
@@ -193,6 +193,50 @@ def test_a_failing_cell_does_not_stop_the_others_and_is_reported(
     assert 'href="../files/purea-0.1.0-py3-none-any.whl"' in page
     stamped = sorted((tmp_path / "index" / "reports").glob("nightly-2*.json"))
     assert len(stamped) == 1 and stamped[0].read_text() == json.dumps(data, indent=2) + "\n"
+
+
+def test_cells_build_at_once_unless_told_otherwise(
+        tmp_path: Path, pure_book: RecipeBook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three independent cells are inside their builds at the same time (a barrier that
+    three builds must reach together); WHEELFORGE_BUILDS_AT_ONCE=off builds them one after
+    another, in the matrix's order."""
+    inside = threading.Barrier(3, timeout=20)
+    calls: list[str] = []
+    publish = fake_builder(calls)
+
+    def together(recipe: Recipe, config: BuildConfig, reporter: Reporter
+                 ) -> pipeline.BuildResult:
+        reporter.info(f"building {recipe.name}")
+        inside.wait()  # BrokenBarrierError unless all three are here at once
+        return publish(recipe, config, reporter)
+
+    log = io.StringIO()
+    path = write_matrix(tmp_path, ["purea", "pureb", "purec"],
+                        [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
+    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
+                                work_dir=tmp_path / "work", project_file=path)
+    report = nightly.run(load_matrix(path, pure_book.names()), pure_book, settings,
+                         reporter=Reporter(log), build=together)
+    assert [r.status for r in report.results] == ["built"] * 3
+    assert sorted(calls) == ["purea", "pureb", "purec"]
+    for n, name in enumerate(["purea", "pureb", "purec"], 1):  # each cell's lines: [N/M]
+        assert f"[{n}/3]   building {name}" in log.getvalue()
+
+    monkeypatch.setenv("WHEELFORGE_BUILDS_AT_ONCE", "off")
+    order: list[str] = []
+
+    def alone(recipe: Recipe, config: BuildConfig, reporter: Reporter
+              ) -> pipeline.BuildResult:
+        order.append(recipe.name)
+        assert threading.active_count() == before  # no cell thread beside this one
+        return fake_builder([])(recipe, config, reporter)
+
+    shutil.rmtree(tmp_path / "index")
+    before = threading.active_count()
+    again = nightly.run(load_matrix(path, pure_book.names()), pure_book, settings,
+                        reporter=Reporter(io.StringIO()), build=alone)
+    assert [r.status for r in again.results] == ["built"] * 3
+    assert order == ["purea", "pureb", "purec"]
 
 
 def test_a_cell_locked_by_another_run_is_taken_up_last(

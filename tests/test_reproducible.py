@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -75,6 +76,32 @@ def test_fixed_paths_are_held_emptied_and_removed(tmp_path: Path) -> None:
     (root / "p-1.0" / "src" / "stale").write_text("x")
     with reproducible.fixed_paths("p-1.0", root=root) as fixed:
         assert not fixed.src.exists()  # emptied before use
+
+
+def test_two_builds_of_one_process_take_turns_at_the_fixed_path(tmp_path: Path) -> None:
+    """The nightly's cells of one recipe version for two torches, built at once in
+    threads: the second waits (and says so) until the first has left the path."""
+    root = tmp_path / "build-root"
+    events: list[str] = []
+    busy: list[str] = []
+    inside = threading.Event()
+
+    def second() -> None:
+        inside.wait(10)
+        with reproducible.fixed_paths("p-1.0", root=root, on_busy=busy.append) as fixed:
+            events.append("second in")
+            assert not (fixed.root / "first").exists()
+
+    t = threading.Thread(target=second)
+    t.start()
+    with reproducible.fixed_paths("p-1.0", root=root) as fixed:
+        (fixed.root / "first").write_text("mine")
+        inside.set()
+        time.sleep(0.5)
+        events.append("first out")
+    t.join(10)
+    assert events == ["first out", "second in"]
+    assert busy and busy[0].startswith("another build of this command")
 
 
 def test_a_link_at_the_fixed_path_is_refused(tmp_path: Path) -> None:

@@ -131,6 +131,16 @@ def test_a_lane_waits_for_its_share_rather_than_start_on_fewer(tmp_path: Path) -
         assert opened == [2] and waited == ["b"]  # told once
 
 
+def test_two_compiles_of_one_recipe_get_a_lane_each(tmp_path: Path) -> None:
+    """A nightly builds cells of one recipe for two torches at once: each compile has its
+    own lane and share, and closing one leaves the other's alone."""
+    with jobserver.Pool(8, tmp_path) as pool, pool.lane("causal-conv1d", 4) as a:
+        with pool.lane("causal-conv1d", 4) as b:
+            assert a.name != b.name and a.fifo != b.fifo
+            assert (a.given, b.given, pool.free()) == (3, 3, 0)
+        assert a.given == 3 and pool.free() == 4
+
+
 def test_a_whole_compile_waits_while_lanes_keep_what_they_hold(tmp_path: Path) -> None:
     with jobserver.Pool(4, tmp_path) as pool, pool.lane("a", 4) as a:
         assert a.given == 3

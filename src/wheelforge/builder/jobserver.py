@@ -294,11 +294,15 @@ class Pool:
         once if it must)."""
         jobs = min(jobs, self.size)
         with self._cond:
-            self._wait(lambda: self._opening(name, jobs), on_wait)
+            key, n = name, 1
+            while key in self._lanes:  # two builds of one recipe (a nightly's cells)
+                n += 1
+                key = f"{name}#{n}"
+            self._wait(lambda: self._opening(key, jobs), on_wait)
             self._free -= 1
-            lane = Lane(name, self._dir, jobs)
+            lane = Lane(key, self._dir, jobs)
             self._expected.discard(name)
-            self._lanes[name] = lane
+            self._lanes[key] = lane
             if self._reserve_until is None:
                 self._reserve_until = time.monotonic() + RESERVE_S
             self._rebalance()
@@ -310,7 +314,7 @@ class Pool:
             yield lane
         finally:
             with self._cond:
-                del self._lanes[name]
+                del self._lanes[key]
                 back = lane.close()
                 self._free += back + 1
                 self._rebalance()

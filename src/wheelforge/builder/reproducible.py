@@ -14,8 +14,8 @@ What varies between two builds of one key, and what fixes it (docs/reproducible.
   units with the same command lines, so the compile cache serves them, and what it
   serves is byte for byte what the compiler would write there (no base-directory
   rewriting).  The directory is held under a lock (two builds of one recipe version on
-  one machine take turns) and removed at the end of the build; after a failure the tree
-  is moved into the kept work directory first.
+  one machine, or in one command, take turns) and removed at the end of the build;
+  after a failure the tree is moved into the kept work directory first.
 * **The date.**  ``SOURCE_DATE_EPOCH`` is the newest member date of the source archive
   (an sdist's files; a git archive's members carry the commit time), whatever the
   environment says; setuptools/wheel date the zip members from it, the SBOM too.
@@ -181,6 +181,32 @@ def _own_directory(path: Path, mode: int) -> None:
             fix=f"remove {path} (or ask its owner to), then build again")
 
 
+_TAKEN: set[Path] = set()  # the fixed paths that builds of this process hold
+_TAKEN_CHANGED = threading.Condition()
+
+
+@contextlib.contextmanager
+def _in_this_process(path: Path, on_busy: Callable[[str], None] | None) -> Iterator[None]:
+    """Hold ``path`` among the builds of this process (the nightly's cells at once; two of
+    one recipe version take turns).  The file lock cannot tell them apart: it is
+    re-entrant within a process, so that the nightly's key lock may be taken again by
+    the build it runs."""
+    with _TAKEN_CHANGED:
+        if path in _TAKEN and on_busy is not None:
+            on_busy(f"another build of this command (pid {os.getpid()})")
+        while path in _TAKEN:
+            if _proc.stopping():
+                raise KeyboardInterrupt
+            _TAKEN_CHANGED.wait(0.2)
+        _TAKEN.add(path)
+    try:
+        yield
+    finally:
+        with _TAKEN_CHANGED:
+            _TAKEN.discard(path)
+            _TAKEN_CHANGED.notify_all()
+
+
 @contextlib.contextmanager
 def fixed_paths(slot: str, root: Path = BUILD_ROOT,
                 on_busy: Callable[[str], None] | None = None) -> Iterator[FixedPaths]:
@@ -190,7 +216,8 @@ def fixed_paths(slot: str, root: Path = BUILD_ROOT,
         raise ValueError(f"not a fixed build path name: {slot!r}")
     _own_directory(root, 0o1777)  # shared by the machine's users, like /tmp
     here = FixedPaths(root / slot)
-    with owned_lock(root / f"{slot}.lock", on_busy=on_busy):
+    with _in_this_process(here.root, on_busy), owned_lock(root / f"{slot}.lock",
+                                                          on_busy=on_busy):
         if os.path.lexists(here.root):
             _own_directory(here.root, 0o755)
             shutil.rmtree(here.root)

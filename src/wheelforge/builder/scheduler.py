@@ -79,22 +79,33 @@ def plan(recipes: list[Recipe], book: RecipeBook, config: BuildConfig) -> list[P
 
 
 def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
-                          reporter: Reporter) -> list[BuildResult]:
+                          reporter: Reporter, pool: jobserver.Pool | None = None,
+                          inspections: buildenv.Inspections | None = None
+                          ) -> list[BuildResult]:
     """Build ``recipes`` and the companions each one names (reused when published); every
     wheel pins the companion builds it was made with.  The results come companions first.
     Interpreters are inspected once for all of them (buildenv.Inspections).  One build
-    runs here; several run at once (see the module's docstring)."""
+    runs here; several run at once (see the module's docstring).  ``pool``: compile
+    slots shared with builds of the caller's (the nightly's cells at once), else the
+    command's own."""
     planned = plan(recipes, book, config)
-    inspections = buildenv.Inspections()
+    inspections = inspections or buildenv.Inspections()
     if len(planned) == 1 or not at_once():
         done: dict[str, BuildResult] = {}
         for p in planned:  # one after another, in the caller's thread
             done[p.recipe.name] = build_one(
                 p.recipe, p.config, reporter, {c: done[c] for c in p.companions},
-                inspections)
+                inspections, pool=pool)
         return list(done.values())
-    with jobserver.Pool(config.jobs * config.nvcc_threads) as pool:
+    if pool is not None:
         return _together(planned, reporter, inspections, pool)
+    with pool_for(config) as own:
+        return _together(planned, reporter, inspections, own)
+
+
+def pool_for(config: BuildConfig) -> jobserver.Pool:
+    """The compile slots of a command built with ``config``: MAX_JOBS x NVCC_THREADS."""
+    return jobserver.Pool(config.jobs * config.nvcc_threads)
 
 
 def at_once(environ: Mapping[str, str] | None = None) -> bool:

@@ -120,8 +120,9 @@ def _echo_report(report: Any, reports: Path) -> None:
 @cache_option
 @work_option
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
-              show_default=True, help="Where the cells build: one after another in this "
-              "process, or as tasks on a Ray cluster (pip install 'wheelforge[ray]'; see "
+              show_default=True, help="Where the cells build: in this process (up to four at "
+              "once, sharing --jobs; WHEELFORGE_BUILDS_AT_ONCE=off: one after another), or as "
+              "tasks on a Ray cluster (pip install 'wheelforge[ray]'; see "
               "docs/nightly.md).")
 @click.option("--ray-address", metavar="ADDRESS", help="The Ray cluster to connect to (default "
               "$RAY_ADDRESS, else 'auto': the cluster `ray start` runs on this machine).")

@@ -1,15 +1,25 @@
-"""The in-process nightly: build every out-of-date cell of the matrix, one after another,
+"""The in-process nightly: build every out-of-date cell of the matrix, several at once,
 and report.
 
 :func:`run` walks the cells of the ``matrix:`` in wheelforge.yaml.  A cell whose
 build key is already published is skipped before any environment is created or
-anything is compiled; the others are built one after another by
-:func:`scheduler.build_with_companions` (a recipe's companions built or reused first),
-each into a stage and published from it by the parts of :mod:`fanout` (``nightly run``
-and ``nightly publish``), and a failure is recorded and the run goes on.  Each build
-holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index again once
-it holds it, so two nightly runs on one index never build a cell twice: a cell that
-another run is building is put back and taken up last, when that run has published it.
+anything is compiled; the others are built by :func:`scheduler.build_with_companions`
+(a recipe's companions built or reused first), each into a stage and published from it
+by the parts of :mod:`fanout` (``nightly run`` and ``nightly publish``), and a failure is
+recorded and the run goes on.
+
+Up to :data:`CELLS_AT_ONCE` cells build at once, in threads, within one pool of compile
+slots (builder/jobserver.py), as the recipes of ``wheelforge build A B`` do: one cell's
+fixed steps (environment, verify imports, publish) overlap another's compile, and a
+compile's tail leaves its slots to the others.  A cell starts once the cells of its
+recipe's companions have ended (it finds their wheels published).  Each cell's lines
+start with ``[N/M]``, its place in the run.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds
+them one after another.
+
+Each build holds a lock per build key (``CACHE/locks/KEY.lock``) and checks the index
+again once it holds it, so two nightly runs on one index never build a cell twice: a
+cell that another run is building is put back and taken up last, when that run has
+published it.
 
 With a ``canary:`` in the matrix, the newest upstream release of each canary recipe is
 then tried in scratch (:mod:`.canary`): reported beside the cells, never published, and
@@ -24,15 +34,19 @@ Retention (``wheelforge prune``) is :mod:`.prune`'s.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import index
+from .. import _proc, index
 from .._fs import locked, owned_lock
 from .._log import Reporter
-from ..builder import pipeline
+from ..builder import pipeline, scheduler
+from ..errors import WheelforgeError
 from ..index.health import StackStatus
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Matrix, cells
@@ -55,13 +69,20 @@ def _build_cell(state: CellRunner, plan: CellPlan) -> CellResult:
     return run_and_publish(state, plan)
 
 
+#: The most cells built at once: each holds a build backend with torch imported and
+#: runs its own verify imports, and past four the fixed steps have little left to overlap.
+CELLS_AT_ONCE = 4
+
+
 def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Reporter,
-        report_dir: Path | None = None, build: Builder | None = None) -> NightlyReport:
+        report_dir: Path | None = None, build: Builder | None = None,
+        together: bool | None = None) -> NightlyReport:
     """Build every out-of-date cell; write the report (also when interrupted).
 
     ``report_dir`` defaults to ``<index>/reports``.  ``build`` is the builder
     (:func:`scheduler.build_with_companions`, a recipe's companions built or reused first; tests
-    pass their own).
+    pass their own).  ``together``: build the cells at once (by default, unless
+    WHEELFORGE_BUILDS_AT_ONCE=off).
     """
     started_wall, started = datetime.now(timezone.utc), time.monotonic()
     index.repair(settings.index_dir)  # a change a killed writer left: finished first
@@ -69,29 +90,30 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     state.check_companions()
     todo = state.companions_first(cells(matrix, state.kinds()))
     results: dict[int, CellResult] = {}
-    deferred: list[tuple[int, CellPlan]] = []
     interrupted = False
     stacks: tuple[StackStatus, ...] = ()
     canaries: tuple[CanaryResult, ...] = ()
     try:
+        queue: list[tuple[int, CellPlan]] = []
         for i, cell in enumerate(todo):
             plan = state.plan(cell)
-            where = f"[{i + 1}/{len(todo)}] {cell.label}"
             if plan.error is not None:
                 results[i] = state.failed(plan, plan.error)
                 continue
             assert plan.key is not None
             if plan.key in state.published:
                 results[i] = state.skipped(plan, "published")
-                reporter.info(f"{where}: up to date (build key {plan.key[:16]})")
+                reporter.info(f"[{i + 1}/{len(todo)}] {cell.label}: up to date "
+                              f"(build key {plan.key[:16]})")
                 continue
-            with owned_lock(lock_path(settings.cache_dir, plan.key), wait=False) as mine:
-                if not mine:
-                    reporter.info(f"{where}: another run is building it; taken up last")
-                    deferred.append((i, plan))
-                    continue
-                reporter.header(f"{where}: building")
-                results[i] = _build_cell(state, plan)
+            queue.append((i, plan))
+        if together is None:
+            together = scheduler.at_once(settings.environ)
+        if together and len(queue) > 1:
+            deferred = _at_once(state, queue, len(todo), results, own_builder=build is None)
+        else:
+            deferred = [item for item in queue
+                        if not _try_cell(state, *item, len(todo), results)]
         for i, plan in deferred:
             assert plan.key is not None
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
@@ -126,3 +148,98 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         record_durations(settings.cache_dir, [(todo[i], r.duration_s) for i, r in
                                               results.items() if r.status == "built"])
     return report
+
+
+def _try_cell(state: CellRunner, i: int, plan: CellPlan, total: int,
+              results: dict[int, CellResult]) -> bool:
+    """Build cell ``i`` unless another run holds its lock; False when it does (the cell
+    is then taken up last)."""
+    assert plan.key is not None
+    where = f"[{i + 1}/{total}] {plan.cell.label}"
+    with owned_lock(lock_path(state.settings.cache_dir, plan.key), wait=False) as mine:
+        if not mine:
+            state.reporter.info(f"{where}: another run is building it; taken up last")
+            return False
+        state.reporter.header(f"{where}: building")
+        results[i] = _build_cell(state, plan)
+        return True
+
+
+def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
+             results: dict[int, CellResult], *, own_builder: bool) -> list[tuple[int, CellPlan]]:
+    """Build the cells of ``queue`` at once (at most :data:`CELLS_AT_ONCE`), each after
+    the cells of its recipe's companions; returns the cells another run holds.  With
+    wheelforge's own builder the cells share one pool of compile slots."""
+    first = queue[0][1]
+    assert first.config is not None
+    with contextlib.ExitStack() as stack:
+        if own_builder:
+            pool = stack.enter_context(scheduler.pool_for(first.config))
+            state.build = with_companions(state.book, pool)
+            state.reporter.info(f"{len(queue)} cells to build, up to {CELLS_AT_ONCE} at once, "
+                                f"sharing {pool.size} compile slot(s)")
+        ended = {i: threading.Event() for i, _ in queue}
+        needs = {i: [j for j, other in queue if j != i and other.cell.recipe in
+                     _companions(state, plan)] for i, plan in queue}
+        turns = threading.Semaphore(CELLS_AT_ONCE)
+        deferred: list[tuple[int, CellPlan]] = []
+        raised: list[BaseException] = []
+
+        def work(i: int, plan: CellPlan) -> None:
+            view = state.reporter.view(f"{i + 1}/{total}")
+            try:
+                for j in needs[i]:
+                    _wait(ended[j].wait)
+                _wait(lambda timeout: turns.acquire(timeout=timeout))
+                try:
+                    mine = copy.copy(state)  # the run's state, reporting through the view
+                    mine.reporter = view
+                    if not _try_cell(mine, i, plan, total, results):
+                        deferred.append((i, plan))
+                finally:
+                    turns.release()
+            except BaseException as exc:  # raised again by the caller, in its thread
+                raised.append(exc)
+            finally:
+                view.done()
+                ended[i].set()
+
+        threads = [threading.Thread(target=work, args=item, daemon=True,
+                                    name=f"wheelforge-cell-{item[0] + 1}") for item in queue]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)  # short waits: a signal reaches this thread between them
+        except KeyboardInterrupt:
+            _proc.stop_all()  # every cell's commands, and no new ones
+            deadline = time.monotonic() + scheduler.STOP_GRACE_S
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if not any(t.is_alive() for t in threads):
+                _proc.resume()
+            raise
+        if raised:
+            raise next((e for e in raised if isinstance(e, KeyboardInterrupt)), raised[0])
+    return sorted(deferred, key=lambda item: item[0])
+
+
+def _companions(state: CellRunner, plan: CellPlan) -> set[str]:
+    """The recipes ``plan``'s recipe needs published first: its companions, theirs..."""
+    out: set[str] = set()
+    todo = [str(c) for c in plan.recipe.companions] if plan.recipe else []
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            with contextlib.suppress(WheelforgeError):
+                todo.extend(str(c) for c in state.recipe(name).companions)
+    return out
+
+
+def _wait(wait: Callable[[float], bool]) -> None:
+    """``wait(timeout)`` until it says True; Ctrl-C (the command stopping) ends it."""
+    while not wait(0.2):
+        if _proc.stopping():
+            raise KeyboardInterrupt

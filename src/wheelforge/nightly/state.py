@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .. import index
 from .._log import Reporter
-from ..builder import buildenv, config, pipeline, scheduler, toolchain
+from ..builder import buildenv, config, jobserver, pipeline, scheduler, toolchain
 from ..errors import ConfigError, ToolchainError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix
@@ -194,10 +194,14 @@ class CellRunner:
                     "torch build for that CUDA)")
 
 
-def with_companions(book: RecipeBook) -> Builder:
+def with_companions(book: RecipeBook, pool: jobserver.Pool | None = None) -> Builder:
     """The cells' builder: :func:`scheduler.build_with_companions` for one recipe (its
-    companions reused when published for the target, else built first)."""
-    return lambda r, c, rep: scheduler.build_with_companions([r], book, c, rep)[-1]
+    companions reused when published for the target, else built first).  ``pool``: the
+    compile slots that the cells built at once share; interpreters are inspected once
+    for all the cells."""
+    inspections = buildenv.Inspections()
+    return lambda r, c, rep: scheduler.build_with_companions(
+        [r], book, c, rep, pool=pool, inspections=inspections)[-1]
 
 
 def lock_path(cache_dir: Path, key: str) -> Path:
