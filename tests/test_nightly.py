@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ import pytest
 import yaml
 
 from conftest import IN_CI, MANYLINUX, PACKAGES, REPO, make_sdist, make_wheel, write_recipe
-from wheelforge import index, nightly
+from wheelforge import _proc, index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
 from wheelforge.builder import compilecache, pipeline
@@ -237,6 +238,43 @@ def test_cells_build_at_once_unless_told_otherwise(
                         reporter=Reporter(io.StringIO()), build=alone)
     assert [r.status for r in again.results] == ["built"] * 3
     assert order == ["purea", "pureb", "purec"]
+
+
+def test_ctrl_c_stops_every_cell_building_at_once_and_the_report_says_so(
+        tmp_path: Path, pure_book: RecipeBook) -> None:
+    """Two cells each run a real 60 s command; SIGINT to the main thread stops both (their
+    process groups killed), the run raises KeyboardInterrupt and its report is written."""
+    started: list[str] = []
+
+    def build(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> pipeline.BuildResult:
+        started.append(recipe.name)
+        _proc.run(["sleep", "60"])
+        raise AssertionError("not stopped")
+
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        while len(started) < 2:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    # Ctrl-C as at a terminal (a background test run inherits SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    threading.Thread(target=interrupt, daemon=True).start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_fake(tmp_path, pure_book, build, ["purea", "pureb"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - began < 30
+    assert sorted(started) == ["purea", "pureb"]
+    assert not _proc.stopping()  # both cells ended: commands may run again
+    data = latest(tmp_path)
+    assert data["interrupted"] is True
+    assert [c["status"] for c in data["cells"]] == ["not run", "not run"]
 
 
 def test_a_cell_locked_by_another_run_is_taken_up_last(
