@@ -312,6 +312,53 @@ def test_a_cell_locked_by_another_run_is_taken_up_last(
         ("purea", "skipped", "published by another run meanwhile"), ("pureb", "built", "")]
 
 
+def test_cells_at_once_share_a_pool_that_the_deferred_cells_do_not_use(
+        tmp_path: Path, pure_book: RecipeBook, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wheelforge's own builder: the cells built at once get one open pool of compile
+    slots; a cell taken up last (another run held it) is built after that pool has
+    closed, without it."""
+    from wheelforge.builder import jobserver
+    from wheelforge.nightly import inprocess
+
+    seen: list[tuple[str, bool]] = []
+
+    def with_companions(book: RecipeBook, pool: jobserver.Pool | None = None) -> Callable[
+            [Recipe, BuildConfig, Reporter], pipeline.BuildResult]:
+        def build(recipe: Recipe, config: BuildConfig, reporter: Reporter
+                  ) -> pipeline.BuildResult:
+            if pool is not None:
+                with pool.lane(recipe.name, 1):  # the pool is open: its lanes work
+                    pass
+            seen.append((recipe.name, pool is not None))
+            return fake_builder([])(recipe, config, reporter)
+        return build
+
+    monkeypatch.setattr(inprocess, "with_companions", with_companions)
+    path = write_matrix(tmp_path, ["purea", "pureb", "purec"],
+                        [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
+    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
+                                work_dir=tmp_path / "work", project_file=path)
+    matrix = load_matrix(path)
+    state = nightly.CellRunner(matrix, pure_book, settings, Reporter(io.StringIO()),
+                               pipeline.build_one)
+    key = state.plan(cells(matrix)[0]).key
+    held = threading.Event()
+
+    def other_run() -> None:  # holds purea's lock for a moment and builds nothing
+        with locked(tmp_path / "cache" / "locks" / f"{key}.lock"):
+            held.set()
+            time.sleep(2)
+
+    thread = threading.Thread(target=other_run)
+    thread.start()
+    held.wait(10)
+    report = nightly.run(matrix, pure_book, settings, reporter=Reporter(io.StringIO()))
+    thread.join()
+    assert [r.status for r in report.results] == ["built"] * 3
+    assert sorted(seen[:2]) == [("pureb", True), ("purec", True)]
+    assert seen[2] == ("purea", False)
+
+
 def test_an_interrupted_run_still_writes_its_report(tmp_path: Path,
                                                     pure_book: RecipeBook) -> None:
     def interrupted(recipe: Recipe, config: BuildConfig, r: Reporter) -> pipeline.BuildResult:

@@ -172,10 +172,12 @@ def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
     wheelforge's own builder the cells share one pool of compile slots."""
     first = queue[0][1]
     assert first.config is not None
+    shared = state
     with contextlib.ExitStack() as stack:
-        if own_builder:
+        if own_builder:  # the pool lives as long as these cells (not for the deferred ones)
             pool = stack.enter_context(scheduler.pool_for(first.config))
-            state.build = with_companions(state.book, pool)
+            shared = copy.copy(state)
+            shared.build = with_companions(state.book, pool)
             state.reporter.info(f"{len(queue)} cells to build, up to {CELLS_AT_ONCE} at once, "
                                 f"sharing {pool.size} compile slot(s)")
         ended = {i: threading.Event() for i, _ in queue}
@@ -192,7 +194,7 @@ def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
                     _wait(ended[j].wait)
                 _wait(lambda timeout: turns.acquire(timeout=timeout))
                 try:
-                    mine = copy.copy(state)  # the run's state, reporting through the view
+                    mine = copy.copy(shared)  # the run's state, reporting through the view
                     mine.reporter = view
                     if not _try_cell(mine, i, plan, total, results):
                         deferred.append((i, plan))
