@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import io
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,29 @@ def require_python311() -> None:
 @pytest.fixture
 def nvcc() -> str:
     return require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
+
+
+@contextlib.contextmanager
+def ctrl_c_when(ready: Callable[[], bool]) -> Iterator[None]:
+    """Ctrl-C as at a terminal: SIGINT to the main thread once ``ready()`` (and 0.3 s
+    more).  Python's SIGINT handler is installed for the duration: a test run started
+    in the background from a shell that is not interactive inherits SIGINT ignored, and
+    Python keeps it ignored."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        while not ready():
+            time.sleep(0.05)
+        time.sleep(0.3)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def make_sdist(src: Path, dest_dir: Path, name: str, version: str) -> tuple[Path, str]:

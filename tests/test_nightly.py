@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +24,16 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import IN_CI, MANYLINUX, PACKAGES, REPO, make_sdist, make_wheel, write_recipe
+from conftest import (
+    IN_CI,
+    MANYLINUX,
+    PACKAGES,
+    REPO,
+    ctrl_c_when,
+    make_sdist,
+    make_wheel,
+    write_recipe,
+)
 from wheelforge import _proc, index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
@@ -33,7 +41,7 @@ from wheelforge.builder import compilecache, pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError, ConfigError
 from wheelforge.recipe.format import RecipeBook
-from wheelforge.recipe.matrix import cells, load_matrix
+from wheelforge.recipe.matrix import Matrix, cells, load_matrix
 from wheelforge.recipe.model import Recipe
 
 TINYEXT = """format: 1
@@ -145,13 +153,29 @@ def fake_builder(calls: list[str], fail: set[str] = frozenset()  # type: ignore[
     return build
 
 
-def run_fake(root: Path, book: RecipeBook, build: Callable[..., pipeline.BuildResult],
-             recipes: list[str]) -> nightly.NightlyReport:
+def fake_matrix(root: Path, recipes: list[str]) -> tuple[Matrix, nightly.Settings]:
+    """A matrix of ``recipes`` for one torch and arch, and settings under ``root``."""
     path = write_matrix(root, recipes, [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
     settings = nightly.Settings(index_dir=root / "index", cache_dir=root / "cache",
                                 work_dir=root / "work", project_file=path)
-    return nightly.run(load_matrix(path, book.names()), book, settings,
-                       reporter=Reporter(io.StringIO()), build=build)
+    return load_matrix(path), settings
+
+
+def first_key(root: Path, book: RecipeBook, recipes: list[str]) -> str:
+    """The build key of the first cell of :func:`fake_matrix`'s matrix."""
+    matrix, settings = fake_matrix(root, recipes)
+    state = nightly.CellRunner(matrix, book, settings, Reporter(io.StringIO()),
+                               pipeline.build_one)
+    key = state.plan(cells(matrix)[0]).key
+    assert key
+    return key
+
+
+def run_fake(root: Path, book: RecipeBook, build: Callable[..., pipeline.BuildResult],
+             recipes: list[str], log: io.StringIO | None = None) -> nightly.NightlyReport:
+    matrix, settings = fake_matrix(root, recipes)
+    return nightly.run(matrix, book, settings, reporter=Reporter(log or io.StringIO()),
+                       build=build)
 
 
 def test_published_cells_are_skipped_without_a_build_or_an_environment(
@@ -212,12 +236,7 @@ def test_cells_build_at_once_unless_told_otherwise(
         return publish(recipe, config, reporter)
 
     log = io.StringIO()
-    path = write_matrix(tmp_path, ["purea", "pureb", "purec"],
-                        [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
-    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
-                                work_dir=tmp_path / "work", project_file=path)
-    report = nightly.run(load_matrix(path, pure_book.names()), pure_book, settings,
-                         reporter=Reporter(log), build=together)
+    report = run_fake(tmp_path, pure_book, together, ["purea", "pureb", "purec"], log)
     assert [r.status for r in report.results] == ["built"] * 3
     assert sorted(calls) == ["purea", "pureb", "purec"]
     for n, name in enumerate(["purea", "pureb", "purec"], 1):  # each cell's lines: [N/M]
@@ -234,8 +253,7 @@ def test_cells_build_at_once_unless_told_otherwise(
 
     shutil.rmtree(tmp_path / "index")
     before = threading.active_count()
-    again = nightly.run(load_matrix(path, pure_book.names()), pure_book, settings,
-                        reporter=Reporter(io.StringIO()), build=alone)
+    again = run_fake(tmp_path, pure_book, alone, ["purea", "pureb", "purec"])
     assert [r.status for r in again.results] == ["built"] * 3
     assert order == ["purea", "pureb", "purec"]
 
@@ -251,24 +269,9 @@ def test_ctrl_c_stops_every_cell_building_at_once_and_the_report_says_so(
         _proc.run(["sleep", "60"])
         raise AssertionError("not stopped")
 
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def interrupt() -> None:
-        while len(started) < 2:
-            time.sleep(0.05)
-        time.sleep(0.3)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    # Ctrl-C as at a terminal (a background test run inherits SIGINT ignored)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    threading.Thread(target=interrupt, daemon=True).start()
     began = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run_fake(tmp_path, pure_book, build, ["purea", "pureb"])
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with ctrl_c_when(lambda: len(started) == 2), pytest.raises(KeyboardInterrupt):
+        run_fake(tmp_path, pure_book, build, ["purea", "pureb"])
     assert time.monotonic() - began < 30
     assert sorted(started) == ["purea", "pureb"]
     assert not _proc.stopping()  # both cells ended: commands may run again
@@ -281,13 +284,9 @@ def test_a_cell_locked_by_another_run_is_taken_up_last(
         tmp_path: Path, pure_book: RecipeBook) -> None:
     """purea's lock is held by "another run", which publishes it a moment later: this run
     builds pureb meanwhile, then waits, sees purea published, and does not build it."""
-    path = write_matrix(tmp_path, ["purea", "pureb"],
-                        [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
-    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
-                                work_dir=tmp_path / "work", project_file=path)
-    matrix = load_matrix(path)
+    matrix, settings = fake_matrix(tmp_path, ["purea", "pureb"])
     state = nightly.CellRunner(matrix, pure_book, settings, Reporter(io.StringIO()),
-                         pipeline.build_one)
+                               pipeline.build_one)
     plan = state.plan(cells(matrix)[0])
     assert plan.key and plan.config
     held, release = threading.Event(), threading.Event()
@@ -334,14 +333,7 @@ def test_cells_at_once_share_a_pool_that_the_deferred_cells_do_not_use(
         return build
 
     monkeypatch.setattr(inprocess, "with_companions", with_companions)
-    path = write_matrix(tmp_path, ["purea", "pureb", "purec"],
-                        [{"spec": "torch==2.14.1", "cuda": "13.0"}], ["12.0"])
-    settings = nightly.Settings(index_dir=tmp_path / "index", cache_dir=tmp_path / "cache",
-                                work_dir=tmp_path / "work", project_file=path)
-    matrix = load_matrix(path)
-    state = nightly.CellRunner(matrix, pure_book, settings, Reporter(io.StringIO()),
-                               pipeline.build_one)
-    key = state.plan(cells(matrix)[0]).key
+    key = first_key(tmp_path, pure_book, ["purea", "pureb", "purec"])
     held = threading.Event()
 
     def other_run() -> None:  # holds purea's lock for a moment and builds nothing
@@ -352,6 +344,7 @@ def test_cells_at_once_share_a_pool_that_the_deferred_cells_do_not_use(
     thread = threading.Thread(target=other_run)
     thread.start()
     held.wait(10)
+    matrix, settings = fake_matrix(tmp_path, ["purea", "pureb", "purec"])
     report = nightly.run(matrix, pure_book, settings, reporter=Reporter(io.StringIO()))
     thread.join()
     assert [r.status for r in report.results] == ["built"] * 3

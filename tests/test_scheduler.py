@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ctrl_c_when
 from test_companions import companion_book
 from test_first_hour import FakeTty
 from wheelforge import _proc
@@ -30,7 +30,6 @@ from wheelforge.builder.backend import NINJA_PROGRESS
 from wheelforge.builder.config import resolve
 from wheelforge.builder.pipeline import BuildResult, Pending
 from wheelforge.errors import BuildError, ConfigError, SourceError
-from wheelforge.recipe.format import RecipeBook
 
 
 def real_ninja() -> str:
@@ -243,10 +242,7 @@ def test_the_shim_keeps_every_other_argument(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ scheduler
 
-def _book(tmp_path: Path) -> RecipeBook:
-    """pureb, and purea naming pureb as its companion, and an independent purec
-    (test_companions' book)."""
-    return companion_book(tmp_path)
+# companion_book: pureb, purea naming pureb as its companion, and an independent purec
 
 
 def _stand_in(events: list[str], fail: str | None = None, slow: str | None = None):  # type: ignore[no-untyped-def]
@@ -279,7 +275,7 @@ def _config(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def test_builds_run_at_once_and_wait_for_their_companions_only_where_needed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    book = _book(tmp_path)
+    book = companion_book(tmp_path)
     events: list[str] = []
     monkeypatch.setattr(scheduler, "build_one", _stand_in(events, slow="pureb"))
     out = io.StringIO()
@@ -295,7 +291,7 @@ def test_builds_run_at_once_and_wait_for_their_companions_only_where_needed(
 
 def test_a_failed_companion_stops_only_the_builds_that_need_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    book = _book(tmp_path)
+    book = companion_book(tmp_path)
     events: list[str] = []
     monkeypatch.setattr(scheduler, "build_one", _stand_in(events, fail="pureb"))
     out = io.StringIO()
@@ -310,7 +306,7 @@ def test_a_failed_companion_stops_only_the_builds_that_need_it(
 
 
 def test_the_companion_error_a_dependent_raises(tmp_path: Path) -> None:
-    book = _book(tmp_path)
+    book = companion_book(tmp_path)
     failing = scheduler._Build(scheduler.plan([book.load("pureb")], book, _config(tmp_path))[0])
     waiting = scheduler._Build(scheduler.plan([book.load("purec")], book, _config(tmp_path))[0])
     failing.settle(SourceError("pureb: the source is gone"))
@@ -323,7 +319,7 @@ def test_the_companion_error_a_dependent_raises(tmp_path: Path) -> None:
 
 def test_one_build_runs_in_the_callers_thread_without_a_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    book = _book(tmp_path)
+    book = companion_book(tmp_path)
     seen: list[object] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
@@ -341,7 +337,7 @@ def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Each build runs a real 60 s command in its own thread; SIGINT to the main thread
     stops both (their process groups killed) and the command raises KeyboardInterrupt."""
-    book = _book(tmp_path)
+    book = companion_book(tmp_path)
     started: list[str] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
@@ -351,26 +347,10 @@ def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
         raise AssertionError("not stopped")
 
     monkeypatch.setattr(scheduler, "build_one", build_one)
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def interrupt() -> None:
-        while len(started) < 2:
-            time.sleep(0.05)
-        time.sleep(0.3)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    # Ctrl-C as at a terminal: a test run started in the background from a shell that is
-    # not interactive inherits SIGINT ignored, and Python keeps it ignored
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    threading.Thread(target=interrupt, daemon=True).start()
     began = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            scheduler.build_with_companions([book.load("purec"), book.load("pureb")], book,
-                                            _config(tmp_path), Reporter(io.StringIO()))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with ctrl_c_when(lambda: len(started) == 2), pytest.raises(KeyboardInterrupt):
+        scheduler.build_with_companions([book.load("purec"), book.load("pureb")], book,
+                                        _config(tmp_path), Reporter(io.StringIO()))
     assert time.monotonic() - began < 20
     assert not _proc.stopping()  # both builds ended: commands may run again
     assert _proc.run(["true"]).returncode == 0
@@ -439,7 +419,7 @@ def test_backend_warnings_of_builds_at_once_go_to_each_builds_log(tmp_path: Path
 
 def test_builds_at_once_can_be_turned_off(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    book = _book(tmp_path)
+    book = companion_book(tmp_path)
     order: list[tuple[str, bool]] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]

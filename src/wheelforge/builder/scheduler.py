@@ -185,8 +185,15 @@ def _together(planned: list[Planned], reporter: Reporter,
             view.done()
         build.settle(outcome)
 
-    threads = [threading.Thread(target=run, args=(b,), name=f"wheelforge-build-{b.name}",
-                                daemon=True) for b in builds.values()]
+    run_all([threading.Thread(target=run, args=(b,), name=f"wheelforge-build-{b.name}",
+                              daemon=True) for b in builds.values()])
+    return _outcome(list(builds.values()), reporter)
+
+
+def run_all(threads: list[threading.Thread]) -> None:
+    """Start ``threads`` (builds) and wait for them.  Ctrl-C (or SIGTERM, --timeout)
+    stops every command they run and starts no new one (``_proc.stop_all``), gives them
+    :data:`STOP_GRACE_S` to end, and raises KeyboardInterrupt."""
     for t in threads:
         t.start()
     try:
@@ -201,7 +208,6 @@ def _together(planned: list[Planned], reporter: Reporter,
         if not any(t.is_alive() for t in threads):
             _proc.resume()
         raise
-    return _outcome(list(builds.values()), reporter)
 
 
 def _outcome(builds: list[_Build], reporter: Reporter) -> list[BuildResult]:

@@ -206,22 +206,9 @@ def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
                 view.done()
                 ended[i].set()
 
-        threads = [threading.Thread(target=work, args=item, daemon=True,
-                                    name=f"wheelforge-cell-{item[0] + 1}") for item in queue]
-        for t in threads:
-            t.start()
-        try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)  # short waits: a signal reaches this thread between them
-        except KeyboardInterrupt:
-            _proc.stop_all()  # every cell's commands, and no new ones
-            deadline = time.monotonic() + scheduler.STOP_GRACE_S
-            for t in threads:
-                t.join(max(0.0, deadline - time.monotonic()))
-            if not any(t.is_alive() for t in threads):
-                _proc.resume()
-            raise
+        scheduler.run_all([threading.Thread(target=work, args=item, daemon=True,
+                                            name=f"wheelforge-cell-{item[0] + 1}")
+                           for item in queue])
         if raised:
             raise next((e for e in raised if isinstance(e, KeyboardInterrupt)), raised[0])
     return sorted(deferred, key=lambda item: item[0])
