@@ -17,7 +17,7 @@ from conftest import make_wheel, write_recipe
 from test_nightly import pure_project, write_matrix
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import pipeline
+from wheelforge.builder import identity, pipeline
 from wheelforge.builder.buildenv import BuildEnv
 from wheelforge.builder.config import BuildConfig, resolve
 from wheelforge.recipe.format import RecipeBook
@@ -45,9 +45,9 @@ def env(torch: str = "2.14.1+cu130", cuda: str = "13.0") -> BuildEnv:
 
 def test_untagged_commit_in_the_local_label(tmp_path: Path) -> None:
     config = resolve(arch="12.0", environ={})
-    label = pipeline.local_label(untagged_recipe(tmp_path), env(), config)
+    label = identity.local_label(untagged_recipe(tmp_path), env(), config)
     assert label == "ge9594ce1c732.cu130torch2.14sm120"
-    assert pipeline.local_label(untagged_recipe(tmp_path, "pure"), env(), config) == \
+    assert identity.local_label(untagged_recipe(tmp_path, "pure"), env(), config) == \
         "ge9594ce1c732.wf"
     git_build = Version(f"2.3.2.post1+{label}")
     release_build = Version("2.3.2.post1+cu130torch2.14sm120")  # the release sdist's build
@@ -89,7 +89,7 @@ def companion_book(root: Path) -> RecipeBook:
 def fake_build(calls: list[str]):  # type: ignore[no-untyped-def]
     def build(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> pipeline.BuildResult:
         calls.append(recipe.name)
-        key = pipeline.planned_key(recipe, config, RecipeBook(
+        key = identity.planned_key(recipe, config, RecipeBook(
             recipe.path.parent, recipe.path.parent.parent / "patches"), None)
         wheel = make_wheel(config.work_dir / "dist", {f"{recipe.name}/__init__.py": ""},
                            name=recipe.name, version=str(recipe.version))

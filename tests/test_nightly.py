@@ -37,7 +37,7 @@ from conftest import (
 from wheelforge import _proc, index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
-from wheelforge.builder import compilecache, pipeline
+from wheelforge.builder import compilecache, identity, pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError, ConfigError
 from wheelforge.recipe.format import RecipeBook
@@ -144,7 +144,7 @@ def fake_builder(calls: list[str], fail: set[str] = frozenset()  # type: ignore[
         if recipe.name in fail:
             raise BuildError(f"the build of {recipe.name} failed", why="compiler said no",
                              fix="read the log")
-        key = pipeline.build_key(recipe, config, {"python": "py3"})
+        key = identity.build_key(recipe, config, {"python": "py3"})
         wheel = make_wheel(config.work_dir / "dist", {f"{recipe.name}/__init__.py": ""},
                            name=recipe.name, version=str(recipe.version))
         res = index.publish(config.index_dir, wheel, channel=None, cuda=None, torch=None,

@@ -19,7 +19,7 @@ from conftest import make_sdist, make_wheel, write_recipe
 from test_outdated import PATCH, SETUP, mirror_of, serve, tag_release, tree, upstream_repo
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import pipeline
+from wheelforge.builder import identity, pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import VerifyError
 from wheelforge.nightly.canary import CANARY_DIR, STACK_OFF
@@ -38,7 +38,7 @@ def builder(calls: list[Recipe], verify_fails: bool = False, init: str = "") -> 
         if verify_fails and recipe.version.public != "0.1.0":
             raise VerifyError(f"{recipe.name} {recipe.version}: import demo failed",
                               why="ModuleNotFoundError")
-        key = pipeline.build_key(recipe, config, {"python": "py3"})
+        key = identity.build_key(recipe, config, {"python": "py3"})
         code = init if recipe.version.public != "0.1.0" else ""
         wheel = make_wheel(config.work_dir / "dist", {"demo/__init__.py": code},
                            name=recipe.name, version=str(recipe.version))

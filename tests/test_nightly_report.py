@@ -21,7 +21,7 @@ from conftest import make_sdist, make_wheel, require_tool, write_recipe
 from test_landing_page import decode_png
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import pipeline
+from wheelforge.builder import identity, pipeline
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError
 from wheelforge.recipe.format import RecipeBook
@@ -61,7 +61,7 @@ def builder(logs: Path) -> object:
         if recipe.name == LONG:
             raise BuildError(f"the build of {recipe.name}-0.1.0 failed (exit status 1)",
                              why="first error, log line 7: " + "x" * 300, fix=FIX, log=str(log))
-        key = pipeline.build_key(recipe, config, {"python": "py3"})
+        key = identity.build_key(recipe, config, {"python": "py3"})
         wheel = make_wheel(config.work_dir / "dist", {"ok/__init__.py": ""}, name=recipe.name,
                            version="0.1.0")
         res = index.publish(config.index_dir, wheel, channel=None, cuda=None, torch=None,

@@ -26,7 +26,7 @@ from setup_py_runs import make_fake_cuda
 from test_nightly import wheelforge
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import pipeline, toolchain
+from wheelforge.builder import identity, pipeline, toolchain
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import PublishError
 from wheelforge.nightly import fanout, publishing
@@ -83,10 +83,10 @@ def subset_builder(root: Path, book: RecipeBook, built: list[str]
     """Stands in for the compile: the wheel holds the kernels the subset's switch selects
     and carries the subset's label, published under the real build key."""
     def build(recipe: Recipe, config: BuildConfig, reporter: Reporter) -> pipeline.BuildResult:
-        subset = pipeline.recipe_subset(recipe, config)
+        subset = identity.recipe_subset(recipe, config)
         kernels = subset_environment(recipe, subset)["SUBEXT_KERNELS"]
         built.append(kernels)
-        key = pipeline.planned_key(recipe, config, book, toolchain.find_cuda(environ(root)))
+        key = identity.planned_key(recipe, config, book, toolchain.find_cuda(environ(root)))
         version = f"{recipe.version}+cu130sm120{subset_label(recipe, subset)}"
         wheel = make_wheel(config.work_dir / "dist" / key[:12],
                            {"subext/__init__.py": "", "subext/kernels.txt": kernels},

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.builder import config as cfg
-from wheelforge.builder.pipeline import build_key, local_label, without_subset
+from wheelforge.builder.identity import build_key, local_label, without_subset
 from wheelforge.builder.verify import content_problems
 from wheelforge.errors import ConfigError, RecipeError
 from wheelforge.recipe.format import RecipeBook

@@ -35,7 +35,8 @@ from ..recipe.format import RecipeBook
 from ..recipe.model import Recipe
 from . import buildenv, jobserver
 from .config import BuildConfig
-from .pipeline import BuildResult, Pending, build_one, without_subset
+from .identity import without_subset
+from .pipeline import BuildResult, Pending, build_one
 
 T = TypeVar("T")
 

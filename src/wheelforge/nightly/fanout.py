@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 from .. import __version__, index
 from .._fs import atomic_write
 from .._log import Reporter
-from ..builder import pipeline
+from ..builder import identity
 from ..builder.config import BuildConfig, recorded_gib_per_job
 from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, WheelforgeError
 from ..recipe.format import RecipeBook
@@ -173,7 +173,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             id=i, recipe=cell.recipe, version=str(p.recipe.version), python=cell.python,
             torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
             archs=cell.archs, build_key=p.key,
-            toolchain=pipeline.toolchain_identity(p.recipe, p.config, cuda),
+            toolchain=identity.toolchain_identity(p.recipe, p.config, cuda),
             estimate_s=estimate(durations, cell),
             peak_gib=_peak(settings.cache_dir, cell.recipe),
             top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded,
@@ -345,7 +345,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
     assert p.recipe is not None and p.config is not None and p.key is not None
     if p.key != planned.build_key:
         cuda = state.find_cuda() if p.recipe.build.kind == "extension" else None
-        mine = pipeline.toolchain_identity(p.recipe, p.config, cuda)
+        mine = identity.toolchain_identity(p.recipe, p.config, cuda)
         diff = _identity_difference(mine, planned.toolchain)
         return failed(ToolchainError(
             f"refusing to build {planned.label}: this builder's build key "
@@ -390,9 +390,9 @@ def seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
     for name in recipe.companions:
         companion = state.book.load(name)
         cuda = state.find_cuda() if companion.build.kind == "extension" else None
-        key = pipeline.planned_key(companion, config, state.book, cuda)
-        found = pipeline.published_with_key(real_index, key)
-        if found is not None and pipeline.published_with_key(private, key) is None:
+        key = identity.planned_key(companion, config, state.book, cuda)
+        found = identity.published_with_key(real_index, key)
+        if found is not None and identity.published_with_key(private, key) is None:
             index.publish(private, real_index / index.FILES_DIR / found.filename,
                           channel=found.channel, cuda=found.cuda, torch=found.torch,
                           archs=found.archs, build_key=found.build_key)

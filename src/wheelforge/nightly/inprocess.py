@@ -45,7 +45,7 @@ from pathlib import Path
 from .. import _proc, index
 from .._fs import locked, owned_lock
 from .._log import Reporter
-from ..builder import pipeline, scheduler
+from ..builder import identity, scheduler
 from ..errors import WheelforgeError
 from ..index.health import StackStatus
 from ..recipe.format import RecipeBook
@@ -62,7 +62,7 @@ from .state import CellPlan, CellRunner, lock_path, with_companions
 def _build_cell(state: CellRunner, plan: CellPlan) -> CellResult:
     """Build one cell; the caller holds its lock."""
     assert plan.recipe is not None and plan.config is not None and plan.key is not None
-    found = pipeline.published_with_key(state.settings.index_dir, plan.key)
+    found = identity.published_with_key(state.settings.index_dir, plan.key)
     if found is not None:
         state.published[plan.key] = found
         return state.skipped(plan, "published by another run meanwhile")

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import index
 from .._log import Reporter
-from ..builder import pipeline
+from ..builder import identity
 from ..errors import ConfigError, PublishError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell
@@ -145,7 +145,7 @@ def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
         id=-1, recipe=cell.recipe, version=str(plan.recipe.version), python=cell.python,
         torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
         archs=cell.archs, build_key=plan.key,
-        toolchain=pipeline.toolchain_identity(plan.recipe, plan.config, cuda),
+        toolchain=identity.toolchain_identity(plan.recipe, plan.config, cuda),
         subset=cell.subset)
     root = state.settings.cache_dir / "stage"
     root.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .. import index
 from .._log import Reporter
-from ..builder import buildenv, config, jobserver, pipeline, scheduler, toolchain
+from ..builder import buildenv, config, identity, jobserver, scheduler, toolchain
 from ..errors import ConfigError, ToolchainError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix
@@ -81,7 +81,7 @@ class CellRunner:
         the companions of its target published by their own cells."""
         def depth(cell: Cell) -> int:
             try:
-                return pipeline.companion_depth(self.recipe(cell.recipe), self.book)
+                return identity.companion_depth(self.recipe(cell.recipe), self.book)
             except WheelforgeError:
                 return 0  # the cell's plan reports the error
         return sorted(todo, key=depth)
@@ -149,7 +149,7 @@ class CellRunner:
                                               torch_pip_args=cell.torch.pip_args,
                                               subset=cell.subset)
             cuda = self.find_cuda() if plan.recipe.build.kind == "extension" else None
-            plan.key = pipeline.planned_key(plan.recipe, plan.config, self.book, cuda)
+            plan.key = identity.planned_key(plan.recipe, plan.config, self.book, cuda)
         except WheelforgeError as exc:
             plan.error = exc
         return plan
@@ -205,4 +205,4 @@ def with_companions(book: RecipeBook, pool: jobserver.Pool | None = None) -> Bui
 
 
 def lock_path(cache_dir: Path, key: str) -> Path:
-    return pipeline.key_lock_path(cache_dir, key)
+    return identity.key_lock_path(cache_dir, key)
