@@ -156,6 +156,23 @@ def test_pure_wheels_get_a_local_label_too(tmp_path: Path) -> None:
     assert "0.6.0" not in SpecifierSet("==0.6.0+wf")
 
 
+@pytest.mark.parametrize(("kind", "label", "pin", "needs"), [
+    ("pure", "wf", False, False),  # the default: torch is never imported for it
+    ("pure", "", False, False),
+    ("pure", "wf.torch{torch}", False, True),
+    ("pure", "cu{cuda}", False, True),
+    ("pure", "wf", True, True),
+    ("extension", "cu{cuda}torch{torch}{sm}", False, True),
+    ("extension", "", False, True),
+])
+def test_a_build_needs_torch_only_when_the_wheel_depends_on_it(
+        kind: str, label: str, pin: bool, needs: bool) -> None:
+    from wheelforge.recipe.model import BuildSpec
+
+    spec = BuildSpec(kind=kind, local_version=label, pin_torch=pin)  # type: ignore[arg-type]
+    assert spec.needs_torch is needs
+
+
 def test_shipped_mamba_ssm_recipe() -> None:
     r = RecipeBook(REPO / "recipes", REPO / "patches").load("mamba-ssm")
     (src,) = r.sources

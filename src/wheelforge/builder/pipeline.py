@@ -107,8 +107,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
              inspect: buildenv.Inspect = buildenv.inspect_env) -> BuildEnv:
     # torch is imported (seconds) only when the wheel depends on what it is
-    torch = recipe.build.kind == "extension" or recipe.build.pin_torch or \
-        bool(recipe.build.local_version)
+    torch = recipe.build.needs_torch
     if config.python is not None:
         return inspect(config.python, with_torch=torch)
     backend = config.compile_cache.backend if recipe.build.kind == "extension" else None

@@ -6,6 +6,7 @@ Pure data: no parsing, no I/O.
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -79,6 +80,13 @@ class BuildSpec:
     #: the known peak memory (GiB) of one compile job, measured: sizes the jobs of a build
     #: before one was recorded on this machine (builder/config.jobs_for)
     job_memory_gib: float | None = None
+
+    @property
+    def needs_torch(self) -> bool:
+        """Whether the wheel depends on the build environment's torch: an extension, a
+        pinned torch, or a local version that names torch or its CUDA."""
+        named = {f for _, f, _, _ in string.Formatter().parse(self.local_version) if f}
+        return self.kind == "extension" or self.pin_torch or bool(named & {"cuda", "torch"})
 
 
 @dataclass(frozen=True, kw_only=True)
