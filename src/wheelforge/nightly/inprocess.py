@@ -113,7 +113,8 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             deferred = _at_once(state, queue, len(todo), results, own_builder=build is None)
         else:
             deferred = [item for item in queue
-                        if not _try_cell(state, *item, len(todo), results)]
+                        if not _try_cell(state, *item, results,
+                                         f"[{item[0] + 1}/{len(todo)}] {item[1].cell.label}")]
         for i, plan in deferred:
             assert plan.key is not None
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
@@ -150,12 +151,11 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     return report
 
 
-def _try_cell(state: CellRunner, i: int, plan: CellPlan, total: int,
-              results: dict[int, CellResult]) -> bool:
+def _try_cell(state: CellRunner, i: int, plan: CellPlan, results: dict[int, CellResult],
+              where: str) -> bool:
     """Build cell ``i`` unless another run holds its lock; False when it does (the cell
     is then taken up last)."""
     assert plan.key is not None
-    where = f"[{i + 1}/{total}] {plan.cell.label}"
     with owned_lock(lock_path(state.settings.cache_dir, plan.key), wait=False) as mine:
         if not mine:
             state.reporter.info(f"{where}: another run is building it; taken up last")
@@ -196,7 +196,7 @@ def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
                 try:
                     mine = copy.copy(shared)  # the run's state, reporting through the view
                     mine.reporter = view
-                    if not _try_cell(mine, i, plan, total, results):
+                    if not _try_cell(mine, i, plan, results, plan.cell.label):  # [N/M]: the view
                         deferred.append((i, plan))
                 finally:
                     turns.release()
