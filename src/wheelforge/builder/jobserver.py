@@ -61,6 +61,8 @@ TICK_S = 0.2
 RESERVE_S = 30.0
 #: How long a ninja gets, once started, to take the slots of its pipe for its jobs.
 GRAB_S = 1.0
+#: The name a lane has in :meth:`Pool._opening` before it opens (no lane's name).
+_OPENING = "\0opening"
 #: The file the shim touches when it starts ninja (MAKEFLAGS' lane knows it started).
 STARTED_ENV = "WHEELFORGE_NINJA_STARTED"
 
@@ -294,11 +296,11 @@ class Pool:
         once if it must)."""
         jobs = min(jobs, self.size)
         with self._cond:
+            self._wait(lambda: self._opening(_OPENING, jobs), on_wait)
             key, n = name, 1
             while key in self._lanes:  # two builds of one recipe (a nightly's cells)
                 n += 1
                 key = f"{name}#{n}"
-            self._wait(lambda: self._opening(key, jobs), on_wait)
             self._free -= 1
             lane = Lane(key, self._dir, jobs)
             self._expected.discard(name)
