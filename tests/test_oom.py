@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, tinyext_project
+from wheelforge._proc import descendants
 
 pytestmark = pytest.mark.nvcc
 
@@ -84,24 +85,14 @@ def move_compilers(root: int, cgroup: Path, done: threading.Event, moved: list[s
     memory from then on is charged there; what it had stays where it was)."""
     seen: set[int] = set()
     while not done.wait(0.02):
-        parents: dict[int, int] = {}
-        names: dict[int, str] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
+        for pid in descendants(root):
+            if pid in seen:
                 continue
             try:
-                stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
-                continue
-            name, _, rest = stat.partition(" (")[2].rpartition(") ")
-            names[int(entry)], parents[int(entry)] = name, int(rest.split()[1])
-        for pid, name in names.items():
-            if name not in COMPILERS or pid in seen:
-                continue
-            ancestor = parents.get(pid, 0)
-            while ancestor not in (0, 1, root):
-                ancestor = parents.get(ancestor, 0)
-            if ancestor == root:
+                continue  # it has ended
+            if name in COMPILERS:
                 seen.add(pid)
                 with contextlib.suppress(OSError):  # it may have ended already
                     (cgroup / "cgroup.procs").write_text(str(pid))
