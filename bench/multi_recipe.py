@@ -6,8 +6,8 @@ private index and cache (nothing is skipped as published; mamba-ssm's companion
 causal-conv1d is built once in both), --no-stack-check:
   A: at once            `wheelforge build causal-conv1d fla-core flash-linear-attention
                          mamba-ssm`: every build in a thread, the compiles sharing one
-                         pool of MAX_JOBS slots, each in a lane of its own (a jobserver
-                         its ninja joins; builder/scheduler.py, jobserver.py)
+                         pool of MAX_JOBS slots, taken unit by unit (the gate before
+                         each nvcc; builder/scheduler.py, jobserver.py)
   B: one after another  the same command with WHEELFORGE_BUILDS_AT_ONCE=off (the
                          behaviour before)
 (the order alternates between rounds).  Prints each variant's wall time, its CPU time

@@ -10,8 +10,7 @@
 # PAYLOAD holds sdists/ (causal-conv1d, fla-core, flash-linear-attention),
 # state-spaces-mamba.bundle and wheels/: wheelforge's runtime packages (put on
 # PYTHONPATH) and the build requirements (setuptools, wheel, packaging, ninja>=1.13,
-# installed into the python when missing: ninja 1.13 is the first that joins a
-# jobserver).  ARCH (default: this GPU's).  The bench runs detached (setsid); the script
+# installed into the python when missing).  ARCH (default: this GPU's).  The bench runs detached (setsid); the script
 # waits up to $BUDGET seconds (default 540) and exits 3 while it runs: run it again.
 set -uo pipefail
 W=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)

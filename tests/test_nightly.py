@@ -326,7 +326,7 @@ def test_cells_at_once_share_a_pool_that_the_deferred_cells_do_not_use(
         def build(recipe: Recipe, config: BuildConfig, reporter: Reporter
                   ) -> pipeline.BuildResult:
             if pool is not None:
-                with pool.lane(recipe.name, 1):  # the pool is open: its lanes work
+                with pool.slots(1):  # the pool is open: its slots work
                     pass
             seen.append((recipe.name, pool is not None))
             return fake_builder([])(recipe, config, reporter)

@@ -1,6 +1,7 @@
 """Several builds of one command at once: the pool of compile slots (a real GNU make
-jobserver that a real ninja joins), the scheduler's hand-offs between a build and its
-companions, failures and Ctrl-C, the shared umask and the live lines.
+jobserver whose gates real ninjas run their jobs through), the scheduler's hand-offs
+between a build and its companions, failures and Ctrl-C, the shared umask and the live
+lines.
 
 The scheduler's tests stand in for ``pipeline.build_one`` (a unit test of the order and
 the errors); the real builds at once are in test_build_fixture (a CUDA and a pure recipe
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
+import shlex
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,23 +29,12 @@ from test_first_hour import FakeTty
 from wheelforge import _proc
 from wheelforge._log import Reporter, clear_live
 from wheelforge.builder import jobserver, reproducible, scheduler
-from wheelforge.builder.backend import NINJA_PROGRESS
 from wheelforge.builder.config import resolve
 from wheelforge.builder.pipeline import BuildResult, Pending
 from wheelforge.errors import BuildError, ConfigError, SourceError
 
 
-def real_ninja() -> str:
-    """The test environment's ninja (the `test` extra: ninja>=1.13, a jobserver client)."""
-    found = Path(sys.executable).with_name("ninja")
-    if found.exists():
-        return str(found)
-    if os.environ.get("CI") == "true":
-        pytest.fail("ninja>=1.13 is missing from the test environment (the `test` extra)")
-    pytest.skip("ninja>=1.13 is not in this environment (pip install -e '.[test]')")
-
-
-def test_pool_hands_out_slots_and_takes_them_back(tmp_path: Path) -> None:
+def test_a_whole_compile_takes_its_slots_and_gives_them_back(tmp_path: Path) -> None:
     with jobserver.Pool(3, tmp_path) as pool:
         assert pool.free() == 3
         with pool.slots(2) as held:
@@ -50,124 +42,29 @@ def test_pool_hands_out_slots_and_takes_them_back(tmp_path: Path) -> None:
         with pool.slots(10) as held:  # never more than the pool
             assert held == 3 and pool.free() == 0
         assert pool.free() == 3
-        with pool.lane("a", 8) as lane:
-            assert lane.environ()["MAKEFLAGS"] == f"-j3 --jobserver-auth=fifo:{lane.fifo}"
-            assert lane.sitting() == lane.given == 2 and pool.free() == 0  # 1 + 2 jobs
-            fifo = lane.fifo
-        assert not fifo.exists() and pool.free() == 3
-        directory = fifo.parent
-    assert not directory.exists()  # the pool's directory goes with the command
 
 
-@pytest.mark.parametrize(("total", "wants", "got"), [
-    (16, [("a", 15), ("b", 16)], {"a": 8, "b": 8}),
-    (15, [("a", 15), ("b", 16)], {"a": 8, "b": 7}),  # the odd slot to the first
-    (16, [("a", 3), ("b", 16)], {"a": 3, "b": 13}),  # what one cannot use, the other
-    (4, [("a", 0), ("b", 2)], {"a": 0, "b": 2}),  # more than all want: the rest free
-    (0, [("a", 5)], {"a": 0}),
-    (7, [("a", 5), ("b", 5), ("c", 1)], {"a": 3, "b": 3, "c": 1}),
-])
-def test_the_pool_splits_its_slots_equally_within_what_each_can_use(
-        total: int, wants: list[tuple[str, int]], got: dict[str, int]) -> None:
-    assert jobserver.split(total, wants) == got
+def test_a_whole_compile_waits_for_its_slots_and_ctrl_c_stops_the_wait(
+        tmp_path: Path) -> None:
+    heard: list[str] = []
+    with jobserver.Pool(2, tmp_path) as pool, pool.slots(1):
+        later = threading.Timer(0.5, lambda: _proc.stop_all())
+        later.start()
+        try:
+            with pytest.raises(KeyboardInterrupt), pool.slots(2, on_wait=lambda: heard.append("w")):
+                pass
+        finally:
+            later.join()
+            _proc.resume()
+        assert heard == ["w"] and pool.free() == 1  # the one it had taken: back
 
 
-def _as_ninja(lane: jobserver.Lane, take: int = 0, give: int = 0) -> None:
-    fd = os.open(lane.fifo, os.O_RDWR | os.O_NONBLOCK)
-    try:
-        assert len(os.read(fd, take)) == take if take else os.write(fd, b"+" * give) == give
-    finally:
-        os.close(fd)
-
-
-def test_a_lane_in_its_tail_gives_its_slots_to_the_others(tmp_path: Path) -> None:
-    """No ninja here: the pipes are read as ninja would.  Half of the pool is held for
-    the expected b; once a's ninja says it has no job left to start, the slots its jobs
-    give back go to b."""
-    with jobserver.Pool(8, tmp_path) as pool:
-        pool.expect("b")
-        with pool.lane("a", 8) as a:
-            assert a.given == 3 and pool.free() == 4  # 1 + 3 jobs; b's 4 held
-            _as_ninja(a, take=3)  # ninja started and runs 4 jobs
-            a.started.touch()
-            os.utime(a.started, (0, time.time() - jobserver.GRAB_S))
-            with pool.lane("b", 8) as b:
-                assert b.given == 3 and pool.free() == 0
-                a.progress(3, 7)  # 3 ended, 4 running: nothing left to start
-                _as_ninja(a, give=2)  # two more end
-                a.progress(5, 7)
-                deadline = time.monotonic() + 5
-                while b.given < 5 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert (a.given, b.given) == (1, 5)
-        assert pool.free() == 8 - 1  # a's ninja never gave back the one it holds: lost
-
-
-def test_a_lane_waits_for_its_share_rather_than_start_on_fewer(tmp_path: Path) -> None:
-    """A ninja reads its pipe only when it starts and when one of its jobs ends: b opens
-    once a's tail has left it half of the pool, not on the first free slot."""
-    with jobserver.Pool(4, tmp_path) as pool, pool.lane("a", 4) as a:
-        _as_ninja(a, take=3)  # a runs 4 jobs, more than it has units left
-        a.started.touch()
-        os.utime(a.started, (0, time.time() - jobserver.GRAB_S))
-        a.progress(0, 4)
-        opened: list[int] = []
-        waited: list[str] = []
-
-        def open_b() -> None:
-            with pool.lane("b", 4, on_wait=lambda: waited.append("b")) as b:
-                opened.append(b.given + 1)
-
-        t = threading.Thread(target=open_b)
-        t.start()
-        _as_ninja(a, give=1)  # one of a's 4 ends: 1 free slot, b waits
-        a.progress(1, 4)
-        time.sleep(5 * jobserver.TICK_S)
-        assert not opened
-        _as_ninja(a, give=1)  # another: 2 free, b's half
-        a.progress(2, 4)
-        t.join(5)
-        assert opened == [2] and waited == ["b"]  # told once
-
-
-def test_two_compiles_of_one_recipe_get_a_lane_each(tmp_path: Path) -> None:
-    """A nightly builds cells of one recipe for two torches at once: each compile has its
-    own lane and share, and closing one leaves the other's alone."""
-    with jobserver.Pool(8, tmp_path) as pool, pool.lane("causal-conv1d", 4) as a:
-        with pool.lane("causal-conv1d", 4) as b:
-            assert a.name != b.name and a.fifo != b.fifo
-            assert (a.given, b.given, pool.free()) == (3, 3, 0)
-        assert a.given == 3 and pool.free() == 4
-
-
-def test_a_whole_compile_waits_while_lanes_keep_what_they_hold(tmp_path: Path) -> None:
-    with jobserver.Pool(4, tmp_path) as pool, pool.lane("a", 4) as a:
-        assert a.given == 3
-        taken = threading.Event()
-
-        def whole() -> None:
-            with pool.slots(2):
-                taken.set()
-
-        t = threading.Thread(target=whole)
-        t.start()
-        assert taken.wait(5)  # a's pipe was full (ninja took nothing): taken back
-        t.join()
-
-
-@pytest.mark.parametrize(("version", "joins"), [
-    ("1.13.2", True), ("1.13.0", True), ("1.14.1", True), ("2.0", True),
-    ("1.12.1", False), ("1.11.1.4", False), ("not-a-version", False), (None, False)])
-def test_only_ninja_1_13_and_later_joins_the_pool(version: str | None, joins: bool) -> None:
-    found = {"ninja": version} if version else {}
-    assert jobserver.ninja_joins(found) is joins
-
-
-def _jobs_ninja(root: Path, count: int, seconds: float) -> Path:
-    """A build.ninja of ``count`` jobs that each record when they ran."""
+def _jobs_ninja(root: Path, count: int, seconds: float, gate: str = "") -> Path:
+    """A build.ninja of ``count`` jobs that each record when they ran, each command
+    behind ``gate`` (as torch writes ``$PYTORCH_NVCC``)."""
     root.mkdir(parents=True)
-    lines = ["rule s", f"  command = sh -c 'date +%s.%N > $out.start; sleep {seconds}; "
-             "date +%s.%N > $out'"]
+    lines = ["rule s", f"  command = {gate} sh -c 'date +%s.%N > $out.start; "
+             f"sleep {seconds}; date +%s.%N > $out'"]
     lines += [f"build o{i}: s" for i in range(count)]
     (root / "build.ninja").write_text("\n".join(lines) + "\n")
     return root
@@ -188,56 +85,108 @@ def _most_at_once(*roots: Path, before: float = float("inf")) -> int:
     return most
 
 
-def _run_in_lane(pool: jobserver.Pool, shim: Path, name: str, root: Path) -> None:
-    """A real ninja asked for -j 8 (as torch asks), in a lane of ``pool``, its progress
-    lines read as pipeline reads them."""
-    with pool.lane(name, 8) as lane:
-        env = {**os.environ, **lane.environ(),
-               "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
-        assert shutil.which("ninja", path=env["PATH"]) == str(shim / "ninja")
-        with subprocess.Popen(["ninja", "-v", "-j", "8"], cwd=root, env=env, text=True,
-                              stdout=subprocess.PIPE) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                m = NINJA_PROGRESS.match(line)
-                if m:
-                    lane.progress(int(m["done"]), int(m["total"]))
-        assert proc.returncode == 0
+def _ninja(root: Path, jobs: int) -> subprocess.Popen[str]:
+    """A real ninja asked for ``-j jobs``, as torch asks for MAX_JOBS."""
+    ninja = Path(sys.executable).with_name("ninja")
+    if not ninja.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("ninja is missing from the test environment (the `test` extra)")
+        pytest.skip("ninja is not in this environment (pip install -e '.[test]')")
+    return subprocess.Popen([str(ninja), "-j", str(jobs)], cwd=root, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def test_two_ninjas_share_the_pool_through_lanes(tmp_path: Path) -> None:
-    """torch passes -j MAX_JOBS, which turns ninja's jobserver client off: the shim drops
-    it.  Two real ninjas asked for -j 8 run at most 6 jobs together in a pool of 6: a
-    has 2 long jobs, b many short ones.  b starts on its share beside a's long jobs, and
-    gets the slots a cannot use (4 of b's at once while a's two run)."""
-    ninja = real_ninja()
-    a, b = _jobs_ninja(tmp_path / "a", 2, 4.0), _jobs_ninja(tmp_path / "b", 60, 0.2)
+def test_two_ninjas_share_the_pool_unit_by_unit(tmp_path: Path) -> None:
+    """Two real ninjas, each asked for -j 8, their commands behind the gate, run at most
+    6 jobs together in a pool of 6.  a has 2 long jobs, b many short ones: while a's two
+    run, b runs on the other 4 slots, and the slots a's units give back go to b's
+    waiting units at once (no ninja needs to notice)."""
     with jobserver.Pool(6, tmp_path) as pool:
-        shim = pool.shim(Path(ninja))
-        pool.expect("b")
-        threads = [threading.Thread(target=_run_in_lane, args=(pool, shim, n, r))
-                   for n, r in (("a", a), ("b", b))]
-        threads[0].start()
-        time.sleep(0.3)  # b's compile starts a moment later, as a companion's does
-        threads[1].start()
-        for t in threads:
-            t.join()
+        gate = pool.gate("")
+        a = _jobs_ninja(tmp_path / "a", 2, 3.0, gate)
+        b = _jobs_ninja(tmp_path / "b", 40, 0.2, gate)
+        first = _ninja(a, 8)
+        time.sleep(0.5)  # b's compile starts later, as a companion's does
+        second = _ninja(b, 8)
+        for proc in (first, second):
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, out
         assert pool.free() == 6  # every slot back
-    assert len(list(a.glob("*.start"))) == 2 and len(list(b.glob("*.start"))) == 60
+    assert len(list(a.glob("*.start"))) == 2 and len(list(b.glob("*.start"))) == 40
     assert _most_at_once(a, b) <= 6
     a_ends = min(float(p.read_text()) for p in a.glob("o?"))
-    assert _most_at_once(b, before=a_ends) == 4  # a's idle slots went to b
+    assert _most_at_once(b, before=a_ends) == 4  # a's two hold 2: b runs on the rest
+    b_ends = max(float(p.read_text()) for p in b.glob("o*[0-9]"))
+    # b ended within what 40 units of 0.2 s take on 4 slots, plus the gate's start-up
+    assert b_ends - min(float(p.read_text()) for p in b.glob("*.start")) < 2.0 + 40 * 0.3
 
 
-def test_the_shim_keeps_every_other_argument(tmp_path: Path) -> None:
-    echo = tmp_path / "echo-args"
-    echo.write_text("#!/bin/sh\nfor a do printf '<%s>' \"$a\"; done\n")
-    echo.chmod(0o755)
+def test_a_unit_of_several_nvcc_threads_takes_that_many_slots(tmp_path: Path) -> None:
+    """NVCC_THREADS=2: each unit takes 2 of the pool's 5; two ninjas of 2-slot units
+    never run more than 2 units (4 slots) at once, and neither waits forever (a gate
+    takes its slots under the pool's lock, never part of them while another holds part)."""
+    with jobserver.Pool(5, tmp_path) as pool:
+        gate = pool.gate("", threads=2)
+        roots = [_jobs_ninja(tmp_path / n, 6, 0.3, gate) for n in ("a", "b")]
+        procs = [_ninja(r, 4) for r in roots]
+        for proc in procs:
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == 0, out
+        assert pool.free() == 5
+    assert _most_at_once(*roots) == 2
+
+
+def test_the_gate_passes_the_command_and_its_exit_status(tmp_path: Path) -> None:
+    with jobserver.Pool(1, tmp_path) as pool:
+        gate = pool.gate("sh -c", threads=1)
+        out = subprocess.run(f"{gate} 'printf \"<%s>\" \"$0\" \"$1\"; exit 3' \"it's\" 'a b'",
+                             shell=True, capture_output=True, text=True)
+        assert (out.returncode, out.stdout) == (3, "<it's><a b>")
+        missing = subprocess.run(f"{pool.gate('no-such-nvcc')} -c x.cu", shell=True,
+                                 capture_output=True, text=True)
+        assert missing.returncode == 127 and "cannot run no-such-nvcc" in missing.stderr
+        assert pool.free() == 1
+
+
+def test_a_gate_stopped_by_a_signal_stops_its_unit_and_gives_its_slots_back(
+        tmp_path: Path) -> None:
     with jobserver.Pool(2, tmp_path) as pool:
-        shim = pool.shim(echo) / "ninja"
-        out = subprocess.run([str(shim), "-v", "-j", "8", "-C", "dir with space", "-j4",
-                              "-k", "0", "it's"], capture_output=True, text=True, check=True)
-    assert out.stdout == "<-v><-C><dir with space><-k><0><it's>"
+        mark = tmp_path / "ran"
+        unit = subprocess.Popen(f"exec {pool.gate('sh -c')} 'touch {mark}; exec sleep 60'",
+                                shell=True, start_new_session=True)
+        _until(mark.exists)
+        assert pool.free() == 1
+        os.kill(-unit.pid, signal.SIGTERM)  # as ninja stops its jobs: the process group
+        assert unit.wait(10) == 128 + signal.SIGTERM
+        assert pool.free() == 2
+        # waiting for its slots when stopped: ends, and takes none with it
+        with pool.slots(2):
+            waiting = subprocess.Popen(f"exec {pool.gate('true')}", shell=True)
+            time.sleep(0.5)
+            waiting.terminate()
+            assert waiting.wait(10) != 0
+        assert pool.free() == 2
+
+
+def test_the_slots_of_a_killed_gate_are_put_back(tmp_path: Path) -> None:
+    with jobserver.Pool(3, tmp_path) as pool:
+        mark = tmp_path / "ran"
+        gate = subprocess.Popen([*shlex.split(pool.gate("sh -c", threads=2)),
+                                 f"touch {mark}; exec sleep 60"])
+        _until(mark.exists)
+        assert pool.free() == 1 and pool.reclaim() == 0  # alive: its slots are its own
+        gate.kill()  # SIGKILL: the gate gives nothing back
+        gate.wait(10)
+        assert pool.free() == 1
+        assert pool.reclaim() == 2 and pool.free() == 3
+        assert pool.reclaim() == 0
+
+
+def _until(ready: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------ scheduler

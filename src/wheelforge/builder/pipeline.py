@@ -267,15 +267,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
         with reporter.step(what):
-            lane: jobserver.Lane | None = None
-
             def on_line(line: str) -> None:
                 reporter.line(line)
                 m = NINJA_PROGRESS.match(line)
                 if m:
                     reporter.progress(int(m["done"]), int(m["total"]))
-                    if lane is not None:
-                        lane.progress(int(m["done"]), int(m["total"]))
 
             # the environment through the fixed link: torch's include paths are fixed too
             fixed_env = dataclasses.replace(env, python=fixed.link_env(env.python))
@@ -290,8 +286,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
                 slots = pool if extension else None  # a pure build compiles nothing
-                with _compile_slots(slots, recipe, config, fixed_env, environ,
-                                    reporter) as lane, reporter.heartbeat("building"):
+                with _compile_slots(slots, config, fixed_env, environ, reporter), \
+                        reporter.heartbeat("building"):
                     raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
                                       jobs=config.jobs)
@@ -406,42 +402,43 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                        cache=stats, platform=plat)
 
 
-def _joins(pool: jobserver.Pool | None, config: BuildConfig, env: BuildEnv) -> bool:
-    """Whether this compile takes its jobs through a lane of the pool (a ninja that is
-    a jobserver client, one nvcc thread a job) rather than all of them before it
-    starts."""
-    return (pool is not None and config.nvcc_threads == 1
-            and jobserver.ninja_joins(dict(env.distributions))
-            and (env.bin_dir / "ninja").exists())
+def _gated(pool: jobserver.Pool | None, env: BuildEnv, environ: dict[str, str]) -> bool:
+    """Whether this compile takes its slots unit by unit through the pool's gate (torch
+    runs each nvcc of its ninja file as ``$PYTORCH_NVCC``) rather than all of them before
+    it starts (no ninja: setuptools runs nvcc itself)."""
+    return (pool is not None and (env.bin_dir / "ninja").exists()
+            and ("PYTORCH_NVCC" in environ or "CUDA_HOME" in environ))
 
 
 @contextlib.contextmanager
-def _compile_slots(pool: jobserver.Pool | None, recipe: Recipe, config: BuildConfig,
-                   env: BuildEnv, environ: dict[str, str],
-                   reporter: Reporter) -> Iterator[jobserver.Lane | None]:
-    """The compile's slots of the command's pool: a lane the pool fills and empties as
-    the builds beside it need (yielded, for ninja's progress), or all of its MAX_JOBS x
-    NVCC_THREADS before it starts.  ``environ`` is completed for the compile."""
+def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildEnv,
+                   environ: dict[str, str], reporter: Reporter) -> Iterator[None]:
+    """The compile's slots of the command's pool: each unit's, taken as it starts and
+    given back as it ends (the gate), or all of its MAX_JOBS x NVCC_THREADS before it
+    starts.  ``environ`` is completed for the compile."""
     environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
     if pool is None:
-        yield None
+        yield
+        return
+    if _gated(pool, env, environ):
+        nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
+            str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
+        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads)
+        reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
+                      f"for each CUDA unit as it starts (at most {config.jobs} units of "
+                      "this build at once)")
+        try:
+            yield
+        finally:
+            pool.reclaim()
         return
 
     def waiting() -> None:
         reporter.info("waiting for compile slots (the command's other builds hold them)")
 
-    if _joins(pool, config, env):
-        with pool.lane(str(recipe.name), config.jobs, on_wait=waiting) as lane:
-            environ.update(lane.environ())
-            shim = pool.shim(env.bin_dir / "ninja")
-            environ["PATH"] = os.pathsep.join([str(shim), environ.get("PATH", "")])
-            reporter.info(f"compile slots: {lane.given + 1} of {pool.size} to start, up to "
-                          f"{lane.jobs} as the command's other builds leave them")
-            yield lane
-        return
     with pool.slots(config.jobs * config.nvcc_threads, on_wait=waiting) as held:
         reporter.info(f"compile slots: {held} of {pool.size}, held for the compile")
-        yield None
+        yield
 
 
 def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,

@@ -4,9 +4,9 @@
 one build per recipe, companions first.  Each build runs :func:`pipeline.build_one` in a
 thread of its own, so the fixed steps of one (fetch, environment, verify imports,
 publish) overlap the compiles of the others, and every compile takes its jobs from the
-command's pool (builder/jobserver.py): each starts with its share, and the slots a
-compile's tail leaves go to the others, so the cores stay busy as long as any build has
-work.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another instead.
+command's pool (builder/jobserver.py) one unit at a time: a slot one compile's unit
+gives back goes to the next waiting unit of any build, so the cores stay busy as long
+as any build has work.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another instead.
 A build waits for a companion only where it needs it: for the companion's build
 key in its preflight, and for the companion's published wheel (its exact version, which
 the wheel pins) after its own compile.
@@ -163,9 +163,6 @@ def _needs(build: _Build, companion: _Build, future: Future[T]) -> Callable[[], 
 def _together(planned: list[Planned], reporter: Reporter,
               inspections: buildenv.Inspections, pool: jobserver.Pool) -> list[BuildResult]:
     builds = {str(p.recipe.name): _Build(p) for p in planned}
-    for p in planned:
-        if p.recipe.build.kind == "extension":
-            pool.expect(str(p.recipe.name))  # its share is held when another starts first
     reporter.info(f"{len(planned)} builds at once ({', '.join(builds)}), sharing "
                   f"{pool.size} compile slot(s)")
 
@@ -182,7 +179,6 @@ def _together(planned: list[Planned], reporter: Reporter,
         except BaseException as exc:  # reported by the caller, in its thread
             outcome = exc
         finally:
-            pool.withdraw(build.name)
             view.done()
         build.settle(outcome)
 
