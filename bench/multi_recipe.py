@@ -15,13 +15,16 @@ causal-conv1d is built once in both), --no-stack-check:
 recipe's compile step, the load average before and after, and the ratio B / A.
 --compile-cache off (the default) compiles everything; warm links the usual cache's
 ccache directory in (the figures are then about the command around the compiles).
+--unit-costs record builds the recipes once first (one after another, not timed) and
+gives both variants its recorded unit costs (how a machine's second build packs its
+units, and which compile's units go first in the pool).
 --python builds with an existing interpreter (as `wheelforge build --python`);
 --sources and --git-mirror take the sources from a directory and a bundle: together
 they run on a machine without network.  No timing is asserted.
 
     .venv/bin/python bench/multi_recipe.py [--rounds 1] [--compile-cache off|warm]
         [--arch 12.0] [--jobs N] [--recipes a,b,...] [--python PATH] [--sources DIR]
-        [--git-mirror URL=PATH]
+        [--git-mirror URL=PATH] [--unit-costs none|record]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,8 +62,13 @@ def private_cache(root: Path, compile_cache: str) -> Path:
 
 
 def run_variant(names: list[str], root: Path, env: dict[str, str],
-                compile_cache: str, common: list[str]) -> dict[str, float | str]:
+                compile_cache: str, common: list[str],
+                records: Path | None = None) -> dict[str, float | str]:
     cache = private_cache(root, compile_cache)
+    if records is not None:  # both variants pack and order their units by the same record
+        (cache / "stats").mkdir(exist_ok=True)
+        for record in records.glob("*.units.json"):
+            shutil.copy2(record, cache / "stats" / record.name)
     index = root / "index"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
@@ -91,6 +100,7 @@ def main() -> None:
     ap.add_argument("--python", default=None)
     ap.add_argument("--sources", default=None)
     ap.add_argument("--git-mirror", default=None)
+    ap.add_argument("--unit-costs", choices=["none", "record"], default="none")
     args = ap.parse_args()
     names = args.recipes.split(",")
     cores = cpu_count()
@@ -112,13 +122,20 @@ def main() -> None:
     variants = {"at once": {}, "one after another": {AT_ONCE: "off"}}
     print(f"{cores} cores, compile cache {args.compile_cache}, recipes {', '.join(names)}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
+    records = None
+    if args.unit_costs == "record":  # a first build, one after another, not timed
+        root = Path(tempfile.mkdtemp(prefix="wf-bench-multi-record-"))
+        run_variant(names, root, {**env, AT_ONCE: "off"}, args.compile_cache, common)
+        records = root / "cache" / "stats"
+        made = sorted(p.name for p in records.glob("*.units.json"))
+        print(f"unit costs recorded by a first build: {', '.join(made)}", flush=True)
     results: dict[str, list[dict[str, float | str]]] = {k: [] for k in variants}
     for r in range(args.rounds):
         order = list(variants) if r % 2 == 0 else list(reversed(variants))
         for label in order:
             root = Path(tempfile.mkdtemp(prefix="wf-bench-multi-"))
             got = run_variant(names, root, {**env, **variants[label]}, args.compile_cache,
-                              common)
+                              common, records)
             results[label].append(got)
             wall, cpu = float(got["wall"]), float(got["cpu"])
             print(f"round {r + 1} {label:17}  wall {wall:7.1f} s  CPU {cpu:7.1f} s  "

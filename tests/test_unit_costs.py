@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, require_tool, setup_py_function, tinyext_project
 from test_mamba_ssm_patches import MAMBA_URL, mirror
-from wheelforge.builder import unitcosts
+from wheelforge.builder import jobserver, unitcosts
 from wheelforge.builder.patch import apply_series
 from wheelforge.builder.source import extract, fetch
 from wheelforge.recipe.format import RecipeBook
@@ -54,6 +54,11 @@ def test_read_from_a_real_ninja_log(tmp_path: Path) -> None:
     assert path is not None and unitcosts.recorded(tmp_path / "cache", "demo", "12.0") == path
     assert unitcosts.recorded(tmp_path / "cache", "demo", "10.0;12.0") is None
     assert unitcosts.read_ninja_costs(tmp_path / "no-build") == []
+    assert unitcosts.total_seconds(path) == long.seconds + short.seconds
+    # a unit that waited at the pool's gate: the seconds it ran, as its gate wrote them
+    Path(f"{build}/csrc/units/unit_01_of_01.o{jobserver.SECONDS_SUFFIX}").write_text("0.25\n")
+    gated = {c.source: c.seconds for c in unitcosts.read_ninja_costs(tree)}
+    assert gated["csrc/units/unit_01_of_01.cu"] == 0.25
 
 
 def included(unit: Path) -> list[str]:

@@ -4,26 +4,28 @@ A command that builds several recipes at once (``wheelforge build A B``, a recip
 its companions, the cells of a nightly) compiles them within one budget: the command's
 ``MAX_JOBS x NVCC_THREADS`` slots.
 
-* **The pool** is a GNU make jobserver in fifo style: a named pipe holding one byte per
-  free slot, in a directory of its own that lives as long as the command.
+* **The pool** is a thread of the command that holds the free slots and hands them out
+  through a Unix socket in a directory of its own (mode 0700), which lives as long as
+  the command.
 * **Gates.**  torch's extension builder runs every nvcc of its ninja file as
   ``$PYTORCH_NVCC``.  A build puts the pool's gate in front of it (:meth:`Pool.gate`):
-  before each unit's nvcc starts, the gate takes that unit's slots (its nvcc threads)
-  from the pipe, waiting for them if it must, and gives them back when nvcc ends.  The
-  build's ninja keeps torch's ``-j MAX_JOBS``, its own bound (memory); the pool bounds
-  the command.  A slot goes to a waiting unit of any build the moment another unit ends:
-  the gates wait in the pipe, and the kernel hands a byte to the reader that began to
-  wait first.  (ninja 1.13's own jobserver client reads its pipe only when it starts and
-  when one of its jobs ends, never while it waits; a compile started while another held
-  every slot ran one unit at a time: docs/performance.md.)  A gate that takes more than
-  one slot takes them under the pool's lock, so no two gates each hold part of what
-  they need.
+  before each unit's nvcc starts, the gate asks the pool for that unit's slots (its nvcc
+  threads) and waits for them; they are free again when the gate's connection closes,
+  as it ends, whether it ended or was killed.  The build's ninja keeps torch's
+  ``-j MAX_JOBS``, its own bound (memory); the pool bounds the command.  A slot goes to
+  a waiting unit of any build the moment another unit ends: the units of the build with
+  the highest priority first (the seconds its compile took last time, from its recorded
+  unit costs: the longest compile starts its units first), then the first to ask.
+  (ninja 1.13's own jobserver client reads its pipe only when it starts and when one of
+  its jobs ends, never while it waits; a compile started while another held every slot
+  ran one unit at a time: docs/performance.md.)  The first waiting request waits for all
+  it asks for and nothing passes it, so a unit of several nvcc threads is not starved.
 * **Whole.**  A compile without ninja in its environment (setuptools then runs nvcc
-  itself, not through ``$PYTORCH_NVCC``) takes all its slots before it starts
-  (:meth:`Pool.slots`), as the same lock's holder.
-* **Slots of killed gates.**  A gate holding slots leaves a file named by its process
-  id; a gate killed with SIGKILL cannot give them back, and :meth:`Pool.reclaim` (after
-  each compile) puts back the slots of gates that are gone.
+  itself, not through ``$PYTORCH_NVCC``) asks for all its slots in the same queue before
+  it starts (:meth:`Pool.slots`).
+* **The units' own seconds.**  ninja's log counts a unit's wait at the gate as part of
+  it; the gate writes the seconds its unit ran beside the unit's object
+  (:data:`SECONDS_SUFFIX`), which builder/unitcosts.py records instead.
 
 Host C++ units (``$cxx`` in the ninja file, one or two per recipe here) are not gated:
 they run within their build's ``MAX_JOBS``.
@@ -31,89 +33,113 @@ they run within their build's ``MAX_JOBS``.
 
 from __future__ import annotations
 
-import array
 import contextlib
-import fcntl
 import os
-import select
+import selectors
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
-import termios
-import time
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .. import _proc
 
-#: How often a whole compile that waits for its slots looks again, in seconds.
+#: How often a whole compile that waits for its slots looks for Ctrl-C, in seconds.
 TICK_S = 0.2
+#: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
+_SHORT_DIR = "/tmp"
 
-#: The gate, run as ``python -I -S gate POOL_DIR SLOTS COMMAND...`` (stdlib only).
+#: The gate, run as ``python -I -S gate SOCKET SLOTS PRIORITY COMMAND...`` (stdlib only).
 _GATE = '''\
 """wheelforge: a compile unit's slots from the command's pool (builder/jobserver.py)."""
-import fcntl, os, signal, sys
+import os, signal, socket, sys, time
 
-pool, count, command = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-pipe = os.open(os.path.join(pool, "slots"), os.O_RDWR)
-got = b""
-child = 0
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # stopped while it waits: it just ends
+address, request, command = sys.argv[1], " ".join(sys.argv[2:4]), sys.argv[4:]
+pool = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+pool.connect(address)
+pool.sendall(request.encode() + b"\\n")
+if pool.recv(1) != b"+":
+    sys.stderr.write("wheelforge gate: the command's pool of compile slots closed\\n")
+    sys.exit(1)
+child, stops = 0, []
 
 
 def forward(signum, _frame):
     if child:
         os.kill(child, signum)
-    else:  # still waiting for slots: give back those taken, and end as killed by it
-        if got:
-            os.write(pipe, got)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    else:
+        stops.append(signum)
 
 
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, forward)
-lock = os.open(os.path.join(pool, "lock"), os.O_RDWR) if count > 1 else None
-if lock is not None:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-while len(got) < count:
-    got += os.read(pipe, count - len(got))
-if lock is not None:
-    os.close(lock)
-held = os.path.join(pool, "held", "%d.%d" % (os.getpid(), count))
-open(held, "w").close()
+started = time.monotonic()
 try:
+    child = os.posix_spawnp(command[0], command, os.environ)
+except OSError as exc:
+    sys.stderr.write("wheelforge gate: cannot run %s: %s\\n" % (command[0], exc))
+    sys.exit(127)
+for signum in stops:
+    os.kill(child, signum)
+status = os.waitpid(child, 0)[1]
+if "-o" in command[:-1]:  # the unit's own seconds: ninja's log counts its wait here too
     try:
-        child = os.posix_spawnp(command[0], command, os.environ)
-    except OSError as exc:
-        sys.stderr.write("wheelforge gate: cannot run %s: %s\\n" % (command[0], exc))
-        status = 127 << 8
-    else:
-        status = os.waitpid(child, 0)[1]
-finally:
-    os.write(pipe, got)
-    os.unlink(held)
+        with open(command[command.index("-o") + 1] + ".wf-seconds", "w") as f:
+            f.write("%.2f\\n" % (time.monotonic() - started))
+    except OSError:
+        pass
 if os.WIFSIGNALED(status):
     sys.exit(128 + os.WTERMSIG(status))
 sys.exit(os.WEXITSTATUS(status))
 '''
 
+#: The file beside a unit's object where its gate wrote the seconds the unit ran.
+SECONDS_SUFFIX = ".wf-seconds"
+
+
+class _Request:
+    """A compile's (or one unit's) wait for ``count`` slots."""
+
+    def __init__(self, count: int, priority: float, seq: int,
+                 conn: socket.socket | None) -> None:
+        self.count, self.priority, self.seq, self.conn = count, priority, seq, conn
+        self.granted = threading.Event()
+
+    def rank(self) -> tuple[float, int]:
+        return (self.priority, -self.seq)
+
 
 class Pool:
-    """``size`` compile slots shared by the builds of one command.  Holds a directory
-    and an open pipe, hence a class; use as a context manager."""
+    """``size`` compile slots shared by the builds of one command.  Holds a directory,
+    a socket and a thread, hence a class; use as a context manager."""
 
     def __init__(self, size: int, directory: Path | None = None) -> None:
         self.size = max(1, size)
         self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=directory))
-        (self._dir / "held").mkdir()
-        (self._dir / "lock").touch()
+        self._address = self._dir / "slots.sock"
+        if len(os.fsencode(self._address)) > 100:  # sun_path's limit
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=_SHORT_DIR))
+            self._address = self._dir / "slots.sock"
         self._gate = self._dir / "gate.py"
         self._gate.write_text(_GATE)
-        os.mkfifo(self._dir / "slots", 0o600)
-        # read and write ends in one: the pipe never sees end-of-file while we live
-        self._fd = os.open(self._dir / "slots", os.O_RDWR | os.O_NONBLOCK)
-        os.write(self._fd, b"+" * self.size)
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(self._address))
+        self._server.listen(1024)
+        self._wake_r, self._wake_w = os.pipe()
+        self._lock = threading.Lock()
+        self._free = self.size
+        self._waiting: list[_Request] = []
+        self._held: dict[socket.socket, int] = {}
+        self._seq = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name="wheelforge-jobserver")
+        self._thread.start()
 
     def __enter__(self) -> Pool:
         return self
@@ -122,84 +148,126 @@ class Pool:
         self.close()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+        with self._lock:
+            self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def free(self) -> int:
-        """Slots in the pipe: in no unit's and no compile's hands."""
-        buf = array.array("i", [0])
-        fcntl.ioctl(self._fd, termios.FIONREAD, buf)
-        return int(buf[0])
+        """Slots in no unit's and no compile's hands."""
+        with self._lock:
+            return self._free
 
-    def gate(self, command: str, threads: int = 1) -> str:
+    def gate(self, command: str, threads: int = 1, priority: float = 0.0) -> str:
         """``command`` (shell words: an nvcc, or a compile cache and nvcc) behind the
-        pool's gate, which takes ``threads`` slots for each unit it compiles."""
+        pool's gate, which takes ``threads`` slots for each unit it compiles; a unit of
+        a higher ``priority`` goes first."""
         count = max(1, min(threads, self.size))
         return " ".join([shlex.quote(sys.executable), "-I", "-S",
-                         shlex.quote(str(self._gate)), shlex.quote(str(self._dir)),
-                         str(count), command])
-
-    def reclaim(self) -> int:
-        """Put back the slots of gates that are gone without giving them back (killed);
-        how many."""
-        back = 0
-        for held in (self._dir / "held").iterdir():
-            pid, _, count = held.name.partition(".")
-            if _alive(int(pid)):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                held.unlink()  # gone: nobody else removes it now
-                os.write(self._fd, b"+" * int(count))
-                back += int(count)
-        return back
+                         shlex.quote(str(self._gate)), shlex.quote(str(self._address)),
+                         str(count), repr(float(priority)), command])
 
     @contextlib.contextmanager
-    def slots(self, count: int, on_wait: Callable[[], None] | None = None) -> Iterator[int]:
+    def slots(self, count: int, on_wait: Callable[[], None] | None = None,
+              priority: float = 0.0) -> Iterator[int]:
         """Hold ``count`` slots (at most the pool's) for a whole compile; yield how
         many.  ``on_wait`` hears it once if they are not free; Ctrl-C stops the wait."""
         count = max(1, min(count, self.size))
-        got = 0
-        lock = os.open(self._dir / "lock", os.O_RDWR)
-        try:
-            while True:  # the lock first: no gate of many slots holds part of ours
-                with contextlib.suppress(BlockingIOError):
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                _waited(on_wait)
+        with self._lock:
+            request = self._queue(count, priority, None)
+            self._grant()
+        while not request.granted.wait(TICK_S):
+            if _proc.stopping():
+                with self._lock:
+                    if not request.granted.is_set():
+                        self._waiting.remove(request)
+                        self._grant()
+                        raise KeyboardInterrupt
+                break
+            if on_wait is not None:
+                on_wait()
                 on_wait = None
-                time.sleep(TICK_S)
-            while got < count:
-                with contextlib.suppress(BlockingIOError):
-                    got += len(os.read(self._fd, count - got))
-                if got < count:
-                    _waited(on_wait)
-                    on_wait = None
-                    select.select([self._fd], [], [], TICK_S)
-        except BaseException:
-            if got:
-                os.write(self._fd, b"+" * got)
-            raise
-        finally:
-            os.close(lock)
         try:
             yield count
         finally:
-            os.write(self._fd, b"+" * count)
+            with self._lock:
+                self._free += count
+                self._grant()
 
+    def _queue(self, count: int, priority: float, conn: socket.socket | None) -> _Request:
+        self._seq += 1
+        request = _Request(min(max(1, count), self.size), priority, self._seq, conn)
+        self._waiting.append(request)
+        return request
 
-def _waited(on_wait: Callable[[], None] | None) -> None:
-    """One turn of a wait: Ctrl-C stops it; ``on_wait`` (the first turn's) hears it."""
-    if _proc.stopping():
-        raise KeyboardInterrupt
-    if on_wait is not None:
-        on_wait()
+    def _grant(self) -> None:
+        """Hand free slots to the waiting requests, the highest priority first, then the
+        first to ask (the lock held).  The first in that order waits for all it asks
+        for: nothing smaller passes it, so a request of many slots is never starved."""
+        while self._waiting:
+            first = max(self._waiting, key=_Request.rank)
+            if first.count > self._free:
+                return
+            self._waiting.remove(first)
+            self._free -= first.count
+            if first.conn is None:
+                first.granted.set()
+                continue
+            try:
+                first.conn.send(b"+")
+            except OSError:  # the gate is gone (stopped): its slots are free again
+                self._free += first.count
+                continue
+            self._held[first.conn] = first.count
 
+    def _serve(self) -> None:
+        """Accept the gates, read their requests, take back the slots of those that end
+        (a gate's connection closes when it ends, killed or not)."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._server, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            pending: dict[socket.socket, bytes] = {}
+            while True:
+                for key, _events in sel.select():
+                    if key.fileobj is self._server:
+                        conn, _ = self._server.accept()
+                        pending[conn] = b""
+                        sel.register(conn, selectors.EVENT_READ)
+                        continue
+                    if key.fileobj == self._wake_r:
+                        os.read(self._wake_r, 64)
+                        continue
+                    conn = key.fileobj  # type: ignore[assignment]
+                    try:
+                        data = conn.recv(64)
+                    except OSError:
+                        data = b""
+                    with self._lock:
+                        if data and conn in pending:
+                            pending[conn] += data
+                            if b"\n" in pending[conn]:
+                                self._request(conn, pending.pop(conn))
+                        elif not data:  # the gate ended
+                            sel.unregister(conn)
+                            pending.pop(conn, None)
+                            self._free += self._held.pop(conn, 0)
+                            self._waiting = [r for r in self._waiting if r.conn is not conn]
+                            conn.close()
+                        self._grant()
+                with self._lock:
+                    if self._closed:
+                        break
+            for key in list(sel.get_map().values()):
+                if isinstance(key.fileobj, socket.socket):
+                    key.fileobj.close()
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    def _request(self, conn: socket.socket, line: bytes) -> None:
+        """A gate's request, ``SLOTS PRIORITY``; a malformed one is closed unanswered."""
+        try:
+            count, priority = line.split()[:2]
+            self._queue(int(count), float(priority), conn)
+        except ValueError:
+            conn.shutdown(socket.SHUT_RDWR)

@@ -286,7 +286,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
                 slots = pool if extension else None  # a pure build compiles nothing
-                with _compile_slots(slots, config, fixed_env, environ, reporter), \
+                with _compile_slots(slots, config, fixed_env, environ, reporter, costs), \
                         reporter.heartbeat("building"):
                     raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                       out_dir=work / "dist", log=log, on_line=on_line,
@@ -412,31 +412,32 @@ def _gated(pool: jobserver.Pool | None, env: BuildEnv, environ: dict[str, str]) 
 
 @contextlib.contextmanager
 def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildEnv,
-                   environ: dict[str, str], reporter: Reporter) -> Iterator[None]:
+                   environ: dict[str, str], reporter: Reporter,
+                   costs: Path | None) -> Iterator[None]:
     """The compile's slots of the command's pool: each unit's, taken as it starts and
     given back as it ends (the gate), or all of its MAX_JOBS x NVCC_THREADS before it
-    starts.  ``environ`` is completed for the compile."""
+    starts.  The units of the compile that took longest last time (``costs``, its
+    recorded unit costs) go first.  ``environ`` is completed for the compile."""
     environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
     if pool is None:
         yield
         return
+    priority = unitcosts.total_seconds(costs) if costs is not None else 0.0
     if _gated(pool, env, environ):
         nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
-        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads)
+        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
         reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
                       f"for each CUDA unit as it starts (at most {config.jobs} units of "
                       "this build at once)")
-        try:
-            yield
-        finally:
-            pool.reclaim()
+        yield
         return
 
     def waiting() -> None:
         reporter.info("waiting for compile slots (the command's other builds hold them)")
 
-    with pool.slots(config.jobs * config.nvcc_threads, on_wait=waiting) as held:
+    with pool.slots(config.jobs * config.nvcc_threads, on_wait=waiting,
+                    priority=priority) as held:
         reporter.info(f"compile slots: {held} of {pool.size}, held for the compile")
         yield
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._fs import atomic_write
+from .jobserver import SECONDS_SUFFIX
 
-__all__ = ["ENV", "UnitCost", "read_ninja_costs", "record", "recorded"]
+__all__ = ["ENV", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
 
 #: The variable that gives a build the path of its recipe's record.
 ENV = "WHEELFORGE_UNIT_COSTS"
@@ -84,6 +85,7 @@ def read_ninja_costs(tree: Path) -> list[UnitCost]:
             except ValueError:
                 continue  # the last entry of a log wins: a rerun's
         for out, seconds in spans.items():
+            seconds = _own_seconds(log.parent, out, seconds)
             src = Path(sources[out])
             try:
                 rel = src.relative_to(tree).as_posix()
@@ -91,6 +93,24 @@ def read_ninja_costs(tree: Path) -> list[UnitCost]:
                 rel = src.as_posix()
             costs.append(UnitCost(rel, round(seconds, 2), _members(src)))
     return sorted(costs, key=lambda c: (-c.seconds, c.source))
+
+
+def _own_seconds(build_dir: Path, out: str, logged: float) -> float:
+    """The seconds a unit ran: what its gate wrote (builder/jobserver.py; ninja's log
+    also counts the unit's wait for a slot of the command's pool), else ninja's."""
+    try:
+        return float((build_dir / (out + SECONDS_SUFFIX)).read_text())
+    except (OSError, ValueError):
+        return logged
+
+
+def total_seconds(path: Path) -> float:
+    """The seconds of every unit in the record at ``path`` (0 when unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+        return float(sum(float(u["seconds"]) for u in data["units"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _path(cache_dir: Path, name: str) -> Path:

@@ -10,8 +10,9 @@ recorded and the run goes on.
 
 Up to :data:`CELLS_AT_ONCE` cells build at once, in threads, within one pool of compile
 slots (builder/jobserver.py), as the recipes of ``wheelforge build A B`` do: one cell's
-fixed steps (environment, verify imports, publish) overlap another's compile, and a
-compile's tail leaves its slots to the others.  A cell starts once the cells of its
+fixed steps (environment, verify imports, publish) overlap another's compile, and each
+compile unit takes its slot as it starts, so a compile's tail leaves its slots to the
+others.  A cell starts once the cells of its
 recipe's companions have ended (it finds their wheels published).  Each cell's lines
 start with ``[N/M]``, its place in the run.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds
 them one after another.
