@@ -24,7 +24,7 @@ they run on a machine without network.  No timing is asserted.
 
     .venv/bin/python bench/multi_recipe.py [--rounds 1] [--compile-cache off|warm]
         [--arch 12.0] [--jobs N] [--recipes a,b,...] [--python PATH] [--sources DIR]
-        [--git-mirror URL=PATH] [--unit-costs none|record]
+        [--git-mirror URL=PATH] [--unit-costs none|record] [--only VARIANT]
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--sources", default=None)
     ap.add_argument("--git-mirror", default=None)
     ap.add_argument("--unit-costs", choices=["none", "record"], default="none")
+    ap.add_argument("--only", choices=["at once", "one after another"], default=None,
+                    help="one variant (its wall / bound alone; no ratio)")
     args = ap.parse_args()
     names = args.recipes.split(",")
     cores = cpu_count()
@@ -120,6 +122,8 @@ def main() -> None:
     common += ["--sources", args.sources] if args.sources else []
     common += ["--git-mirror", args.git_mirror] if args.git_mirror else []
     variants = {"at once": {}, "one after another": {AT_ONCE: "off"}}
+    if args.only:
+        variants = {args.only: variants[args.only]}
     print(f"{cores} cores, compile cache {args.compile_cache}, recipes {', '.join(names)}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     records = None
@@ -142,6 +146,8 @@ def main() -> None:
                   f"bound {cpu / cores:6.1f} s  wall/bound {wall / (cpu / cores):.2f}  "
                   f"load {got['load']}  (log {root / 'build.log'})\n      {got['steps']}",
                   flush=True)
+    if args.only:
+        return
     print()
     print("round  at once (s)  one after another (s)  one-after-another / at-once")
     for r in range(args.rounds):
