@@ -199,6 +199,22 @@ def test_the_units_of_the_longest_compile_go_first(tmp_path: Path) -> None:
         _until(lambda: pool.free() == 1)
 
 
+def test_a_gate_waiting_when_the_pool_closes_fails_and_a_bad_request_is_refused(
+        tmp_path: Path) -> None:
+    pool = jobserver.Pool(1, tmp_path)
+    with pool.slots(1):
+        waiting = subprocess.Popen(shlex.split(pool.gate("true")), stderr=subprocess.PIPE,
+                                   text=True)
+        time.sleep(0.5)
+        pool.close()  # the command ends (an error elsewhere): its gates must not hang
+        _, err = waiting.communicate(timeout=20)
+    assert waiting.returncode == 1 and "pool of compile slots closed" in err
+    with jobserver.Pool(1, tmp_path) as pool:
+        gate = pool.gate("true").replace(" 1 0.0 ", " 1 not-a-number ")
+        bad = subprocess.run(shlex.split(gate), capture_output=True, text=True, timeout=20)
+        assert bad.returncode == 1 and pool.free() == 1
+
+
 def test_the_gate_writes_the_seconds_its_unit_ran(tmp_path: Path) -> None:
     """ninja's log counts a unit's wait at the gate; the gate's record does not."""
     out = tmp_path / "unit.o"

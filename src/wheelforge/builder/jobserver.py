@@ -225,44 +225,51 @@ class Pool:
 
     def _serve(self) -> None:
         """Accept the gates, read their requests, take back the slots of those that end
-        (a gate's connection closes when it ends, killed or not)."""
+        (a gate's connection closes when it ends, killed or not).  However this thread
+        ends, every connection closes: a waiting gate then fails, it never hangs."""
         with selectors.DefaultSelector() as sel:
             sel.register(self._server, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
-            pending: dict[socket.socket, bytes] = {}
-            while True:
-                for key, _events in sel.select():
-                    if key.fileobj is self._server:
+            try:
+                self._serve_in(sel)
+            finally:
+                for key in list(sel.get_map().values()):
+                    if isinstance(key.fileobj, socket.socket):
+                        key.fileobj.close()
+
+    def _serve_in(self, sel: selectors.BaseSelector) -> None:
+        pending: dict[socket.socket, bytes] = {}
+        while True:
+            for key, _events in sel.select():
+                if key.fileobj is self._server:
+                    with contextlib.suppress(OSError):  # out of descriptors: it retries
                         conn, _ = self._server.accept()
                         pending[conn] = b""
                         sel.register(conn, selectors.EVENT_READ)
-                        continue
-                    if key.fileobj == self._wake_r:
-                        os.read(self._wake_r, 64)
-                        continue
-                    conn = key.fileobj  # type: ignore[assignment]
-                    try:
-                        data = conn.recv(64)
-                    except OSError:
-                        data = b""
-                    with self._lock:
-                        if data and conn in pending:
-                            pending[conn] += data
-                            if b"\n" in pending[conn]:
-                                self._request(conn, pending.pop(conn))
-                        elif not data:  # the gate ended
-                            sel.unregister(conn)
-                            pending.pop(conn, None)
-                            self._free += self._held.pop(conn, 0)
-                            self._waiting = [r for r in self._waiting if r.conn is not conn]
-                            conn.close()
-                        self._grant()
+                    continue
+                if key.fileobj == self._wake_r:
+                    os.read(self._wake_r, 64)
+                    continue
+                conn = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = conn.recv(64)
+                except OSError:
+                    data = b""
                 with self._lock:
-                    if self._closed:
-                        break
-            for key in list(sel.get_map().values()):
-                if isinstance(key.fileobj, socket.socket):
-                    key.fileobj.close()
+                    if data and conn in pending:
+                        pending[conn] += data
+                        if b"\n" in pending[conn]:
+                            self._request(conn, pending.pop(conn))
+                    elif not data:  # the gate ended
+                        sel.unregister(conn)
+                        pending.pop(conn, None)
+                        self._free += self._held.pop(conn, 0)
+                        self._waiting = [r for r in self._waiting if r.conn is not conn]
+                        conn.close()
+                    self._grant()
+            with self._lock:
+                if self._closed:
+                    return
 
     def _request(self, conn: socket.socket, line: bytes) -> None:
         """A gate's request, ``SLOTS PRIORITY``; a malformed one is closed unanswered."""
