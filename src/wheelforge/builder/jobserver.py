@@ -52,6 +52,9 @@ TICK_S = 0.2
 #: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
 _SHORT_DIR = "/tmp"
 
+#: The file beside a unit's object where its gate wrote the seconds the unit ran.
+SECONDS_SUFFIX = ".wf-seconds"
+
 #: The gate, run as ``python -I -S gate SOCKET SLOTS PRIORITY COMMAND...`` (stdlib only).
 _GATE = '''\
 """wheelforge: a compile unit's slots from the command's pool (builder/jobserver.py)."""
@@ -88,17 +91,14 @@ for signum in stops:
 status = os.waitpid(child, 0)[1]
 if "-o" in command[:-1]:  # the unit's own seconds: ninja's log counts its wait here too
     try:
-        with open(command[command.index("-o") + 1] + ".wf-seconds", "w") as f:
+        with open(command[command.index("-o") + 1] + SECONDS_SUFFIX, "w") as f:
             f.write("%.2f\\n" % (time.monotonic() - started))
     except OSError:
         pass
 if os.WIFSIGNALED(status):
     sys.exit(128 + os.WTERMSIG(status))
 sys.exit(os.WEXITSTATUS(status))
-'''
-
-#: The file beside a unit's object where its gate wrote the seconds the unit ran.
-SECONDS_SUFFIX = ".wf-seconds"
+'''.replace("SECONDS_SUFFIX", repr(SECONDS_SUFFIX))
 
 
 class _Request:
