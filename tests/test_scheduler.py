@@ -215,6 +215,39 @@ def test_a_gate_waiting_when_the_pool_closes_fails_and_a_bad_request_is_refused(
         assert bad.returncode == 1 and pool.free() == 1
 
 
+def test_slots_are_held_for_an_expected_longer_compile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile expected at priority 5 has not started: a unit of priority 1 waits for
+    it; the expected compile's first unit takes the slot, then the other runs.  A hold
+    ends after RESERVE_S, and at once on withdraw."""
+    order = tmp_path / "order"
+
+    def unit(pool: jobserver.Pool, name: str, priority: float) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*shlex.split(pool.gate("sh -c", priority=priority)),
+                                 f"echo {name} >> {order}"])
+
+    with jobserver.Pool(1, tmp_path) as pool:
+        pool.expect("long", 5)
+        short = unit(pool, "short", 1)
+        time.sleep(1.0)
+        assert not order.exists()  # held for the expected one
+        long = unit(pool, "long", 5)
+        assert long.wait(20) == 0 and short.wait(20) == 0
+        assert order.read_text().split() == ["long", "short"]
+
+        order.unlink()
+        pool.expect("gone", 5)
+        short = unit(pool, "short", 1)
+        time.sleep(0.5)
+        pool.withdraw("gone")  # it will not compile: no hold
+        assert short.wait(20) == 0 and order.read_text().split() == ["short"]
+
+        monkeypatch.setattr(jobserver, "RESERVE_S", 0.5)
+        pool.expect("late", 5)
+        short = unit(pool, "short", 1)
+        assert short.wait(20) == 0  # the hold ended without it
+
+
 def test_the_gate_writes_the_seconds_its_unit_ran(tmp_path: Path) -> None:
     """ninja's log counts a unit's wait at the gate; the gate's record does not."""
     out = tmp_path / "unit.o"

@@ -16,6 +16,9 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   a waiting unit of any build the moment another unit ends: the units of the build with
   the highest priority first (the seconds its compile took last time, from its recorded
   unit costs: the longest compile starts its units first), then the first to ask.
+  Slots are held, up to :data:`RESERVE_S`, for an expected compile of a higher priority
+  that has not started yet (:meth:`Pool.expect`): a companion's compile often starts a
+  few seconds after a shorter one.
   (ninja 1.13's own jobserver client reads its pipe only when it starts and when one of
   its jobs ends, never while it waits; a compile started while another held every slot
   ran one unit at a time: docs/performance.md.)  The first waiting request waits for all
@@ -42,6 +45,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,6 +53,8 @@ from .. import _proc
 
 #: How often a whole compile that waits for its slots looks for Ctrl-C, in seconds.
 TICK_S = 0.2
+#: How long slots are held for an expected compile of a higher priority, in seconds.
+RESERVE_S = 30.0
 #: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
 _SHORT_DIR = "/tmp"
 
@@ -136,6 +142,8 @@ class Pool:
         self._waiting: list[_Request] = []
         self._held: dict[socket.socket, int] = {}
         self._seq = 0
+        self._expected: dict[str, float] = {}  # compiles to come: their priorities
+        self._holding_since: float | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name="wheelforge-jobserver")
@@ -197,8 +205,25 @@ class Pool:
                 self._free += count
                 self._grant()
 
+    def expect(self, name: str, priority: float) -> None:
+        """``name`` will compile, its units at ``priority``: until a request of that
+        priority comes (its first unit), or :meth:`withdraw`, units of a lower priority
+        wait for it, at most :data:`RESERVE_S` (the longest compile starts its units
+        first even when a shorter one reaches its compile a few seconds before it)."""
+        with self._lock:
+            if priority > 0:
+                self._expected[name] = priority
+
+    def withdraw(self, name: str) -> None:
+        """``name`` will not compile (any more): nothing waits for it now."""
+        with self._lock:
+            if self._expected.pop(name, None) is not None:
+                self._grant()
+
     def _queue(self, count: int, priority: float, conn: socket.socket | None) -> _Request:
         self._seq += 1
+        for name in [n for n, p in self._expected.items() if p <= priority]:
+            del self._expected[name]  # it came (or one as long as it): no hold for it
         request = _Request(min(max(1, count), self.size), priority, self._seq, conn)
         self._waiting.append(request)
         return request
@@ -209,7 +234,7 @@ class Pool:
         for: nothing smaller passes it, so a request of many slots is never starved."""
         while self._waiting:
             first = max(self._waiting, key=_Request.rank)
-            if first.count > self._free:
+            if first.count > self._free or self._held_for_expected(first):
                 return
             self._waiting.remove(first)
             self._free -= first.count
@@ -222,6 +247,22 @@ class Pool:
                 self._free += first.count
                 continue
             self._held[first.conn] = first.count
+
+    def _held_for_expected(self, first: _Request) -> bool:
+        """Whether ``first`` waits for an expected compile of a higher priority (the
+        lock held); the hold ends :data:`RESERVE_S` after it began."""
+        if not any(p > first.priority for p in self._expected.values()):
+            self._holding_since = None
+            return False
+        now = time.monotonic()
+        if self._holding_since is None:
+            self._holding_since = now
+        if now - self._holding_since < RESERVE_S:
+            return True
+        for name in [n for n, p in self._expected.items() if p > first.priority]:
+            del self._expected[name]  # it did not come in time: no more holding for it
+        self._holding_since = None
+        return False
 
     def _serve(self) -> None:
         """Accept the gates, read their requests, take back the slots of those that end
@@ -240,7 +281,7 @@ class Pool:
     def _serve_in(self, sel: selectors.BaseSelector) -> None:
         pending: dict[socket.socket, bytes] = {}
         while True:
-            for key, _events in sel.select():
+            for key, _events in sel.select(TICK_S):
                 if key.fileobj is self._server:
                     with contextlib.suppress(OSError):  # out of descriptors: it retries
                         conn, _ = self._server.accept()
@@ -270,6 +311,7 @@ class Pool:
             with self._lock:
                 if self._closed:
                     return
+                self._grant()  # a hold for an expected compile may have ended
 
     def _request(self, conn: socket.socket, line: bytes) -> None:
         """A gate's request, ``SLOTS PRIORITY``; a malformed one is closed unanswered."""

@@ -33,7 +33,7 @@ from .._log import Reporter
 from ..errors import BuildError, ConfigError, RecipeError
 from ..recipe.format import RecipeBook
 from ..recipe.model import Recipe
-from . import buildenv, jobserver
+from . import buildenv, jobserver, unitcosts
 from .config import BuildConfig
 from .identity import without_subset
 from .pipeline import BuildResult, Pending, build_one
@@ -163,6 +163,10 @@ def _needs(build: _Build, companion: _Build, future: Future[T]) -> Callable[[], 
 def _together(planned: list[Planned], reporter: Reporter,
               inspections: buildenv.Inspections, pool: jobserver.Pool) -> list[BuildResult]:
     builds = {str(p.recipe.name): _Build(p) for p in planned}
+    for p in planned:  # the longest compile last time starts its units first
+        costs = unitcosts.recorded(p.config.cache_dir, p.recipe.name, p.config.arch_list)
+        if p.recipe.build.kind == "extension" and costs is not None:
+            pool.expect(str(p.recipe.name), unitcosts.total_seconds(costs))
     reporter.info(f"{len(planned)} builds at once ({', '.join(builds)}), sharing "
                   f"{pool.size} compile slot(s)")
 
@@ -179,6 +183,7 @@ def _together(planned: list[Planned], reporter: Reporter,
         except BaseException as exc:  # reported by the caller, in its thread
             outcome = exc
         finally:
+            pool.withdraw(build.name)
             view.done()
         build.settle(outcome)
 
