@@ -248,6 +248,31 @@ def test_slots_are_held_for_an_expected_longer_compile(
         assert short.wait(20) == 0  # the hold ended without it
 
 
+def test_a_hold_lasts_until_every_unit_the_expected_compile_starts_has_asked(
+        tmp_path: Path) -> None:
+    """The expected compile's ninja starts its units one gate after another: the
+    shorter compile's units, waiting already, do not take the slots between the first
+    of them and the next (measured on 16 cores: they did, and the longest compile's units
+    ran last)."""
+    order = tmp_path / "order"
+
+    def unit(pool: jobserver.Pool, name: str, priority: float) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*shlex.split(pool.gate("sh -c", priority=priority)),
+                                 f"echo {name} >> {order}; sleep 0.5"])
+
+    with jobserver.Pool(3, tmp_path) as pool:
+        pool.expect("short", 1)
+        pool.expect("long", 5)
+        units = [unit(pool, f"short{i}", 1) for i in range(3)]
+        time.sleep(1.0)
+        for i in range(3):
+            units.append(unit(pool, f"long{i}", 5))
+            time.sleep(0.3)
+        assert all(u.wait(30) == 0 for u in units)
+    names = order.read_text().split()
+    assert sorted(names[:3]) == ["long0", "long1", "long2"], names
+
+
 def test_the_gate_writes_the_seconds_its_unit_ran(tmp_path: Path) -> None:
     """ninja's log counts a unit's wait at the gate; the gate's record does not."""
     out = tmp_path / "unit.o"

@@ -17,8 +17,9 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   the highest priority first (the seconds its compile took last time, from its recorded
   unit costs: the longest compile starts its units first), then the first to ask.
   Slots are held, up to :data:`RESERVE_S`, for an expected compile of a higher priority
-  that has not started yet (:meth:`Pool.expect`): a companion's compile often starts a
-  few seconds after a shorter one.
+  that has not started its units yet (:meth:`Pool.expect`), and until its ninja has asked
+  for the first of them (its units have not asked for :data:`SETTLE_S`): a companion's
+  compile often starts a few seconds after a shorter one.
   (ninja 1.13's own jobserver client reads its pipe only when it starts and when one of
   its jobs ends, never while it waits; a compile started while another held every slot
   ran one unit at a time: docs/performance.md.)  The first waiting request waits for all
@@ -55,6 +56,8 @@ from .. import _proc
 TICK_S = 0.2
 #: How long slots are held for an expected compile of a higher priority, in seconds.
 RESERVE_S = 30.0
+#: An expected compile has started its units once none of them has asked for this long.
+SETTLE_S = 1.5
 #: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
 _SHORT_DIR = "/tmp"
 
@@ -107,6 +110,14 @@ sys.exit(os.WEXITSTATUS(status))
 '''.replace("SECONDS_SUFFIX", repr(SECONDS_SUFFIX))
 
 
+class _Expected:
+    """A compile to come: its priority; when its units last asked (None: not yet)."""
+
+    def __init__(self, priority: float) -> None:
+        self.priority = priority
+        self.asked: float | None = None
+
+
 class _Request:
     """A compile's (or one unit's) wait for ``count`` slots."""
 
@@ -142,7 +153,7 @@ class Pool:
         self._waiting: list[_Request] = []
         self._held: dict[socket.socket, int] = {}
         self._seq = 0
-        self._expected: dict[str, float] = {}  # compiles to come: their priorities
+        self._expected: dict[str, _Expected] = {}  # compiles to come
         self._holding_since: float | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
@@ -212,7 +223,7 @@ class Pool:
         first even when a shorter one reaches its compile a few seconds before it)."""
         with self._lock:
             if priority > 0:
-                self._expected[name] = priority
+                self._expected[name] = _Expected(priority)
 
     def withdraw(self, name: str) -> None:
         """``name`` will not compile (any more): nothing waits for it now."""
@@ -222,8 +233,10 @@ class Pool:
 
     def _queue(self, count: int, priority: float, conn: socket.socket | None) -> _Request:
         self._seq += 1
-        for name in [n for n, p in self._expected.items() if p <= priority]:
-            del self._expected[name]  # it came (or one as long as it): no hold for it
+        now = time.monotonic()
+        for expected in self._expected.values():
+            if expected.priority <= priority:
+                expected.asked = now  # its units (or some as long) are coming
         request = _Request(min(max(1, count), self.size), priority, self._seq, conn)
         self._waiting.append(request)
         return request
@@ -250,16 +263,21 @@ class Pool:
 
     def _held_for_expected(self, first: _Request) -> bool:
         """Whether ``first`` waits for an expected compile of a higher priority (the
-        lock held); the hold ends :data:`RESERVE_S` after it began."""
-        if not any(p > first.priority for p in self._expected.values()):
+        lock held): one that has not asked yet, or whose units asked less than
+        :data:`SETTLE_S` ago (its ninja starts them all at once, one gate after another).
+        The hold ends :data:`RESERVE_S` after it began."""
+        now = time.monotonic()
+        for name, e in list(self._expected.items()):
+            if e.asked is not None and now - e.asked >= SETTLE_S:
+                del self._expected[name]  # its units have asked: the queue orders them
+        if not any(e.priority > first.priority for e in self._expected.values()):
             self._holding_since = None
             return False
-        now = time.monotonic()
         if self._holding_since is None:
             self._holding_since = now
         if now - self._holding_since < RESERVE_S:
             return True
-        for name in [n for n, p in self._expected.items() if p > first.priority]:
+        for name in [n for n, e in self._expected.items() if e.priority > first.priority]:
             del self._expected[name]  # it did not come in time: no more holding for it
         self._holding_since = None
         return False
