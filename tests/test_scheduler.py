@@ -300,20 +300,24 @@ def _until(ready: Callable[[], bool], timeout: float = 20.0) -> None:
 
 def _stand_in(events: list[str], fail: str | None = None, slow: str | None = None):  # type: ignore[no-untyped-def]
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None):
+                  pool=None, on_key=None, on_version=None):
         name = str(recipe.name)
         keys = {c: (p.key() if isinstance(p, Pending) else p.build_key)
                 for c, p in (companions or {}).items()}
         events.append(f"{name} key (companions {sorted(keys.items())})")
         if on_key is not None:
             on_key(f"key-{name}")
-        if name == slow:
-            time.sleep(0.5)
         if name == fail:
             raise SourceError(f"{name}: the source is gone")
+        if on_version is not None:
+            on_version("0.1.0+wf")
+        if name == slow:
+            time.sleep(0.5)
         for p in (companions or {}).values():
-            got = p.result() if isinstance(p, Pending) else p
-            events.append(f"{name} pins {got.wheel.name}")
+            assert isinstance(p, Pending)
+            events.append(f"{name} pins {p.version()}")
+        for p in (companions or {}).values():
+            events.append(f"{name} publishes after {p.result().wheel.name}")
         assert pool is not None and pool.size >= 1
         events.append(f"{name} done")
         return BuildResult(recipe, Path(f"/i/{name}-0.1.0+wf-py3-none-any.whl"), (), None,
@@ -335,9 +339,11 @@ def test_builds_run_at_once_and_wait_for_their_companions_only_where_needed(
     results = scheduler.build_with_companions([book.load("purea"), book.load("purec")], book,
                                               _config(tmp_path), Reporter(out))
     assert [r.recipe.name for r in results] == ["pureb", "purea", "purec"]  # companions first
-    # purea has its companion's key before pureb has finished, and its wheel before pinning
+    # purea has its companion's key and version before pureb has finished, and publishes
+    # after pureb's wheel is published
     assert events.index("purea key (companions [('pureb', 'key-pureb')])") < \
-        events.index("pureb done") < events.index("purea pins pureb-0.1.0+wf-py3-none-any.whl")
+        events.index("purea pins 0.1.0+wf") < events.index("pureb done") < \
+        events.index("purea publishes after pureb-0.1.0+wf-py3-none-any.whl")
     assert events.index("purec done") < events.index("pureb done")  # purec did not wait
     assert "3 builds at once (pureb, purea, purec), sharing 4 compile slot(s)" in out.getvalue()
 
@@ -376,7 +382,7 @@ def test_one_build_runs_in_the_callers_thread_without_a_pool(
     seen: list[object] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None):
+                  pool=None, on_key=None, on_version=None):
         seen.append((threading.current_thread() is threading.main_thread(), pool))
         return BuildResult(recipe, Path("/i/x.whl"), (), None, "k")
 
@@ -394,7 +400,7 @@ def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
     started: list[str] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None):
+                  pool=None, on_key=None, on_version=None):
         started.append(str(recipe.name))
         _proc.run(["sleep", "60"])
         raise AssertionError("not stopped")

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
+from packaging.version import Version
 
 from .. import index, workdirs
 from .._fs import owned_lock
 from .._log import Reporter
-from ..errors import RecipeError, ToolchainError, WheelforgeError
+from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError
 from ..recipe.model import Recipe
 from ..recipe.subsets import subset_environment, subset_label
 from ..wheel import relabel, relabeled_name
@@ -145,24 +146,34 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
 @dataclass(frozen=True)
 class Pending:
     """A companion built beside the build that needs it (builder/scheduler.py): ``key()``
-    waits for its build key (known after its preflight), ``result()`` for its published
-    wheel; both raise what stopped it."""
+    waits for its build key (known after its preflight), ``version()`` for the exact
+    version its wheel will have (known once its build environment is), ``result()`` for
+    its published wheel; each raises what stopped it."""
     key: Callable[[], str]
+    version: Callable[[], str]
     result: Callable[[], BuildResult]
+
+
+def _wheel_version(wheel: Path) -> str:
+    return str(parse_wheel_filename(wheel.name)[1])
 
 
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
               companions: Mapping[str, BuildResult | Pending] | None = None,
               inspections: buildenv.Inspections | None = None, *,
               pool: jobserver.Pool | None = None,
-              on_key: Callable[[str], None] | None = None) -> BuildResult:
+              on_key: Callable[[str], None] | None = None,
+              on_version: Callable[[str], None] | None = None) -> BuildResult:
     """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
     configuration, done or :class:`Pending`: their build keys go into this one's, their
     exact versions (local label included) into the wheel's requirements.
     ``inspections``: the interpreters the command inspected already (one import of torch
     per interpreter and command).  ``pool``: the command's compile slots, shared with the
     builds beside this one (builder/jobserver.py).  ``on_key`` hears the build key as soon
-    as it is known."""
+    as it is known, ``on_version`` the wheel's exact version (the recipe's, its local
+    label) once the build environment is: a build that pins this one post-processes and
+    verifies its wheel while this one compiles, and waits for this one's published wheel
+    only before its own publish."""
     inspect = (inspections or buildenv.Inspections()).inspect
     companions = companions or {}
     missing = sorted(set(recipe.companions) - set(companions))
@@ -170,12 +181,23 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
                           fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
 
-    def companion_result(name: str) -> BuildResult:
+    def companion_version(name: str) -> str:
         found = companions[name]
         if isinstance(found, BuildResult):
-            return found
-        reporter.info(f"waiting for its companion {name}")
-        return found.result()
+            return _wheel_version(found.wheel)
+        return found.version()
+
+    def companion_published(name: str, pinned: str) -> None:
+        found = companions[name]
+        if isinstance(found, Pending):
+            reporter.info(f"waiting for its companion {name}")
+            found = found.result()
+        if _wheel_version(found.wheel) != pinned:
+            raise BuildError(f"{recipe.name}'s wheel pins {name}=={pinned}, but {name} "
+                             f"was published as {found.wheel.name}",
+                             why="the companion's version changed during its build",
+                             fix="run the command again; if it recurs, report it with "
+                                 "both recipes")
 
     companion_keys = {str(n): (c.build_key if isinstance(c, BuildResult) else c.key())
                       for n, c in ((n, companions[n]) for n in recipe.companions)}
@@ -258,6 +280,10 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
                 _doctor(config, env, reporter)
             check_build_requires(tree, env, recipe.build.requires, recipe.name, log)
+            if on_version is not None:  # what a build that pins this one pins
+                local = local_label(recipe, env, config)
+                on_version(str(Version(f"{recipe.version}+{local}" if local
+                                       else str(recipe.version))))
         jobs, threads, why_jobs = jobs_for(config, recipe.name,
                                            compile_units(tree) if extension else None,
                                            recipe.build.job_memory_gib)
@@ -308,8 +334,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
                 reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
-        pins = {str(n): str(parse_wheel_filename(companion_result(n).wheel.name)[1])
-                for n in recipe.companions}
+        pins = {str(n): companion_version(str(n)) for n in recipe.companions}
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
                 env.torch_major_minor else None
@@ -352,6 +377,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         channel = None
         if extension and env.torch_cuda and env.torch_version:
             channel = index.channel_name(env.torch_cuda, env.torch_version)
+        for cname, cversion in pins.items():  # a wheel is published after what it pins
+            companion_published(cname, cversion)
         with reporter.step(f"publish to {config.index_dir}"):
             published = index.publish_build(
                 config.index_dir, final, relabel=relabeled, build_key=key, channel=channel,

@@ -8,8 +8,10 @@ command's pool (builder/jobserver.py) one unit at a time: a slot one compile's u
 gives back goes to the next waiting unit of any build, so the cores stay busy as long
 as any build has work.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another instead.
 A build waits for a companion only where it needs it: for the companion's build
-key in its preflight, and for the companion's published wheel (its exact version, which
-the wheel pins) after its own compile.
+key in its preflight, for its exact version (which the wheel pins; known once the
+companion's build environment is) after its own compile, and for its published wheel
+before its own publish, so that a build post-processes and verifies its wheel while its
+companion still compiles, and never publishes a wheel that pins an unpublished one.
 
 Each build reports through a view of the command's reporter (its lines prefixed with
 the recipe's name, one live line per running build).  A failed build does not stop the
@@ -27,6 +29,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
+
+from packaging.utils import parse_wheel_filename
 
 from .. import _proc
 from .._log import Reporter
@@ -129,17 +133,20 @@ class _Build:
         self.planned = planned
         self.name = planned.recipe.name
         self.key: Future[str] = Future()
+        self.version: Future[str] = Future()
         self.result: Future[BuildResult] = Future()
         self.blocked_by: str | None = None  # a companion whose failure stopped it
 
     def settle(self, outcome: BuildResult | BaseException) -> None:
         if isinstance(outcome, BaseException):
-            for f in (self.key, self.result):
+            for f in (self.key, self.version, self.result):
                 if not f.done():
                     f.set_exception(outcome)
             return
         if not self.key.done():
             self.key.set_result(outcome.build_key)
+        if not self.version.done():  # published already: nothing was built
+            self.version.set_result(str(parse_wheel_filename(outcome.wheel.name)[1]))
         self.result.set_result(outcome)
 
 
@@ -173,13 +180,15 @@ def _together(planned: list[Planned], reporter: Reporter,
     def run(build: _Build) -> None:
         view = reporter.view(build.name)
         companions = {c: Pending(key=_needs(build, builds[c], builds[c].key),
+                                 version=_needs(build, builds[c], builds[c].version),
                                  result=_needs(build, builds[c], builds[c].result))
                       for c in build.planned.companions}
         outcome: BuildResult | BaseException
         try:
             outcome = build_one(build.planned.recipe, build.planned.config, view,
                                 companions, inspections, pool=pool,
-                                on_key=build.key.set_result)
+                                on_key=build.key.set_result,
+                                on_version=build.version.set_result)
         except BaseException as exc:  # reported by the caller, in its thread
             outcome = exc
         finally:
