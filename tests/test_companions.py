@@ -20,6 +20,7 @@ from wheelforge._log import Reporter
 from wheelforge.builder import identity, pipeline
 from wheelforge.builder.buildenv import BuildEnv
 from wheelforge.builder.config import BuildConfig, resolve
+from wheelforge.errors import BuildError
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import load_matrix
 from wheelforge.recipe.model import Recipe
@@ -159,3 +160,43 @@ def test_build_makes_and_then_reuses_the_companion(tmp_path: Path, shared_cache:
     assert again.stdout.splitlines()[:2] == [
         "already published: pureb-0.1.0+wf-py3-none-any.whl  [pure Python]",
         "already published: purea-0.1.0+wf-py3-none-any.whl  [pure Python]"]
+
+
+def test_a_build_verifies_beside_its_companion_and_never_publishes_before_it(
+        tmp_path: Path, shared_cache: Path) -> None:
+    """Real builds of the pure fixtures (build_one).  pureb says its exact version once
+    its build environment is known, and it is the version its wheel is published with.
+    purea, given that version while pureb is still pending, pins it, post-processes and
+    verifies its wheel, and then waits for pureb's published wheel: when pureb fails
+    there, purea publishes nothing (its wheel would pin an unpublished one)."""
+    book = companion_book(tmp_path)
+    config = resolve(index_dir=tmp_path / "index", cache_dir=shared_cache,
+                     work_dir=tmp_path / "work", sources_dirs=(tmp_path / "sdists",),
+                     environ={k: v for k, v in os.environ.items()
+                              if k != "TORCH_CUDA_ARCH_LIST"})
+    said: list[str] = []
+    b = pipeline.build_one(book.load("pureb"), config, Reporter(io.StringIO()),
+                           on_version=said.append)
+    assert said == [str(Version("0.1.0+wf"))]
+    assert b.wheel.name.startswith(f"pureb-{said[0]}-")
+
+    def failed() -> pipeline.BuildResult:
+        raise BuildError("purea was not built: its companion pureb failed")
+
+    out = io.StringIO()
+    pending = pipeline.Pending(key=lambda: b.build_key, version=lambda: said[0],
+                               result=failed)
+    with pytest.raises(BuildError, match="its companion pureb failed"):
+        pipeline.build_one(book.load("purea"), config, Reporter(out), {"pureb": pending})
+    lines = out.getvalue()
+    assert lines.index("requires its companion pureb==0.1.0+wf") < \
+        lines.index("ok verify") < lines.index("waiting for its companion pureb")
+    assert not list((tmp_path / "index" / "files").glob("purea-*"))
+
+    wrong = pipeline.Pending(key=lambda: b.build_key, version=lambda: "0.1.0+other",
+                             result=lambda: b)
+    with pytest.raises(BuildError, match="pins pureb==0.1.0\\+other, but pureb was "
+                                         "published as pureb-0.1.0\\+wf"):
+        pipeline.build_one(book.load("purea"), config, Reporter(io.StringIO()),
+                           {"pureb": wrong})
+    assert not list((tmp_path / "index" / "files").glob("purea-*"))
