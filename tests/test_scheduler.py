@@ -215,6 +215,13 @@ def test_a_gate_waiting_when_the_pool_closes_fails_and_a_bad_request_is_refused(
         assert bad.returncode == 1 and pool.free() == 1
 
 
+def _ordered_unit(pool: jobserver.Pool, name: str, priority: float, order: Path,
+                  seconds: float = 0.0) -> subprocess.Popen[bytes]:
+    """A unit behind the pool's gate that writes its name to ``order`` as it starts."""
+    return subprocess.Popen([*shlex.split(pool.gate("sh -c", priority=priority)),
+                             f"echo {name} >> {order}; sleep {seconds}"])
+
+
 def test_slots_are_held_for_an_expected_longer_compile(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A compile expected at priority 5 has not started: a unit of priority 1 waits for
@@ -223,8 +230,7 @@ def test_slots_are_held_for_an_expected_longer_compile(
     order = tmp_path / "order"
 
     def unit(pool: jobserver.Pool, name: str, priority: float) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([*shlex.split(pool.gate("sh -c", priority=priority)),
-                                 f"echo {name} >> {order}"])
+        return _ordered_unit(pool, name, priority, order)
 
     with jobserver.Pool(1, tmp_path) as pool:
         pool.expect("long", 5)
@@ -257,8 +263,7 @@ def test_a_hold_lasts_until_every_unit_the_expected_compile_starts_has_asked(
     order = tmp_path / "order"
 
     def unit(pool: jobserver.Pool, name: str, priority: float) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([*shlex.split(pool.gate("sh -c", priority=priority)),
-                                 f"echo {name} >> {order}; sleep 0.5"])
+        return _ordered_unit(pool, name, priority, order, seconds=0.5)
 
     with jobserver.Pool(3, tmp_path) as pool:
         pool.expect("short", 1)
