@@ -217,10 +217,11 @@ class Pool:
                 self._grant()
 
     def expect(self, name: str, priority: float) -> None:
-        """``name`` will compile, its units at ``priority``: until a request of that
-        priority comes (its first unit), or :meth:`withdraw`, units of a lower priority
-        wait for it, at most :data:`RESERVE_S` (the longest compile starts its units
-        first even when a shorter one reaches its compile a few seconds before it)."""
+        """``name`` will compile, its units at ``priority``: until its units have asked
+        (requests of that priority, then none for :data:`SETTLE_S`), or :meth:`withdraw`,
+        units of a lower priority wait for it, at most :data:`RESERVE_S` (the longest
+        compile starts its units first even when a shorter one reaches its compile a few
+        seconds before it)."""
         with self._lock:
             if priority > 0:
                 self._expected[name] = _Expected(priority)
