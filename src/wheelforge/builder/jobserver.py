@@ -81,10 +81,13 @@ child, stops = 0, []
 
 
 def forward(signum, _frame):
-    if child:
-        os.kill(child, signum)
-    else:
+    if not child:
         stops.append(signum)
+        return
+    try:
+        os.kill(child, signum)
+    except ProcessLookupError:  # it ended, and waitpid took it, as the signal came
+        pass
 
 
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
