@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).absolute().parent.parent
-#: main before issue 26's work (its parent of the first commit for it: uv environments)
+#: main before issue 26's work (the parent of its first commit: uv environments)
 OLD = "b4f2795~1"
 
 
@@ -81,11 +81,9 @@ def main() -> int:
         order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
         for name in order:
             root = Path(tempfile.mkdtemp(prefix=f"wf-bench-make-{name}-"))
-            try:
-                got = make_build(revs[name], root, args.arch)
-            finally:
-                if not args.keep:
-                    shutil.rmtree(root, ignore_errors=True)
+            got = make_build(revs[name], root, args.arch)  # a failure keeps its log
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
             results[name].append(got)
             print(f"round {r + 1} {name} ({revs[name]}): wall {got['wall']:.1f} s, "
                   f"CPU {got['cpu']:.1f} s, {got['wheels']} wheels, load {got['load']}",
