@@ -327,11 +327,21 @@ def _rewrite_build(text: str, build_tag: str | None, platform: str | None = None
     return "\n".join([*lines, *([f"Build: {build_tag}"] if build_tag else [])]) + "\n"
 
 
+def labeled_version(public: str, local: str) -> str:
+    """The version :func:`relabel` gives a wheel of version ``public``: ``public+local``."""
+    return f"{public}+{local}" if local else public
+
+
+def wheel_version(wheel: Path) -> str:
+    """The version in a wheel's file name, normalized (local label included)."""
+    return str(parse_wheel_filename(wheel.name)[1])
+
+
 def relabeled_name(wheel_name: str, local: str, build_tag: str | None = None,
                    platform: str | None = None) -> str:
     """The file name :func:`relabel` gives a wheel, without writing anything."""
     _name, version, _build, _tags = parse_wheel_filename(wheel_name)
-    new_version = f"{version.public}+{local}" if local else version.public
+    new_version = labeled_version(version.public, local)
     tags = wheel_name[:-4].split("-")[-3:]
     if platform:
         tags[-1] = platform
@@ -360,8 +370,7 @@ def relabel(
     name and of the WHEEL file's ``Tag`` lines; None keeps the wheel's.
     """
     info = inspect_wheel(path)
-    base = info.version.public  # as relabeled_name has it
-    new_version = f"{base}+{local}" if local else base
+    new_version = labeled_version(info.version.public, local)
     dist_name = info.dist_info[: -len(".dist-info")].rsplit("-", 1)[0]
     new_dist_info = f"{dist_name}-{new_version}.dist-info"
     old_prefix = info.dist_info + "/"

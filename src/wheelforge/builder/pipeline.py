@@ -32,7 +32,7 @@ from .._log import Reporter
 from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError
 from ..recipe.model import Recipe
 from ..recipe.subsets import subset_environment, subset_label
-from ..wheel import relabel, relabeled_name
+from ..wheel import labeled_version, relabel, relabeled_name, wheel_version
 from . import (
     buildenv,
     compilecache,
@@ -154,10 +154,6 @@ class Pending:
     result: Callable[[], BuildResult]
 
 
-def _wheel_version(wheel: Path) -> str:
-    return str(parse_wheel_filename(wheel.name)[1])
-
-
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
               companions: Mapping[str, BuildResult | Pending] | None = None,
               inspections: buildenv.Inspections | None = None, *,
@@ -184,7 +180,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     def companion_version(name: str) -> str:
         found = companions[name]
         if isinstance(found, BuildResult):
-            return _wheel_version(found.wheel)
+            return wheel_version(found.wheel)
         return found.version()
 
     def companion_published(name: str, pinned: str) -> None:
@@ -192,7 +188,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         if isinstance(found, Pending):
             reporter.info(f"waiting for its companion {name}")
             found = found.result()
-        if _wheel_version(found.wheel) != pinned:
+        if wheel_version(found.wheel) != pinned:
             raise BuildError(f"{recipe.name}'s wheel pins {name}=={pinned}, but {name} "
                              f"was published as {found.wheel.name}",
                              why="the companion's version changed during its build",
@@ -281,9 +277,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 _doctor(config, env, reporter)
             check_build_requires(tree, env, recipe.build.requires, recipe.name, log)
             if on_version is not None:  # what a build that pins this one pins
-                local = local_label(recipe, env, config)
-                on_version(str(Version(f"{recipe.version}+{local}" if local
-                                       else str(recipe.version))))
+                on_version(str(Version(labeled_version(Version(str(recipe.version)).public,
+                                                       local_label(recipe, env, config)))))
         jobs, threads, why_jobs = jobs_for(config, recipe.name,
                                            compile_units(tree) if extension else None,
                                            recipe.build.job_memory_gib)

@@ -181,11 +181,6 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     raise_if_broken(statuses)
 
 
-def _version_of(wheel: Path) -> str:
-    from packaging.utils import parse_wheel_filename
-    return str(parse_wheel_filename(wheel.name)[1])
-
-
 @cli.command("list")
 @recipes_option
 def list_(recipes: Path | None) -> None:
