@@ -30,13 +30,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
-from packaging.utils import parse_wheel_filename
-
 from .. import _proc
 from .._log import Reporter
 from ..errors import BuildError, ConfigError, RecipeError
 from ..recipe.format import RecipeBook
 from ..recipe.model import Recipe
+from ..wheel import wheel_version
 from . import buildenv, jobserver, unitcosts
 from .config import BuildConfig
 from .identity import without_subset
@@ -146,7 +145,7 @@ class _Build:
         if not self.key.done():
             self.key.set_result(outcome.build_key)
         if not self.version.done():  # published already: nothing was built
-            self.version.set_result(str(parse_wheel_filename(outcome.wheel.name)[1]))
+            self.version.set_result(wheel_version(outcome.wheel))
         self.result.set_result(outcome)
 
 
@@ -171,8 +170,10 @@ def _together(planned: list[Planned], reporter: Reporter,
               inspections: buildenv.Inspections, pool: jobserver.Pool) -> list[BuildResult]:
     builds = {str(p.recipe.name): _Build(p) for p in planned}
     for p in planned:  # the longest compile last time starts its units first
+        if p.recipe.build.kind != "extension":
+            continue  # a pure build compiles nothing
         costs = unitcosts.recorded(p.config.cache_dir, p.recipe.name, p.config.arch_list)
-        if p.recipe.build.kind == "extension" and costs is not None:
+        if costs is not None:
             pool.expect(str(p.recipe.name), unitcosts.total_seconds(costs))
     reporter.info(f"{len(planned)} builds at once ({', '.join(builds)}), sharing "
                   f"{pool.size} compile slot(s)")
