@@ -179,3 +179,30 @@ def test_an_interpreter_is_inspected_once_per_command_until_it_changes(
     assert seen.asked == 2 and dict(again.distributions).get("wf-probe") == "1.0"
     seen.inspect(venvs[1] / "bin" / "python", with_torch=False)
     assert seen.asked == 3
+
+
+def test_an_install_into_a_managed_environment_does_not_import_its_torch_again(
+        tmp_path: Path, uv: str) -> None:
+    """After managed_env installs a recipe's requirements (torch pinned), the environment's
+    distributions are asked again without importing torch, and that answer serves the
+    next build's question with torch: the venv here has no torch at all, so an answer
+    with torch can only come from the command's memory, never from running it."""
+    import dataclasses
+    import subprocess
+
+    venv = tmp_path / "env"
+    subprocess.run([uv, "venv", "--no-config", "--python", str(BASE), str(venv)],
+                   check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    seen = buildenv.Inspections()
+    before = dataclasses.replace(seen.inspect(python, with_torch=False, managed=True),
+                                 torch_version="2.14.1+cu130", torch_cuda="13.0")
+    wheel = make_wheel(tmp_path / "w", {"wf_probe/__init__.py": ""}, name="wf-probe")
+    subprocess.run([uv, "pip", "install", "--no-config", "--python", str(python), str(wheel)],
+                   check=True, capture_output=True)
+    after = seen.installed(python, before)
+    assert dict(after.distributions).get("wf-probe") == "1.0"
+    assert (after.torch_version, after.torch_cuda) == ("2.14.1+cu130", "13.0")
+    asked = seen.asked
+    assert seen.inspect(python, managed=True) is after  # torch not imported: not run
+    assert seen.asked == asked

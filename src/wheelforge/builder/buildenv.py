@@ -24,7 +24,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -164,6 +164,21 @@ class Inspections:
             self._answers[(where, managed, stamp, with_torch)] = env
             return env
 
+    def installed(self, python: Path, before: BuildEnv) -> BuildEnv:
+        """``before``, the answer of a managed environment, once wheelforge installed more
+        requirements into it with its torch pinned (:func:`managed_env`): its
+        distributions are asked again, its torch is not imported again (the pin kept it
+        as it was), and the answer serves the builds beside this one."""
+        where = os.path.abspath(python)
+        with self._lock:
+            light = inspect_env(python, with_torch=False, managed=before.managed)
+            env = replace(light, torch_version=before.torch_version,
+                          torch_cuda=before.torch_cuda, cxx11_abi=before.cxx11_abi)
+            self.asked += 1
+            self._answers[(where, before.managed, _site_stamp(python),
+                           before.torch_version is not None)] = env
+            return env
+
 
 def _site_stamp(python: Path) -> tuple[int, ...]:
     """The modification times of the site-packages directories of the environment whose
@@ -269,7 +284,7 @@ def managed_env(
     log: Path | None = None,
     with_torch: bool = True,
     installer: Installer | None = None,
-    inspect: Inspect = inspect_env,
+    inspections: Inspections | None = None,
 ) -> BuildEnv:
     """Return the cached venv for (interpreter, torch), creating it if needed.
 
@@ -278,17 +293,19 @@ def managed_env(
     ``with_torch=False`` (a pure recipe that neither pins torch nor names it in its
     local version) skips importing torch when an existing environment is reused.
     ``installer``: chosen by :func:`choose_installer` when None and one is needed;
-    ``inspect``: how a reused environment is inspected (:meth:`Inspections.inspect`: once
-    per command).
+    ``inspections``: the command's answers (:class:`Inspections`: torch is imported once
+    per environment and command; after an install into it, only its distributions are
+    asked again).
     """
     say = progress or (lambda _m: None)
+    inspections = inspections or Inspections()
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
     root = cache_dir / "envs" / key
     python = root / "bin" / "python"
     with locked(cache_dir / "envs" / f"{key}.lock"):
         if (root / MARKER).is_file() and python.exists():
             say(f"reusing build environment {root}")
-            env = inspect(python, managed=True, with_torch=with_torch)
+            env = inspections.inspect(python, managed=True, with_torch=with_torch)
         else:
             if root.exists():
                 shutil.rmtree(root)
@@ -309,7 +326,7 @@ def managed_env(
                 raise ToolchainError(f"cannot create a venv from {base_python}",
                                      why=exc.tail.strip()[-500:],
                                      fix="check that the interpreter has the venv module") from exc
-            env = inspect_env(python, managed=True)
+            env = inspections.inspect(python, managed=True)
             atomic_write(root / MARKER, json.dumps({
                 "torch": torch_req, "pip_args": list(pip_args),
                 "torch_version": env.torch_version,
@@ -320,7 +337,7 @@ def managed_env(
             say(f"installing {', '.join(missing)} into the build environment (with "
                 f"{installer.kind})")
             _install(installer, python, pip_args, [torch_req, *missing], say, log)
-            env = inspect_env(python, managed=True, with_torch=with_torch)
+            env = inspections.installed(python, env)
         return env
 
 
@@ -333,8 +350,11 @@ def _installer_version(installer: Installer) -> str:
         return "uv"
 
 
-def _uv_environ(installer: Installer) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items()
+def uv_environ(installer: Installer,
+               base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (the process's environment) for uv: its own variables but those in
+    :data:`_UV_KEPT` dropped, pip's carried-over settings added."""
+    environ = {k: v for k, v in (os.environ if base is None else base).items()
                if not k.startswith("UV_") or k in _UV_KEPT}
     environ.update(installer.uv_args.environ if installer.uv_args else ())
     return environ
@@ -346,7 +366,7 @@ def _create(installer: Installer, base_python: Path, root: Path, log: Path | Non
         return
     _proc.run([str(installer.uv), "venv", "--no-config", "--no-project",
                "--no-python-downloads", "--python", str(base_python), str(root)],
-              env=_uv_environ(installer), log=log)
+              env=uv_environ(installer), log=log)
 
 
 def _install(installer: Installer, python: Path, pip_args: Sequence[str],
@@ -361,7 +381,7 @@ def _install(installer: Installer, python: Path, pip_args: Sequence[str],
     try:
         _proc.run([str(installer.uv), "pip", "install", "--no-config", "--python", str(python),
                    "--link-mode", "hardlink", *installer.uv_args.args, *requirements],
-                  env=_uv_environ(installer), log=log, on_line=_uv_progress(say))
+                  env=uv_environ(installer), log=log, on_line=_uv_progress(say))
     except _proc.CommandFailed as exc:
         raise ToolchainError(
             f"uv could not install {' '.join(requirements)} into the build environment "

@@ -106,11 +106,11 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 
 
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
-             inspect: buildenv.Inspect = buildenv.inspect_env) -> BuildEnv:
+             inspections: buildenv.Inspections) -> BuildEnv:
     # torch is imported (seconds) only when the wheel depends on what it is
     torch = recipe.build.needs_torch
     if config.python is not None:
-        return inspect(config.python, with_torch=torch)
+        return inspections.inspect(config.python, with_torch=torch)
     backend = config.compile_cache.backend if recipe.build.kind == "extension" else None
     tools = (compilecache.REQUIREMENTS[backend],) if backend else ()
     return buildenv.managed_env(
@@ -122,7 +122,7 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
         progress=reporter.info,
         log=log,
         with_torch=torch,
-        inspect=inspect,
+        inspections=inspections,
     )
 
 
@@ -170,7 +170,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     label) once the build environment is: a build that pins this one post-processes and
     verifies its wheel while this one compiles, and waits for this one's published wheel
     only before its own publish."""
-    inspect = (inspections or buildenv.Inspections()).inspect
+    inspections = inspections or buildenv.Inspections()
+    inspect = inspections.inspect
     companions = companions or {}
     missing = sorted(set(recipe.companions) - set(companions))
     if missing:
@@ -228,7 +229,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             if config.python is not None and recipe.build.requires:
                 # your interpreter, as it is: what the recipe names is known before the
                 # fetch (pyproject's build-system.requires only after it)
-                env = _get_env(recipe, config, reporter, log, inspect)
+                env = _get_env(recipe, config, reporter, log, inspections)
                 require(env, list(recipe.build.requires), recipe.name)
 
         def waiting(holder: str) -> None:
@@ -269,7 +270,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
         with reporter.step("build environment"):
-            env = env or _get_env(recipe, config, reporter, log, inspect)
+            env = env or _get_env(recipe, config, reporter, log, inspections)
             reporter.info(env.describe())
             if extension:
                 assert cuda is not None
