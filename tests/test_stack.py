@@ -99,6 +99,42 @@ def test_a_good_stack_names_what_it_resolved(tmp_path: Path) -> None:
     assert '<span class="ok">good</span>' in (root / "index.html").read_text()
 
 
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_pip_resolves_the_dependencies_and_uv_writes_them_unless_told_pip(
+        tmp_path: Path, installer: str) -> None:
+    """The stack check's venv is a scratch one: pip resolves the dependencies (a dry run,
+    with every setting pip reads) and uv writes exactly those versions from its cache;
+    WHEELFORGE_INSTALLER=pip has pip write them.  The same stack either way, and pip's
+    own `pip check` and the imports run after both (here offline: --deps-dir, which uv
+    gets as --no-index --find-links)."""
+    root, deps = fixture_stack(tmp_path, spoiler_breaks=False)
+    make_wheel(deps, {"spoiler/__init__.py": "OK = True\n"}, name="spoiler", version="1.6")
+    res = wheelforge("stack", "check", "--index", str(root), "--deps-dir", str(deps),
+                     "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path,
+                     env={"WHEELFORGE_INSTALLER": installer})
+    assert res.returncode == 0, res.stdout
+    written_by_uv = "their dependencies as pip resolved them (1), written by uv" in res.stdout
+    assert written_by_uv == (installer == "uv"), res.stdout
+    if installer == "pip":
+        assert "pip writes the dependencies (uv cannot: WHEELFORGE_INSTALLER=pip)" in res.stdout
+    status = health.read_status(root, None)
+    assert status is not None and status.state == "good"
+    assert status.resolved == {"spoiler": "1.6"}
+
+
+def test_the_dry_runs_report_gives_names_versions_and_direct_urls_only() -> None:
+    from wheelforge.consume.venv import _report_requirements
+
+    report = {"version": "1", "install": [
+        {"metadata": {"name": "torch", "version": "2.14.1"}, "is_direct": False,
+         "download_info": {"url": "https://files.example/torch-2.14.1-cp311.whl"}},
+        {"metadata": {"name": "Local_Thing", "version": "0.1"}, "is_direct": True,
+         "download_info": {"url": "file:///w/local_thing-0.1-py3-none-any.whl"}}]}
+    assert _report_requirements(json.dumps(report)) == [
+        ("torch", "2.14.1", None),
+        ("Local_Thing", "0.1", "file:///w/local_thing-0.1-py3-none-any.whl")]
+
+
 def test_unreachable_dependencies_are_not_checked_never_good(tmp_path: Path) -> None:
     """No network and no --deps-dir: pip's index is a port where nothing listens."""
     root, _deps = fixture_stack(tmp_path, spoiler_breaks=False)

@@ -7,7 +7,9 @@ requirements once brought a tilelang that took ``import fla`` down).  :func:`che
 a fresh venv from the given interpreter and installs the channel into it with
 :func:`wheelforge.consume.venv.install`, the steps ``wheelforge install`` runs in a user's
 venv (the venv's ``pip.conf``, the pins from the local index alone, then their
-dependencies from the usual index or ``deps_dir``), then ``pip check``, and one
+dependencies from the usual index or ``deps_dir``, as pip resolves them: in this scratch
+venv uv writes the files pip chose, from its cache, where it can), then ``pip check``,
+and one
 interpreter that imports ``torch`` and every recipe's ``verify.imports`` and
 ``verify.stack-imports`` (and each wheel's top-level packages).
 A failing import is traced to the distributions its traceback went through, and the
@@ -212,10 +214,12 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
                   timeout=300)
         vpy = venv / "bin" / "python"
         # the steps of `wheelforge install`: the venv's pip.conf, the local wheels from the
-        # local index alone, then their dependencies resolved by pip
+        # local index alone, then their dependencies resolved by pip (written by uv from
+        # its cache where it can: the venv is a scratch one)
         try:
             into.install(p, vpy, deps_dir=options.deps_dir, environ=env, log=log,
-                         say=lambda text: say(f"stack {channel or 'simple/'}: {text}"))
+                         say=lambda text: say(f"stack {channel or 'simple/'}: {text}"),
+                         files_by="uv")
         except InstallError as exc:
             if exc.stage == "local":
                 return make.status("broken", f"the channel's own wheels did not install: "

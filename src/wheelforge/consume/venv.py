@@ -16,7 +16,12 @@ With pip, three steps:
 2. the pins from the local index alone, without dependencies, whatever pip's
    configuration files say (``PIP_CONFIG_FILE=/dev/null --isolated``);
 3. the pins again, pip resolving their dependencies from the usual index (the user's
-   configuration), or from a directory of wheels (``deps_dir``, air-gapped).
+   configuration), or from a directory of wheels (``deps_dir``, air-gapped).  For a
+   scratch venv (the stack check, ``files_by="uv"``) pip resolves them in a dry run and
+   uv writes exactly what pip chose, hard-linked from uv's cache (torch and its CUDA
+   libraries are about 4 GB that pip unpacks on one core); pip writes them where uv
+   cannot serve (no uv binary, a pip setting uv has no equivalent of,
+   ``WHEELFORGE_INSTALLER=pip``).
 
 With uv, one ``uv pip install``: the local index first (uv's default ``first-index``
 strategy takes every name it holds from it alone) and the constraints.  uv keeps no
@@ -27,6 +32,7 @@ per-venv configuration, so later ``uv pip`` commands need the same two options, 
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import shutil
@@ -36,8 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from packaging.utils import canonicalize_name
+
 from .. import _proc
 from .._fs import atomic_write
+from ..builder import buildenv
 from ..errors import ConfigError, InstallError
 from .install import Plan
 
@@ -216,8 +225,10 @@ def _same_index(value: str, root: str) -> bool:
 
 def install(p: Plan, python: Path, *, installer: Installer = "pip",
             deps_dir: Path | None = None, environ: Mapping[str, str] | None = None,
-            log: Path | None = None, say: Progress = lambda _: None) -> Done:
+            log: Path | None = None, say: Progress = lambda _: None,
+            files_by: Installer = "pip") -> Done:
     """Install ``p``'s pins with their dependencies into the venv of ``python``.
+    ``files_by="uv"`` (pip only): uv writes the dependencies pip resolved (step 3).
 
     InstallError (``.stage``: "local" for the wheels themselves, "dependencies" for the
     rest, ``.unreachable`` when an index could not be reached) when pip or uv fail."""
@@ -244,6 +255,9 @@ def install(p: Plan, python: Path, *, installer: Installer = "pip",
                                                "your usual index (pip's configuration)"))
     source = (["--no-index", "--find-links", str(deps_dir)] if deps_dir
               else list(PIP_NET_ARGS))
+    if files_by == "uv" and _pip_resolution_by_uv(pip, p, python, env=env, source=source,
+                                                  log=log, say=say):
+        return Done(python=python, pip_conf=conf, pins=p.pins, installer="pip")
     deps = _proc.run([*pip, "install", "--disable-pip-version-check",
                       "--progress-bar", "off", *source, *p.pins], env=env, log=log,
                      check=False, timeout=INSTALL_TIMEOUT_S, on_line=_progress(say))
@@ -251,6 +265,75 @@ def install(p: Plan, python: Path, *, installer: Installer = "pip",
         raise _failed("dependencies", "pip could not install their dependencies",
                       deps.output)
     return Done(python=python, pip_conf=conf, pins=p.pins, installer="pip")
+
+
+def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
+                          env: Mapping[str, str], source: Sequence[str],
+                          log: Path | None, say: Progress) -> bool:
+    """Step 3 with pip's resolution and uv's hands: ``pip install --dry-run --report``
+    (what pip would install, with every setting pip reads), then ``uv pip install
+    --no-deps`` of exactly those versions, with pip's configuration carried over
+    (builder/pipconfig.py), then a check that the venv holds what pip chose.  False,
+    having installed nothing, when uv cannot serve: pip installs them then."""
+    installer = buildenv.choose_installer(python, list(source), environ=env)
+    if installer.uv is None or installer.uv_args is None:
+        say(f"install: pip writes the dependencies (uv cannot: {installer.why})")
+        return False
+    report = python.parent.parent / "wheelforge-pip-report.json"
+    dry = _proc.run([*pip, "install", "--disable-pip-version-check", "--progress-bar", "off",
+                     "--dry-run", "--quiet", "--report", str(report), *source, *p.pins],
+                    env=env, log=log, check=False, timeout=INSTALL_TIMEOUT_S,
+                    on_line=_progress(say))
+    if dry.returncode != 0:
+        raise _failed("dependencies", "pip could not resolve their dependencies",
+                      dry.output)
+    try:
+        chosen = _report_requirements(report.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        say(f"install: pip writes the dependencies (its dry run's report is unreadable: "
+            f"{exc})")
+        return False
+    finally:
+        report.unlink(missing_ok=True)
+    if not chosen:
+        return True
+    say(f"install: their dependencies as pip resolved them ({len(chosen)}), written by uv "
+        "from its cache")
+    done = _proc.run([str(installer.uv), "pip", "install", "--no-config", "--python",
+                      str(python), "--no-deps", *installer.uv_args.args,
+                      *(f"{name} @ {url}" if url else f"{name}=={version}"
+                        for name, version, url in chosen)],
+                     env={**buildenv.uv_environ(installer, env), "UV_NO_PROGRESS": "1"},
+                     log=log, check=False, timeout=INSTALL_TIMEOUT_S)
+    if done.returncode != 0:
+        raise _failed("dependencies", "uv could not install what pip resolved", done.output)
+    listed = _proc.run([*pip, "list", "--format", "json", "--disable-pip-version-check"],
+                       env=env, log=log, check=False, timeout=300)
+    have = ({str(canonicalize_name(d["name"])): d["version"]
+             for d in json.loads(listed.output.strip().splitlines()[-1])}
+            if listed.returncode == 0 and listed.output.strip() else {})
+    wrong = [f"{name}=={version} (venv: {have.get(str(canonicalize_name(name)), 'none')})"
+             for name, version, _ in chosen
+             if have.get(str(canonicalize_name(name))) != version]
+    if wrong:
+        err = InstallError("uv did not install what pip resolved",
+                           why=", ".join(wrong[:5]),
+                           fix=f"run it with {buildenv.INSTALLER_ENV}=pip, which lets pip "
+                               "install them, and report the difference")
+        err.stage, err.unreachable, err.output = "dependencies", False, done.output
+        raise err
+    return True
+
+
+def _report_requirements(text: str) -> list[tuple[str, str, str | None]]:
+    """(name, version, URL of a direct reference or None) of each distribution a
+    ``pip install --report`` says it would install."""
+    out = []
+    for item in json.loads(text)["install"]:
+        meta = item["metadata"]
+        url = item["download_info"]["url"] if item.get("is_direct") else None
+        out.append((str(meta["name"]), str(meta["version"]), url))
+    return out
 
 
 def _with_uv(p: Plan, python: Path, *, env: Mapping[str, str], deps_dir: Path | None,
