@@ -281,7 +281,7 @@ def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
         return False
     report = python.parent.parent / "wheelforge-pip-report.json"
     dry = _proc.run([*pip, "install", "--disable-pip-version-check", "--progress-bar", "off",
-                     "--dry-run", "--quiet", "--report", str(report), *source, *p.pins],
+                     "--dry-run", "--report", str(report), *source, *p.pins],
                     env=env, log=log, check=False, timeout=INSTALL_TIMEOUT_S,
                     on_line=_progress(say))
     if dry.returncode != 0:
