@@ -292,3 +292,17 @@ def assert_units_stable(units: Callable[[], list[str]], root: Path,
     time.sleep(0.01)
     assert units() == first
     assert {u: (root / u).stat().st_mtime_ns for u in first} == stamps
+
+
+def broken_torch(root: Path) -> Path:
+    """A torch package whose version file reads well and whose import fails, as a torch
+    with a missing CUDA library does: the directory to put on PYTHONPATH."""
+    pkg = root / "broken-torch" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "raise ImportError('libcudnn.so.9: cannot open shared object file')\n")
+    (pkg / "version.py").write_text("__version__ = '2.14.1+cu130'\ncuda = '13.0'\n")
+    info = pkg.parent / "torch-2.14.1+cu130.dist-info"  # installed, as far as pip knows
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.1+cu130\n")
+    return pkg.parent

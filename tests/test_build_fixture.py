@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MANYLINUX, built_wheel, tinyext_project, tinypure_project
+from conftest import MANYLINUX, broken_torch, built_wheel, tinyext_project, tinypure_project
 from wheelforge.builder.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
@@ -96,6 +96,24 @@ def test_patch_that_does_not_apply_publishes_nothing(project: Path, shared_cache
            "setup.py:1)" in res.stderr
     assert not (project / "index" / "files").exists() or \
         not list((project / "index" / "files").glob("*.whl"))
+
+
+def test_a_torch_that_cannot_be_imported_is_named_once_the_compile_fails(
+        project: Path, tmp_path: Path) -> None:
+    """The builds read torch's version from torch/version.py (no import: seconds every
+    build waited for); setup.py's import then fails, and the build names the broken torch
+    (exit 6, the import's error), not a failed compile."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    env["PYTHONPATH"] = str(broken_torch(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch",
+                          "12.0", "--python", sys.executable,
+                          *map(str, common(project, tmp_path / "cache"))],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 6, res.stderr[-3000:]
+    assert f"toolchain error: torch cannot be imported in {sys.executable}" in res.stderr
+    assert "ImportError: libcudnn.so.9: cannot open shared object file" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not list((project / "index").rglob("*.whl"))
 
 
 def test_failed_verification_publishes_nothing(project: Path, shared_cache: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_wheel
+from conftest import broken_torch, make_wheel
 from wheelforge.builder import buildenv, pipconfig
 from wheelforge.errors import ToolchainError
 
@@ -206,3 +206,19 @@ def test_an_install_into_a_managed_environment_does_not_import_its_torch_again(
     asked = seen.asked
     assert seen.inspect(python, managed=True) is after  # torch not imported: not run
     assert seen.asked == asked
+
+
+def test_torch_is_read_from_its_version_file_or_imported(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """import_torch=False reads torch/version.py without importing torch (a torch whose
+    import fails still answers); the import names it; no torch at all is named either way."""
+    monkeypatch.setenv("PYTHONPATH", str(broken_torch(tmp_path)))
+    python = Path(sys.executable)
+    env = buildenv.inspect_env(python, import_torch=False)
+    assert (env.torch_version, env.torch_cuda) == ("2.14.1+cu130", "13.0")
+    with pytest.raises(ToolchainError, match="torch cannot be imported") as err:
+        buildenv.check_torch_imports(python)
+    assert "libcudnn.so.9" in (err.value.why or "")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nothing"))
+    with pytest.raises(ToolchainError, match="torch is not installed"):
+        buildenv.inspect_env(python, import_torch=False)

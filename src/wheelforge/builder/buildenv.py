@@ -76,6 +76,20 @@ if "--torch" in sys.argv:
         info["cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
     except Exception as exc:
         info["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+elif "--torch-version" in sys.argv:  # torch/version.py alone: torch is not imported
+    try:
+        import importlib.util, os
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError("No module named 'torch'")
+        path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+        found = {}
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), found)
+        info["torch"] = str(found["__version__"])
+        info["torch_cuda"] = found.get("cuda")
+    except Exception as exc:
+        info["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(info))
 """
 
@@ -108,13 +122,17 @@ class BuildEnv:
         return f"{kind} env {self.python} (Python {self.python_version}, {torch})"
 
 
-def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False) -> BuildEnv:
-    """Ask ``python`` about itself and its torch."""
+def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False,
+                import_torch: bool = True) -> BuildEnv:
+    """Ask ``python`` about itself and its torch: importing it (a ToolchainError names
+    a torch that cannot be imported), or with ``import_torch=False`` reading its
+    ``torch/version.py`` alone (a ToolchainError only when there is none)."""
     if not (python.is_file() and os.access(python, os.X_OK)):
         raise ToolchainError(f"{python} is not an executable Python interpreter",
                              fix="pass --python the path of your environment's python, "
                                  "e.g. ~/venvs/train/bin/python")
-    argv = [str(python), "-c", _PROBE] + (["--torch"] if with_torch else [])
+    argv = [str(python), "-c", _PROBE] + (
+        [] if not with_torch else ["--torch"] if import_torch else ["--torch-version"])
     try:
         out = _proc.run(argv).output
     except _proc.CommandFailed as exc:
@@ -123,7 +141,8 @@ def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False)
     info = json.loads(out.strip().splitlines()[-1])
     if with_torch and info["torch"] is None:
         raise ToolchainError(
-            f"torch cannot be imported in {python}",
+            f"torch cannot be imported in {python}" if import_torch else
+            f"torch is not installed in {python} (no torch/version.py)",
             why=info["torch_error"] or "torch is not installed",
             fix=f"install torch into that environment ({python} -m pip install torch), or leave "
                 "out --python to let wheelforge create a managed environment",
@@ -139,11 +158,15 @@ Inspect = Callable[..., BuildEnv]
 
 
 class Inspections:
-    """:func:`inspect_env` once per interpreter in one command: a build of several recipes
-    (and their companions) against one interpreter imports its torch once, not twice per
-    recipe.  An answer is reused while the interpreter's site-packages directories are
-    unchanged (an install adds or removes entries there, so it is asked again); an answer
-    with torch serves a question without.  Owns the answers, hence a class."""
+    """:func:`inspect_env` once per interpreter in one command, for the builds: a build of
+    several recipes (and their companions) against one interpreter asks it once, not
+    twice per recipe.  torch's version and CUDA are read from its ``torch/version.py``,
+    without importing it (3-4 s the builds waited for): the compile's setup.py imports it,
+    and a compile that fails asks again with an import (:func:`check_torch_imports`), so a
+    broken torch is still named as such.  An answer is reused while the interpreter's
+    site-packages directories are unchanged (an install adds or removes entries there, so
+    it is asked again); an answer with torch serves a question without.  Owns the
+    answers, hence a class."""
 
     def __init__(self) -> None:
         self._answers: dict[tuple[str, bool, tuple[int, ...], bool], BuildEnv] = {}
@@ -159,7 +182,8 @@ class Inspections:
                 found = self._answers.get((where, managed, stamp, torch))
                 if found is not None:
                     return found
-            env = inspect_env(python, with_torch=with_torch, managed=managed)
+            env = inspect_env(python, with_torch=with_torch, managed=managed,
+                              import_torch=False)
             self.asked += 1
             self._answers[(where, managed, stamp, with_torch)] = env
             return env
@@ -178,6 +202,13 @@ class Inspections:
             self._answers[(where, before.managed, _site_stamp(python),
                            before.torch_version is not None)] = env
             return env
+
+
+def check_torch_imports(python: Path) -> None:
+    """A ToolchainError when ``python`` cannot import its torch (why: the import's
+    error); asked after a compile failed, since the builds read torch's version without
+    importing it."""
+    inspect_env(python, with_torch=True)
 
 
 def _site_stamp(python: Path) -> tuple[int, ...]:

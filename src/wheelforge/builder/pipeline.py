@@ -310,9 +310,17 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 slots = pool if extension else None  # a pure build compiles nothing
                 with _compile_slots(slots, config, fixed_env, environ, reporter, costs), \
                         reporter.heartbeat("building"):
-                    raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
-                                      out_dir=work / "dist", log=log, on_line=on_line,
-                                      jobs=config.jobs)
+                    try:
+                        raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
+                                          out_dir=work / "dist", log=log, on_line=on_line,
+                                          jobs=config.jobs)
+                    except BuildError as exc:
+                        if env.torch_version is not None:  # read, not imported: name a
+                            try:                           # torch that cannot be imported
+                                buildenv.check_torch_imports(env.python)
+                            except ToolchainError as broken:
+                                raise broken from exc
+                        raise
                 stats = _cache_stats(cache, reporter)
             reporter.info(f"built {raw.name}")
             if extension and (stats is None or stats.hits == 0):
