@@ -322,11 +322,11 @@ def managed_env(
     One environment serves every recipe built with the same interpreter and
     torch; a recipe's extra requirements are installed into it when missing.
     ``with_torch=False`` (a pure recipe that neither pins torch nor names it in its
-    local version) skips importing torch when an existing environment is reused.
+    local version) skips reading torch's version when an existing environment is reused.
     ``installer``: chosen by :func:`choose_installer` when None and one is needed;
-    ``inspections``: the command's answers (:class:`Inspections`: torch is imported once
-    per environment and command; after an install into it, only its distributions are
-    asked again).
+    ``inspections``: the command's answers (:class:`Inspections`: each environment is
+    asked once per command, torch's version read without importing it; after an install
+    into it, only its distributions are asked again).
     """
     say = progress or (lambda _m: None)
     inspections = inspections or Inspections()

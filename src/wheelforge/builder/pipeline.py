@@ -107,7 +107,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
              inspections: buildenv.Inspections) -> BuildEnv:
-    # torch is imported (seconds) only when the wheel depends on what it is
+    # torch's version is read only when the wheel depends on what it is
     torch = recipe.build.needs_torch
     if config.python is not None:
         return inspections.inspect(config.python, with_torch=torch)
