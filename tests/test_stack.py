@@ -122,6 +122,18 @@ def test_pip_resolves_the_dependencies_and_uv_writes_them_unless_told_pip(
     assert status.resolved == {"spoiler": "1.6"}
 
 
+def test_what_pip_lists_is_read_among_its_warnings_and_compared_as_versions() -> None:
+    from wheelforge.consume.venv import _listed_versions, _same_version
+
+    out = ('WARNING: Location \'file:///x/\' is ignored\n'
+           '[{"name": "Torch", "version": "2.14.1+cu130"}, {"name": "a_b", "version": "1.0"}]\n'
+           "WARNING: something after\n")
+    assert _listed_versions(out) == {"torch": "2.14.1+cu130", "a-b": "1.0"}
+    assert _listed_versions("no json here") == {} == _listed_versions("[not json")
+    assert _same_version("1.0", "1.0.0") and not _same_version("2.14.1+cu130", "2.14.1")
+    assert not _same_version(None, "1.0")
+
+
 def test_the_dry_runs_report_gives_names_versions_and_direct_urls_only() -> None:
     from wheelforge.consume.venv import _report_requirements
 

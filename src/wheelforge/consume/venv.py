@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Literal
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from .. import _proc
 from .._fs import atomic_write
@@ -309,12 +310,10 @@ def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
         raise _failed("dependencies", "uv could not install what pip resolved", done.output)
     listed = _proc.run([*pip, "list", "--format", "json", "--disable-pip-version-check"],
                        env=env, log=log, check=False, timeout=300)
-    have = ({str(canonicalize_name(d["name"])): d["version"]
-             for d in json.loads(listed.output.strip().splitlines()[-1])}
-            if listed.returncode == 0 and listed.output.strip() else {})
+    have = _listed_versions(listed.output)
     wrong = [f"{name}=={version} (venv: {have.get(str(canonicalize_name(name)), 'none')})"
              for name, version, _ in chosen
-             if have.get(str(canonicalize_name(name))) != version]
+             if not _same_version(have.get(str(canonicalize_name(name))), version)]
     if wrong:
         err = InstallError("uv did not install what pip resolved",
                            why=", ".join(wrong[:5]),
@@ -323,6 +322,26 @@ def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
         err.stage, err.unreachable, err.output = "dependencies", False, done.output
         raise err
     return True
+
+
+def _listed_versions(output: str) -> dict[str, str]:
+    """name -> version from ``pip list --format json`` (its JSON line among any warnings);
+    {} when there is none."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("["):
+            try:
+                return {str(canonicalize_name(d["name"])): str(d["version"])
+                        for d in json.loads(line)}
+            except (ValueError, KeyError, TypeError):
+                return {}
+    return {}
+
+
+def _same_version(have: str | None, want: str) -> bool:
+    try:
+        return have is not None and Version(have) == Version(want)
+    except InvalidVersion:
+        return have == want
 
 
 def _report_requirements(text: str) -> list[tuple[str, str, str | None]]:
