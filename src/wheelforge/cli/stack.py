@@ -98,8 +98,10 @@ def stack_group() -> None:
 def stack_check(index_dir: Path | None, channels: tuple[str, ...], python: str | None,
                 cache_dir: Path | None, deps_dir: Path | None, recipes: Path | None) -> None:
     """Install every project of a channel together into one fresh venv, with the
-    dependencies resolved as the printed pip install resolves them, then run pip check
-    and import every recipe's modules in one interpreter.
+    dependencies resolved as the printed pip install resolves them (pip's dry run; uv
+    writes those versions from its cache, or pip where uv cannot serve or with
+    WHEELFORGE_INSTALLER=pip), then run pip check and import every recipe's modules in
+    one interpreter.
 
     Records the result in the index (CHANNEL/stack.json, shown on the landing page) and
     prints it: good (with the dependency versions it saw), broken (the failing import and
