@@ -20,6 +20,12 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   that has not started its units yet (:meth:`Pool.expect`), and until its ninja has asked
   for the first of them (its units have not asked for :data:`SETTLE_S`): a companion's
   compile often starts a few seconds after a shorter one.
+* **Shares.**  When several compiles with recorded costs are expected at once, each is
+  told its share of the pool (:meth:`Pool.share`: the slots split by their recorded
+  seconds) and packs its units for that many jobs (the split patches size their units
+  by ``MAX_JOBS``): a few long units each that run side by side and end together,
+  rather than the longest compile's units first and a second wave of the other's after
+  them.  A hold for an expected compile keeps its share free, not the whole pool.
   (ninja 1.13's own jobserver client reads its pipe only when it starts and when one of
   its jobs ends, never while it waits; a compile started while another held every slot
   ran one unit at a time: docs/performance.md.)  The first waiting request waits for all
@@ -157,6 +163,7 @@ class Pool:
         self._held: dict[socket.socket, int] = {}
         self._seq = 0
         self._expected: dict[str, _Expected] = {}  # compiles to come
+        self._costs: dict[str, float] = {}  # compiles to come or running: their seconds
         self._holding_since: float | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
@@ -228,12 +235,30 @@ class Pool:
         with self._lock:
             if priority > 0:
                 self._expected[name] = _Expected(priority)
+                self._costs[name] = priority
 
     def withdraw(self, name: str) -> None:
-        """``name`` will not compile (any more): nothing waits for it now."""
+        """``name`` will not compile (any more): nothing waits for it now, and it has
+        no share of the pool."""
         with self._lock:
+            self._costs.pop(name, None)
             if self._expected.pop(name, None) is not None:
                 self._grant()
+
+    def share(self, name: str) -> int | None:
+        """The slots the compile of ``name`` should pack its units for: the pool split
+        between the compiles expected or running (:meth:`expect`, until :meth:`withdraw`)
+        by their recorded seconds, at least one each.  None: it compiles alone, or has
+        no record (it takes what is free, as it comes)."""
+        with self._lock:
+            share = self._share(name)
+        return share if share < self.size else None
+
+    def _share(self, name: str) -> int:
+        mine, total = self._costs.get(name, 0.0), sum(self._costs.values())
+        if mine <= 0 or total <= mine:
+            return self.size
+        return max(1, min(self.size, round(self.size * mine / total)))
 
     def _queue(self, count: int, priority: float, conn: socket.socket | None) -> _Request:
         self._seq += 1
@@ -251,7 +276,7 @@ class Pool:
         for: nothing smaller passes it, so a request of many slots is never starved."""
         while self._waiting:
             first = max(self._waiting, key=_Request.rank)
-            if first.count > self._free or self._held_for_expected(first):
+            if first.count > self._free - self._held_for_expected(first):
                 return
             self._waiting.remove(first)
             self._free -= first.count
@@ -265,26 +290,27 @@ class Pool:
                 continue
             self._held[first.conn] = first.count
 
-    def _held_for_expected(self, first: _Request) -> bool:
-        """Whether ``first`` waits for an expected compile of a higher priority (the
-        lock held): one that has not asked yet, or whose units asked less than
-        :data:`SETTLE_S` ago (its ninja starts them all at once, one gate after another).
-        The hold ends :data:`RESERVE_S` after it began."""
+    def _held_for_expected(self, first: _Request) -> int:
+        """The free slots ``first`` may not take (the lock held): the shares of the
+        expected compiles of a higher priority, each held until it has asked (its units'
+        requests, then none for :data:`SETTLE_S`: its ninja starts them all at once, one
+        gate after another).  The hold ends :data:`RESERVE_S` after it began."""
         now = time.monotonic()
         for name, e in list(self._expected.items()):
             if e.asked is not None and now - e.asked >= SETTLE_S:
                 del self._expected[name]  # its units have asked: the queue orders them
-        if not any(e.priority > first.priority for e in self._expected.values()):
+        higher = [n for n, e in self._expected.items() if e.priority > first.priority]
+        if not higher:
             self._holding_since = None
-            return False
+            return 0
         if self._holding_since is None:
             self._holding_since = now
         if now - self._holding_since < RESERVE_S:
-            return True
-        for name in [n for n, e in self._expected.items() if e.priority > first.priority]:
+            return min(self.size, sum(self._share(n) for n in higher))
+        for name in higher:
             del self._expected[name]  # it did not come in time: no more holding for it
         self._holding_since = None
-        return False
+        return 0
 
     def _serve(self) -> None:
         """Accept the gates, read their requests, take back the slots of those that end
