@@ -21,11 +21,13 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   for the first of them (its units have not asked for :data:`SETTLE_S`): a companion's
   compile often starts a few seconds after a shorter one.
 * **Shares.**  When several compiles with recorded costs are expected at once, each is
-  told its share of the pool (:meth:`Pool.share`: the slots split by their recorded
-  seconds) and packs its units for that many jobs (the split patches size their units
-  by ``MAX_JOBS``): a few long units each that run side by side and end together,
-  rather than the longest compile's units first and a second wave of the other's after
-  them.  A hold for an expected compile keeps its share free, not the whole pool.
+  told its share of the pool (:meth:`Pool.share`) and packs its units for that many jobs
+  (the split patches size their units by ``MAX_JOBS``): a few long units each that run
+  side by side, rather than the longest compile's units first and a second wave of the
+  other's after them.  The shares are chosen so that the builds end together: a
+  compile's recorded seconds over its share, plus what its build did after its compile
+  last time (its tail: mamba-ssm's verify imports mamba_ssm), the same for every
+  compile.  A hold for an expected compile keeps its share free, not the whole pool.
   (ninja 1.13's own jobserver client reads its pipe only when it starts and when one of
   its jobs ends, never while it waits; a compile started while another held every slot
   ran one unit at a time: docs/performance.md.)  The first waiting request waits for all
@@ -119,6 +121,37 @@ sys.exit(os.WEXITSTATUS(status))
 '''.replace("SECONDS_SUFFIX", repr(SECONDS_SUFFIX))
 
 
+def shares(costs: dict[str, tuple[float, float]], size: int) -> dict[str, int]:
+    """``size`` slots split between compiles that run at once, each ``(seconds,
+    tail)``: the seconds of its units last time and what its build did after its compile.
+    A compile on ``n`` slots ends after about ``seconds / n``, its build ``tail`` later;
+    the split makes that the same time ``F`` for every compile (``sum(seconds / (F -
+    tail)) = size``, found by bisection), then rounds to whole slots that add up to
+    ``size`` (the largest remainders), at least one each.  Without tails: the slots in
+    proportion to the seconds."""
+    names = sorted(costs)
+    if not names:
+        return {}
+    if len(names) >= size:
+        return {n: 1 for n in names}
+
+    def slots(end: float) -> float:
+        return sum(costs[n][0] / (end - costs[n][1]) for n in names)
+
+    low = max(t for _, t in costs.values())
+    high = low + sum(c for c, _ in costs.values()) + 1.0
+    for _ in range(100):  # slots() falls from infinity just above the longest tail
+        mid = (low + high) / 2
+        low, high = (mid, high) if slots(mid) > size else (low, mid)
+    exact = {n: costs[n][0] / (high - costs[n][1]) for n in names}
+    whole = {n: max(1, int(exact[n])) for n in names}
+    for n in sorted(names, key=lambda n: (whole[n] - exact[n], n)):
+        if sum(whole.values()) >= size:
+            break
+        whole[n] += 1
+    return whole
+
+
 class _Expected:
     """A compile to come: its priority; when its units last asked (None: not yet)."""
 
@@ -163,7 +196,8 @@ class Pool:
         self._held: dict[socket.socket, int] = {}
         self._seq = 0
         self._expected: dict[str, _Expected] = {}  # compiles to come
-        self._costs: dict[str, float] = {}  # compiles to come or running: their seconds
+        # compiles to come or running: the seconds of their units, and of their tails
+        self._costs: dict[str, tuple[float, float]] = {}
         self._holding_since: float | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
@@ -226,16 +260,17 @@ class Pool:
                 self._free += count
                 self._grant()
 
-    def expect(self, name: str, priority: float) -> None:
+    def expect(self, name: str, priority: float, tail: float = 0.0) -> None:
         """``name`` will compile, its units at ``priority``: until its units have asked
         (requests of that priority, then none for :data:`SETTLE_S`), or :meth:`withdraw`,
         units of a lower priority wait for it, at most :data:`RESERVE_S` (the longest
         compile starts its units first even when a shorter one reaches its compile a few
-        seconds before it)."""
+        seconds before it).  ``tail``: the seconds its build takes after its compile
+        (for :meth:`share`)."""
         with self._lock:
             if priority > 0:
                 self._expected[name] = _Expected(priority)
-                self._costs[name] = priority
+                self._costs[name] = (priority, max(0.0, tail))
 
     def withdraw(self, name: str) -> None:
         """``name`` will not compile (any more): nothing waits for it now, and it has
@@ -246,19 +281,18 @@ class Pool:
                 self._grant()
 
     def share(self, name: str) -> int | None:
-        """The slots the compile of ``name`` should pack its units for: the pool split
-        between the compiles expected or running (:meth:`expect`, until :meth:`withdraw`)
-        by their recorded seconds, at least one each.  None: it compiles alone, or has
-        no record (it takes what is free, as it comes)."""
+        """The slots the compile of ``name`` should pack its units for, among the
+        compiles expected or running (:meth:`expect`, until :meth:`withdraw`): see
+        :func:`shares`.  None: it compiles alone, or has no record (it takes what is
+        free, as it comes)."""
         with self._lock:
             share = self._share(name)
         return share if share < self.size else None
 
     def _share(self, name: str) -> int:
-        mine, total = self._costs.get(name, 0.0), sum(self._costs.values())
-        if mine <= 0 or total <= mine:
+        if name not in self._costs or len(self._costs) < 2:
             return self.size
-        return max(1, min(self.size, round(self.size * mine / total)))
+        return shares(self._costs, self.size)[name]
 
     def _queue(self, count: int, priority: float, conn: socket.socket | None) -> _Request:
         self._seq += 1

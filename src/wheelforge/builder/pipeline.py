@@ -344,6 +344,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
                 reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
+        compiled = time.monotonic()
         pins = {str(n): companion_version(str(n)) for n in recipe.companions}
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
@@ -384,6 +385,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for so, found in verified.archs:
                 reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
                               f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
+        if extension:  # for the share of the pool of the next build at once (jobserver)
+            unitcosts.record_tail(config.cache_dir, recipe.name, time.monotonic() - compiled)
         channel = None
         if extension and env.torch_cuda and env.torch_version:
             channel = index.channel_name(env.torch_cuda, env.torch_version)
