@@ -20,9 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
-from unittest.mock import ANY
 
 import pytest
 
@@ -33,7 +30,7 @@ from wheelforge import _proc
 from wheelforge._log import Reporter, clear_live
 from wheelforge.builder import jobserver, reproducible, scheduler
 from wheelforge.builder.config import resolve
-from wheelforge.builder.pipeline import BuildResult, Pending, _share_of_pool
+from wheelforge.builder.pipeline import BuildResult, Pending
 from wheelforge.errors import BuildError, ConfigError, SourceError
 
 
@@ -262,14 +259,11 @@ def test_a_hold_lasts_until_every_unit_the_expected_compile_starts_has_asked(
     """The expected compile's ninja starts its units one gate after another: the
     shorter compile's units, waiting already, do not take the slots between the first
     of them and the next (measured on 16 cores: they did, and the longest compile's units
-    ran last).  The shorter compile has its share meanwhile: 1 of the 3 slots (1 s of
-    the 6 recorded), one unit at a time (each 2 s, so that its second cannot start
-    before the longer compile's units)."""
+    ran last)."""
     order = tmp_path / "order"
 
     def unit(pool: jobserver.Pool, name: str, priority: float) -> subprocess.Popen[bytes]:
-        return _ordered_unit(pool, name, priority, order,
-                             seconds=2.0 if name.startswith("short") else 0.5)
+        return _ordered_unit(pool, name, priority, order, seconds=0.5)
 
     with jobserver.Pool(3, tmp_path) as pool:
         pool.expect("short", 1)
@@ -281,77 +275,7 @@ def test_a_hold_lasts_until_every_unit_the_expected_compile_starts_has_asked(
             time.sleep(0.3)
         assert all(u.wait(30) == 0 for u in units)
     names = order.read_text().split()
-    assert names[0].startswith("short"), names  # its share
-    assert names[1:4] == ["long0", "long1", "long2"], names
-    assert all(n.startswith("short") for n in names[4:]), names
-
-
-def test_the_pool_is_shared_between_the_expected_compiles_by_their_recorded_seconds(
-        tmp_path: Path) -> None:
-    """Two compiles expected at once: 600 s and 300 s of units last time, 15 slots: 10
-    and 5.  Alone (the other withdrawn, compiled or never coming) or with no record: no
-    share, it takes the pool as it comes.  The longer compile's hold keeps its share
-    free, not the whole pool: the shorter one's units take the rest at once."""
-    with jobserver.Pool(15, tmp_path) as pool:
-        assert pool.share("long") is None and pool.share("short") is None
-        pool.expect("long", 600.0)
-        pool.expect("short", 300.0)
-        pool.expect("unrecorded", 0.0)  # no record: no share, no hold
-        assert (pool.share("long"), pool.share("short")) == (10, 5)
-        assert pool.share("unrecorded") is None
-        takers = [_Taker(pool) for _ in range(5)]  # the shorter compile's share: at once
-        assert all(t.granted.wait(5) for t in takers)
-        assert pool.free() == 10  # the longer one's share, held for it
-        sixth = _Taker(pool)
-        assert not sixth.granted.wait(1.0)  # waits for it
-        pool.withdraw("long")  # it will not come: no hold
-        assert sixth.granted.wait(5)
-        for t in [*takers, sixth]:
-            t.release()
-        assert pool.free() == 15
-        pool.withdraw("short")
-        assert pool.share("short") is None
-        with jobserver.Pool(3, tmp_path) as tiny:
-            tiny.expect("a", 1.0)
-            tiny.expect("b", 1000.0)
-            assert (tiny.share("a"), tiny.share("b")) == (1, 2)  # at least one each
-
-
-def test_the_shares_end_the_builds_together() -> None:
-    """A compile's seconds over its slots plus its build's tail (what it did after its
-    compile last time) come out the same for every compile, in whole slots that add up
-    to the pool; without tails, in proportion to the seconds.  Measured on 16 cores
-    (run 13): mamba-ssm's 955 s of units and 16.6 s of post-process and verify,
-    causal-conv1d's 503 s and 6 s: 10 and 6 by their seconds alone left mamba-ssm's verify
-    after both compiles; 11 and 5 end them together."""
-    assert jobserver.shares({"mamba-ssm": (955.0, 16.6), "causal-conv1d": (503.0, 6.0)},
-                            16) == {"mamba-ssm": 11, "causal-conv1d": 5}
-    assert jobserver.shares({"a": (820.0, 0.0), "b": (480.0, 0.0)}, 16) == {"a": 10, "b": 6}
-    assert jobserver.shares({"a": (1.0, 0.0), "b": (1.0, 0.0), "c": (1.0, 0.0)}, 2) == \
-        {"a": 1, "b": 1, "c": 1}  # more compiles than slots: one each
-    three = jobserver.shares({"a": (1000.0, 10.0), "b": (500.0, 0.0), "c": (300.0, 3.0)}, 16)
-    assert sum(three.values()) == 16 and three["a"] > three["b"] > three["c"] >= 1
-    assert jobserver.shares({}, 16) == {}
-
-
-class _Taker:
-    """A thread that holds one slot of ``pool`` at the shorter compile's priority (one
-    of its units) from when it is granted until :meth:`release`."""
-
-    def __init__(self, pool: jobserver.Pool) -> None:
-        self.granted, self._done = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            with pool.slots(1, priority=300.0):
-                self.granted.set()
-                self._done.wait(30)
-
-        self._thread = threading.Thread(target=hold, daemon=True)
-        self._thread.start()
-
-    def release(self) -> None:
-        self._done.set()
-        self._thread.join(10)
+    assert sorted(names[:3]) == ["long0", "long1", "long2"], names
 
 
 def test_the_gate_writes_the_seconds_its_unit_ran(tmp_path: Path) -> None:
@@ -576,24 +500,3 @@ def test_builds_at_once_can_be_turned_off(tmp_path: Path,
     assert scheduler.at_once({}) and scheduler.at_once({scheduler.ENV: "on"})
     with pytest.raises(ConfigError, match="WHEELFORGE_BUILDS_AT_ONCE='sometimes' is neither"):
         scheduler.at_once({scheduler.ENV: "sometimes"})
-
-
-def test_a_compile_beside_others_packs_its_units_for_its_share(tmp_path: Path) -> None:
-    """MAX_JOBS for a compile that shares the pool: its share in jobs (its nvcc threads
-    each) and one for its host C++ unit; none without ninja (no gate), when it compiles
-    alone, or when its jobs are fewer already."""
-    (tmp_path / "bin").mkdir()
-    env: Any = SimpleNamespace(bin_dir=tmp_path / "bin")
-    with jobserver.Pool(16, tmp_path) as pool:
-        pool.expect("mamba-ssm", 820.0)
-        pool.expect("causal-conv1d", 480.0)
-        assert _share_of_pool(pool, "mamba-ssm", env, 16, 1) is None  # no ninja: no gate
-        (tmp_path / "bin" / "ninja").touch()
-        jobs, why = _share_of_pool(pool, "mamba-ssm", env, 16, 1) or (0, "")
-        assert jobs == 11 and why.startswith("10 of the command's 16 compile slots")
-        assert _share_of_pool(pool, "causal-conv1d", env, 16, 1) == (7, ANY)
-        assert _share_of_pool(pool, "causal-conv1d", env, 16, 2) == (4, ANY)  # 2 archs
-        assert _share_of_pool(pool, "causal-conv1d", env, 5, 1) is None  # fewer already
-        pool.withdraw("mamba-ssm")  # compiled: the other compiles alone now
-        assert _share_of_pool(pool, "causal-conv1d", env, 16, 1) is None
-    assert _share_of_pool(None, "causal-conv1d", env, 16, 1) is None

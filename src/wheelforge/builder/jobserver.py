@@ -20,14 +20,6 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   that has not started its units yet (:meth:`Pool.expect`), and until its ninja has asked
   for the first of them (its units have not asked for :data:`SETTLE_S`): a companion's
   compile often starts a few seconds after a shorter one.
-* **Shares.**  When several compiles with recorded costs are expected at once, each is
-  told its share of the pool (:meth:`Pool.share`) and packs its units for that many jobs
-  (the split patches size their units by ``MAX_JOBS``): a few long units each that run
-  side by side, rather than the longest compile's units first and a second wave of the
-  other's after them.  The shares are chosen so that the builds end together: a
-  compile's recorded seconds over its share, plus what its build did after its compile
-  last time (its tail: mamba-ssm's verify imports mamba_ssm), the same for every
-  compile.  A hold for an expected compile keeps its share free, not the whole pool.
   (ninja 1.13's own jobserver client reads its pipe only when it starts and when one of
   its jobs ends, never while it waits; a compile started while another held every slot
   ran one unit at a time: docs/performance.md.)  The first waiting request waits for all
@@ -121,37 +113,6 @@ sys.exit(os.WEXITSTATUS(status))
 '''.replace("SECONDS_SUFFIX", repr(SECONDS_SUFFIX))
 
 
-def shares(costs: dict[str, tuple[float, float]], size: int) -> dict[str, int]:
-    """``size`` slots split between compiles that run at once, each ``(seconds,
-    tail)``: the seconds of its units last time and what its build did after its compile.
-    A compile on ``n`` slots ends after about ``seconds / n``, its build ``tail`` later;
-    the split makes that the same time ``F`` for every compile (``sum(seconds / (F -
-    tail)) = size``, found by bisection), then rounds to whole slots that add up to
-    ``size`` (the largest remainders), at least one each.  Without tails: the slots in
-    proportion to the seconds."""
-    names = sorted(costs)
-    if not names:
-        return {}
-    if len(names) >= size:
-        return {n: 1 for n in names}
-
-    def slots(end: float) -> float:
-        return sum(costs[n][0] / (end - costs[n][1]) for n in names)
-
-    low = max(t for _, t in costs.values())
-    high = low + sum(c for c, _ in costs.values()) + 1.0
-    for _ in range(100):  # slots() falls from infinity just above the longest tail
-        mid = (low + high) / 2
-        low, high = (mid, high) if slots(mid) > size else (low, mid)
-    exact = {n: costs[n][0] / (high - costs[n][1]) for n in names}
-    whole = {n: max(1, int(exact[n])) for n in names}
-    for n in sorted(names, key=lambda n: (whole[n] - exact[n], n)):
-        if sum(whole.values()) >= size:
-            break
-        whole[n] += 1
-    return whole
-
-
 class _Expected:
     """A compile to come: its priority; when its units last asked (None: not yet)."""
 
@@ -196,8 +157,6 @@ class Pool:
         self._held: dict[socket.socket, int] = {}
         self._seq = 0
         self._expected: dict[str, _Expected] = {}  # compiles to come
-        # compiles to come or running: the seconds of their units, and of their tails
-        self._costs: dict[str, tuple[float, float]] = {}
         self._holding_since: float | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
@@ -260,39 +219,21 @@ class Pool:
                 self._free += count
                 self._grant()
 
-    def expect(self, name: str, priority: float, tail: float = 0.0) -> None:
+    def expect(self, name: str, priority: float) -> None:
         """``name`` will compile, its units at ``priority``: until its units have asked
         (requests of that priority, then none for :data:`SETTLE_S`), or :meth:`withdraw`,
         units of a lower priority wait for it, at most :data:`RESERVE_S` (the longest
         compile starts its units first even when a shorter one reaches its compile a few
-        seconds before it).  ``tail``: the seconds its build takes after its compile
-        (for :meth:`share`)."""
+        seconds before it)."""
         with self._lock:
             if priority > 0:
                 self._expected[name] = _Expected(priority)
-                self._costs[name] = (priority, max(0.0, tail))
 
     def withdraw(self, name: str) -> None:
-        """``name`` will not compile (any more): nothing waits for it now, and it has
-        no share of the pool."""
+        """``name`` will not compile (any more): nothing waits for it now."""
         with self._lock:
-            self._costs.pop(name, None)
             if self._expected.pop(name, None) is not None:
                 self._grant()
-
-    def share(self, name: str) -> int | None:
-        """The slots the compile of ``name`` should pack its units for, among the
-        compiles expected or running (:meth:`expect`, until :meth:`withdraw`): see
-        :func:`shares`.  None: it compiles alone, or has no record (it takes what is
-        free, as it comes)."""
-        with self._lock:
-            share = self._share(name)
-        return share if share < self.size else None
-
-    def _share(self, name: str) -> int:
-        if name not in self._costs or len(self._costs) < 2:
-            return self.size
-        return shares(self._costs, self.size)[name]
 
     def _queue(self, count: int, priority: float, conn: socket.socket | None) -> _Request:
         self._seq += 1
@@ -310,7 +251,7 @@ class Pool:
         for: nothing smaller passes it, so a request of many slots is never starved."""
         while self._waiting:
             first = max(self._waiting, key=_Request.rank)
-            if first.count > self._free - self._held_for_expected(first):
+            if first.count > self._free or self._held_for_expected(first):
                 return
             self._waiting.remove(first)
             self._free -= first.count
@@ -324,27 +265,26 @@ class Pool:
                 continue
             self._held[first.conn] = first.count
 
-    def _held_for_expected(self, first: _Request) -> int:
-        """The free slots ``first`` may not take (the lock held): the shares of the
-        expected compiles of a higher priority, each held until it has asked (its units'
-        requests, then none for :data:`SETTLE_S`: its ninja starts them all at once, one
-        gate after another).  The hold ends :data:`RESERVE_S` after it began."""
+    def _held_for_expected(self, first: _Request) -> bool:
+        """Whether ``first`` waits for an expected compile of a higher priority (the
+        lock held): one that has not asked yet, or whose units asked less than
+        :data:`SETTLE_S` ago (its ninja starts them all at once, one gate after another).
+        The hold ends :data:`RESERVE_S` after it began."""
         now = time.monotonic()
         for name, e in list(self._expected.items()):
             if e.asked is not None and now - e.asked >= SETTLE_S:
                 del self._expected[name]  # its units have asked: the queue orders them
-        higher = [n for n, e in self._expected.items() if e.priority > first.priority]
-        if not higher:
+        if not any(e.priority > first.priority for e in self._expected.values()):
             self._holding_since = None
-            return 0
+            return False
         if self._holding_since is None:
             self._holding_since = now
         if now - self._holding_since < RESERVE_S:
-            return min(self.size, sum(self._share(n) for n in higher))
-        for name in higher:
+            return True
+        for name in [n for n, e in self._expected.items() if e.priority > first.priority]:
             del self._expected[name]  # it did not come in time: no more holding for it
         self._holding_since = None
-        return 0
+        return False
 
     def _serve(self) -> None:
         """Accept the gates, read their requests, take back the slots of those that end

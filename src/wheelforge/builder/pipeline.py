@@ -283,10 +283,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         jobs, threads, why_jobs = jobs_for(config, recipe.name,
                                            compile_units(tree) if extension else None,
                                            recipe.build.job_memory_gib)
-        shared = _share_of_pool(pool, recipe.name, env, jobs, threads) if extension else None
-        if shared is not None:
-            jobs, because = shared
-            why_jobs += f"; {because}"
         if (jobs, threads) != (config.jobs, config.nvcc_threads):
             reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
             config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
@@ -326,8 +322,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                                 raise broken from exc
                         raise
                 stats = _cache_stats(cache, reporter)
-            if pool is not None:  # compiled: no share of the pool for it any more
-                pool.withdraw(str(recipe.name))
             reporter.info(f"built {raw.name}")
             if extension and (stats is None or stats.hits == 0):
                 # a cold compile: what each unit took, for the packing of the next build
@@ -344,7 +338,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
                 record_gib_per_job(config.cache_dir, recipe.name, peak)
                 reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
-        compiled = time.monotonic()
         pins = {str(n): companion_version(str(n)) for n in recipe.companions}
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
@@ -385,8 +378,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for so, found in verified.archs:
                 reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
                               f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
-        if extension:  # for the share of the pool of the next build at once (jobserver)
-            unitcosts.record_tail(config.cache_dir, recipe.name, time.monotonic() - compiled)
         channel = None
         if extension and env.torch_cuda and env.torch_version:
             channel = index.channel_name(env.torch_cuda, env.torch_version)
@@ -440,28 +431,6 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     shutil.rmtree(work, ignore_errors=True)
     return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
                        cache=stats, platform=plat)
-
-
-def _share_of_pool(pool: jobserver.Pool | None, name: str, env: BuildEnv, jobs: int,
-                   threads: int) -> tuple[int, str] | None:
-    """MAX_JOBS for a compile that shares the command's pool with others at once, and
-    why: its share of the slots (:meth:`jobserver.Pool.share`, by the seconds each took
-    last time) in jobs, and one job more for its host C++ unit (the binding, which the
-    pool does not gate).  The split patches size their units by MAX_JOBS, so each compile
-    packs a few long units for the slots it will get, and the compiles end together.
-    None: it compiles alone or unrecorded, it compiles without ninja (one unit at a time
-    through the gate needs ninja), or its jobs are fewer already."""
-    if pool is None or not (env.bin_dir / "ninja").exists():
-        return None
-    share = pool.share(name)
-    if share is None:
-        return None
-    packed = max(1, share // threads) + 1
-    if packed >= jobs:
-        return None
-    return packed, (f"{share} of the command's {pool.size} compile slots, its share beside "
-                    "the other compiles by the seconds each took last time, and one job for "
-                    "its host C++ unit")
 
 
 def _gated(pool: jobserver.Pool | None, env: BuildEnv, environ: dict[str, str]) -> bool:

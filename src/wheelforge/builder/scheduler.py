@@ -174,8 +174,7 @@ def _together(planned: list[Planned], reporter: Reporter,
             continue  # a pure build compiles nothing
         costs = unitcosts.recorded(p.config.cache_dir, p.recipe.name, p.config.arch_list)
         if costs is not None:
-            pool.expect(str(p.recipe.name), unitcosts.total_seconds(costs),
-                        tail=unitcosts.recorded_tail(p.config.cache_dir, p.recipe.name))
+            pool.expect(str(p.recipe.name), unitcosts.total_seconds(costs))
     reporter.info(f"{len(planned)} builds at once ({', '.join(builds)}), sharing "
                   f"{pool.size} compile slot(s)")
 

@@ -26,8 +26,7 @@ from pathlib import Path
 from .._fs import atomic_write
 from .jobserver import SECONDS_SUFFIX
 
-__all__ = ["ENV", "UnitCost", "read_ninja_costs", "record", "record_tail", "recorded",
-           "recorded_tail", "total_seconds"]
+__all__ = ["ENV", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
 
 #: The variable that gives a build the path of its recipe's record.
 ENV = "WHEELFORGE_UNIT_COSTS"
@@ -140,24 +139,3 @@ def recorded(cache_dir: Path, name: str, arch_list: str) -> Path | None:
     except (OSError, ValueError):
         return None
     return path if data.get("arch_list") == arch_list and data.get("units") else None
-
-
-def _tail_path(cache_dir: Path, name: str) -> Path:
-    return cache_dir / "stats" / f"{name}.tail.json"
-
-
-def record_tail(cache_dir: Path, name: str, seconds: float) -> None:
-    """Record the seconds a build of ``name`` took after its compile (the wheel's
-    post-process and verify: mamba-ssm's verify imports mamba_ssm, triton and
-    transformers): the pool gives a compile followed by a longer tail a larger share,
-    so that the builds that compile at once end together (builder/jobserver.py)."""
-    atomic_write(_tail_path(cache_dir, name), json.dumps({"seconds": round(seconds, 2)}))
-
-
-def recorded_tail(cache_dir: Path, name: str) -> float:
-    """The seconds an earlier build of ``name`` took after its compile, else 0."""
-    try:
-        seconds = float(json.loads(_tail_path(cache_dir, name).read_text())["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
-    return seconds if 0 <= seconds < 86400 else 0.0
