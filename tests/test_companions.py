@@ -40,7 +40,7 @@ def untagged_recipe(tmp_path: Path, kind: str = "extension") -> Recipe:
 
 def env(torch: str = "2.14.1+cu130", cuda: str = "13.0") -> BuildEnv:
     return BuildEnv(python=Path(sys.executable), managed=True, python_version="3.11.7",
-                    python_tag="cp311", torch_version=torch, torch_cuda=cuda, cxx11_abi=True,
+                    python_tag="cp311", torch_version=torch, torch_cuda=cuda,
                     distributions=())
 
 

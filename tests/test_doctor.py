@@ -63,7 +63,7 @@ def fake_python(path: Path, torch: str | None = "2.9.1+cu128", torch_cuda: str |
         "python": str(path), "version": "3.12.3", "tag": "cp312",
         "dists": {"torch": (torch or "").split("+")[0]} if torch else {},
         "torch": torch, "torch_cuda": torch_cuda,
-        "cxx11_abi": True if torch else None, "torch_error": torch_error,
+        "torch_error": torch_error,
     }
     return script(path, f"printf '%s\\n' {shlex.quote(json.dumps(info))}\n")
 

@@ -116,7 +116,7 @@ def test_a_missing_build_requirement_is_named_once(tmp_path: Path) -> None:
         '[build-system]\nrequires = ["setuptools", "wheel"]\n'
         'build-backend = "setuptools.build_meta"\n')
     env = BuildEnv(python=Path(sys.executable), managed=False, python_version="3.11",
-                   python_tag="cp311", torch_version=None, torch_cuda=None, cxx11_abi=None,
+                   python_tag="cp311", torch_version=None, torch_cuda=None,
                    distributions=(("setuptools", "80.0"),))
     with pytest.raises(ToolchainError) as exc:
         check_build_requires(tree, env, ("setuptools", "wheel", "ninja"), "demo")
@@ -197,7 +197,7 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
         "import warnings\nfrom setuptools import setup\n"
         "warnings.warn('a deprecation banner from the backend', UserWarning)\nsetup()\n")
     env = BuildEnv(python=Path(sys.executable), managed=False, python_version="3.11",
-                   python_tag="cp311", torch_version=None, torch_cuda=None, cxx11_abi=None,
+                   python_tag="cp311", torch_version=None, torch_cuda=None,
                    distributions=())
     log = tmp_path / "build.log"
     wheel = build_wheel(tree=tree, env=env, environ=dict(__import__("os").environ),

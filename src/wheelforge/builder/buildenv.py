@@ -62,7 +62,7 @@ info = {
     "version": "%d.%d.%d" % sys.version_info[:3],
     "tag": "cp%d%d" % sys.version_info[:2],
     "dists": {},
-    "torch": None, "torch_cuda": None, "cxx11_abi": None, "torch_error": None,
+    "torch": None, "torch_cuda": None, "torch_error": None,
 }
 for d in md.distributions():
     name = d.metadata["Name"]
@@ -73,7 +73,6 @@ if "--torch" in sys.argv:
         import torch
         info["torch"] = torch.__version__
         info["torch_cuda"] = torch.version.cuda
-        info["cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
     except Exception as exc:
         info["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
 elif "--torch-version" in sys.argv:  # torch/version.py alone: torch is not imported
@@ -102,7 +101,6 @@ class BuildEnv:
     python_tag: str
     torch_version: str | None
     torch_cuda: str | None
-    cxx11_abi: bool | None
     distributions: tuple[tuple[str, str], ...]
 
     @property
@@ -149,7 +147,7 @@ def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False,
         )
     return BuildEnv(
         python=python, managed=managed, python_version=info["version"], python_tag=info["tag"],
-        torch_version=info["torch"], torch_cuda=info["torch_cuda"], cxx11_abi=info["cxx11_abi"],
+        torch_version=info["torch"], torch_cuda=info["torch_cuda"],
         distributions=tuple(sorted(info["dists"].items())),
     )
 
@@ -184,9 +182,7 @@ class Inspections:
                     return found
             env = inspect_env(python, with_torch=with_torch, managed=managed,
                               import_torch=False)
-            self.asked += 1
-            self._answers[(where, managed, stamp, with_torch)] = env
-            return env
+            return self._remember((where, managed, stamp, with_torch), env)
 
     def installed(self, python: Path, before: BuildEnv) -> BuildEnv:
         """``before``, the answer of a managed environment, once wheelforge installed more
@@ -197,11 +193,17 @@ class Inspections:
         with self._lock:
             light = inspect_env(python, with_torch=False, managed=before.managed)
             env = replace(light, torch_version=before.torch_version,
-                          torch_cuda=before.torch_cuda, cxx11_abi=before.cxx11_abi)
-            self.asked += 1
-            self._answers[(where, before.managed, _site_stamp(python),
-                           before.torch_version is not None)] = env
-            return env
+                          torch_cuda=before.torch_cuda)
+            return self._remember((where, before.managed, _site_stamp(python),
+                                   before.torch_version is not None), env)
+
+    def _remember(self, key: tuple[str, bool, tuple[int, ...], bool], env: BuildEnv
+                  ) -> BuildEnv:
+        """``env``, the answer of one real run of an interpreter, kept under ``key``
+        (where, managed, its site-packages stamp, with torch); the lock held."""
+        self.asked += 1
+        self._answers[key] = env
+        return env
 
 
 def check_torch_imports(python: Path) -> None:
