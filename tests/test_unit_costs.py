@@ -172,9 +172,9 @@ def test_a_cold_build_records_its_units_and_the_next_build_reads_them(
     sdists = tinyext_project(tmp_path)
     cache = tmp_path / "cache"
     (cache / "envs").mkdir(parents=True)
-    (shared_cache / "envs").mkdir(parents=True, exist_ok=True)  # none yet: made here
-    for entry in (shared_cache / "envs").iterdir():  # the torch environment, not copied
-        (cache / "envs" / entry.name).symlink_to(entry)
+    shared_envs = shared_cache / "envs"  # none yet (run alone): the build makes one here
+    for entry in shared_envs.iterdir() if shared_envs.is_dir() else ():
+        (cache / "envs" / entry.name).symlink_to(entry)  # the torch environment, not copied
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
     env["WHEELFORGE_COMPILE_CACHE"] = "off"
     argv = [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0",
