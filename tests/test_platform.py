@@ -4,13 +4,19 @@ auditwheel's analysis with torch's and CUDA's libraries excluded and nothing gra
 Real shared objects compiled here with gcc (no fakes of auditwheel): one that needs only
 glibc gets a manylinux tag and keeps every byte; one that links a library no policy
 allows keeps linux_x86_64 and says why.  The relabel gives the wheel the tag in its file
-name and WHEEL file; the host compiler is part of the build key's toolchain."""
+name and WHEEL file; the host compiler is part of the build key's toolchain.  auditwheel
+changes its process's working directory while it reads a wheel, so the analysis runs in
+a child: the builds of one command run in threads that read relative paths."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 import zipfile
 from pathlib import Path
+
+import pytest
 
 from conftest import make_wheel, require_tool
 from wheelforge.builder.platform import platform_tag
@@ -76,6 +82,45 @@ def test_torch_and_cuda_libraries_are_excluded_not_held_against_the_wheel(
     wheel = make_wheel(tmp_path / "w", {"demo/_C.so": (tmp_path / "op.so").read_bytes()},
                        name="demo", tag=LINUX)
     assert platform_tag(wheel).manylinux
+
+
+def test_the_analysis_never_changes_this_process_s_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI run found it: causal-conv1d's analysis made auditwheel's temporary directory
+    the process's working directory while mamba-ssm's thread read its patches by the
+    relative path recipes/../patches, and the build failed with "No such file"."""
+    plain, _ = _compile(tmp_path)
+    wheel = make_wheel(tmp_path / "w", {"demo/_C.so": plain}, name="demo", tag=LINUX)
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "0001.patch").write_text("a patch\n")
+    monkeypatch.chdir(tmp_path)
+    moved: list[str] = []
+    monkeypatch.setattr(os, "chdir", lambda path: moved.append(str(path)))
+    done = threading.Event()
+    read: list[bool] = []
+
+    def reader() -> None:  # another build's thread, reading by a relative path meanwhile
+        while not done.is_set():
+            read.append(Path("patches/0001.patch").is_file())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        found = platform_tag(wheel)
+    finally:
+        done.set()
+        thread.join()
+    assert found.manylinux, found
+    assert moved == [], moved
+    assert read and all(read), f"{read.count(False)} of {len(read)} reads missed the file"
+
+
+def test_an_analysis_that_cannot_run_keeps_linux_x86_64_and_says_why(tmp_path: Path) -> None:
+    wheel = tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"not a zip")
+    found = platform_tag(wheel)
+    assert (found.tag, found.manylinux) == ("linux_x86_64", False)
+    assert found.note.startswith("auditwheel could not analyse it: "), found.note
 
 
 def test_a_pure_wheel_has_no_platform(tmp_path: Path) -> None:

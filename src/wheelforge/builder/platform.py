@@ -8,11 +8,19 @@ needs and the libraries it links, and names the newest manylinux policy those al
 torch's and CUDA's libraries are excluded: torch's wheel provides them at run time (as
 ``auditwheel repair --exclude`` does), so they are neither grafted nor held against the
 policy.  A wheel that no manylinux policy allows keeps ``linux_x86_64`` and says so.
+
+The analysis runs in a child interpreter, never in wheelforge's own process: auditwheel
+unpacks the wheel into a temporary directory and makes it the *process's* working
+directory while it reads it, and the builds of one command run in threads of one process,
+where another build reading a relative path at that moment (``recipes/``, ``patches/``)
+would look inside auditwheel's directory instead.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +28,8 @@ from auditwheel.architecture import Architecture
 from auditwheel.error import AuditwheelError, NonPlatformWheelError
 from auditwheel.libc import Libc
 from auditwheel.wheel_abi import analyze_wheel_abi
+
+from .. import _proc
 
 __all__ = ["TORCH_PROVIDES", "PlatformTag", "platform_tag"]
 
@@ -62,11 +72,36 @@ def _highest(versioned: dict[str, set[str]]) -> tuple[str, ...]:
     return tuple(f"{n}_{'.'.join(map(str, v))}" for n, v in sorted(best.items()))
 
 
+#: the line of the child's output that holds its answer
+_MARK = "wheelforge-platform-tag: "
+_CHILD = ("import dataclasses, json, sys\n"
+          "from pathlib import Path\n"
+          "from wheelforge.builder.platform import _MARK, _analyse\n"
+          "print(_MARK + json.dumps(dataclasses.asdict(_analyse(Path(sys.argv[1])))))\n")
+
+
 def platform_tag(wheel: Path) -> PlatformTag:
     """The newest manylinux tag ``wheel``'s shared objects allow (torch's and CUDA's
     libraries excluded, nothing grafted), or ``linux_x86_64`` with the reason (a
     ``*.libs/`` directory of grafted libraries is refused by verification:
-    :func:`wheelforge.wheel.integrity_problems`)."""
+    :func:`wheelforge.wheel.integrity_problems`).  auditwheel's analysis runs in a child
+    interpreter (it changes the working directory of the process that runs it)."""
+    wheel = wheel.absolute()
+    res = _proc.run([sys.executable, "-c", _CHILD, str(wheel)], cwd=wheel.parent,
+                    check=False, timeout=600)
+    found = [ln[len(_MARK):] for ln in res.output.splitlines() if ln.startswith(_MARK)]
+    if res.returncode != 0 or not found:
+        last = (res.output.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+        return PlatformTag("linux_x86_64", "linux_x86_64", (),
+                           note=f"auditwheel could not analyse it: {last[:300]}")
+    data = json.loads(found[-1])
+    return PlatformTag(str(data["tag"]), str(data["policy"]),
+                       tuple(str(s) for s in data["symbols"]), str(data["note"]))
+
+
+def _analyse(wheel: Path) -> PlatformTag:
+    """:func:`platform_tag`'s answer, found in this process (the child's side: it changes
+    this process's working directory while it runs)."""
     try:
         info = analyze_wheel_abi(Libc.GLIBC, Architecture.x86_64, wheel, TORCH_PROVIDES,
                                  disable_isa_ext_check=False, allow_graft=False)
