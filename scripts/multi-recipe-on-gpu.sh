@@ -5,7 +5,7 @@
 # with BENCH=packing, bench/unit_packing.py --recipe mamba-ssm instead (the split packed
 # by the model against packed by the first build's recorded unit costs).  UNIT_COSTS=record:
 # both variants use the unit costs a first build (not timed) recorded.  ONLY='at once'
-# (or 'one after another'): that variant alone.
+# (or 'one after another'): that variant alone; ROUNDS=N: N rounds of it.
 #
 #   scripts/multi-recipe-on-gpu.sh PAYLOAD OUT_DIR
 #
@@ -38,7 +38,7 @@ if [ ! -e "$st/started" ]; then
     if [ '${BENCH:-multi}' = packing ]; then
       set -- '$repo/bench/unit_packing.py' --recipe mamba-ssm
     else
-      set -- '$repo/bench/multi_recipe.py' --compile-cache off --unit-costs '${UNIT_COSTS:-none}' ${ONLY:+--only '$ONLY'}
+      set -- '$repo/bench/multi_recipe.py' --compile-cache off --unit-costs '${UNIT_COSTS:-none}' ${ONLY:+--only '$ONLY'} ${ROUNDS:+--rounds $ROUNDS}
     fi
     '$py' \"\$@\" --python '$py' --arch '$arch' --sources '$W/sdists' \
       --git-mirror 'https://github.com/state-spaces/mamba=$W/state-spaces-mamba.bundle' \
