@@ -115,6 +115,22 @@ def test_the_analysis_never_changes_this_process_s_working_directory(
     assert read and all(read), f"{read.count(False)} of {len(read)} reads missed the file"
 
 
+def test_the_child_imports_what_this_process_imports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child is given this process's import path: an interpreter that has neither
+    wheelforge nor auditwheel of its own (the venv's base interpreter) still analyses."""
+    import sys
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    assert base != sys.executable, "the tests run in a venv (make test's .venv)"
+    alone = subprocess.run([base, "-c", "import auditwheel"], capture_output=True)
+    assert alone.returncode != 0, "the base interpreter has auditwheel of its own"
+    plain, _ = _compile(tmp_path)
+    wheel = make_wheel(tmp_path / "w", {"demo/_C.so": plain}, name="demo", tag=LINUX)
+    monkeypatch.setattr(sys, "executable", base)
+    assert platform_tag(wheel).manylinux
+
+
 def test_an_analysis_that_cannot_run_keeps_linux_x86_64_and_says_why(tmp_path: Path) -> None:
     wheel = tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl"
     wheel.write_bytes(b"not a zip")

@@ -75,6 +75,7 @@ def _highest(versioned: dict[str, set[str]]) -> tuple[str, ...]:
 #: the line of the child's output that holds its answer
 _MARK = "wheelforge-platform-tag: "
 _CHILD = ("import dataclasses, json, sys\n"
+          "sys.path[:0] = json.loads(sys.argv[2])\n"  # what this process imports from
           "from pathlib import Path\n"
           "from wheelforge.builder.platform import _MARK, _analyse\n"
           "print(_MARK + json.dumps(dataclasses.asdict(_analyse(Path(sys.argv[1])))))\n")
@@ -87,7 +88,8 @@ def platform_tag(wheel: Path) -> PlatformTag:
     :func:`wheelforge.wheel.integrity_problems`).  auditwheel's analysis runs in a child
     interpreter (it changes the working directory of the process that runs it)."""
     wheel = wheel.absolute()
-    res = _proc.run([sys.executable, "-c", _CHILD, str(wheel)], cwd=wheel.parent,
+    path = json.dumps([p for p in sys.path if p])
+    res = _proc.run([sys.executable, "-c", _CHILD, str(wheel), path], cwd=wheel.parent,
                     check=False, timeout=600)
     found = [ln[len(_MARK):] for ln in res.output.splitlines() if ln.startswith(_MARK)]
     if res.returncode != 0 or not found:
