@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -119,8 +120,6 @@ def test_the_child_imports_what_this_process_imports(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The child is given this process's import path: an interpreter that has neither
     wheelforge nor auditwheel of its own (the venv's base interpreter) still analyses."""
-    import sys
-
     base = getattr(sys, "_base_executable", sys.executable)
     assert base != sys.executable, "the tests run in a venv (make test's .venv)"
     alone = subprocess.run([base, "-c", "import auditwheel"], capture_output=True)
