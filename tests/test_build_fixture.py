@@ -123,4 +123,7 @@ def test_failed_verification_publishes_nothing(project: Path, shared_cache: Path
     assert res.returncode == 8, res.stderr[-2000:]
     assert "import no_such_module failed: ModuleNotFoundError" in res.stderr
     assert "work directory kept at" in res.stderr
+    # the command's warm interpreter (torch imported while the compile ran) answered
+    log = Path(re.search(r"^  log: (.+)$", res.stderr, re.M)[1])  # type: ignore[index]
+    assert "in a child of the command's warm interpreter" in log.read_text()
     assert not list((project / "index").rglob("*.whl"))

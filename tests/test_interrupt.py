@@ -15,10 +15,12 @@ import pytest
 
 from conftest import tinyext_project, tinypure_project
 from wheelforge._proc import descendants
+from wheelforge.builder.importcheck import MARK
 
 pytestmark = pytest.mark.nvcc
 
 COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "cc1plus", "cudafe++")
+WARM: set[int] = set()  # the warm interpreters (builder/importcheck.py) seen in the trees
 
 
 def _comm(pid: int) -> str:
@@ -26,6 +28,20 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def start(tmp_path: Path, shared_cache: Path, *extra: str,
@@ -57,6 +73,9 @@ def wait_for_compiler(proc: subprocess.Popen[str], timeout: float = 600) -> list
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         tree = descendants(proc.pid)
         if any(_comm(p) in ("cicc", "cc1plus") for p in tree):
+            warm = [p for p in tree if MARK.encode() in _cmdline(p)]
+            assert warm, "the compile started without the import check's warm interpreter"
+            WARM.update(warm)
             return tree
         time.sleep(0.2)
     pytest.fail("no compiler process appeared")
@@ -78,6 +97,11 @@ def assert_clean_stop(proc: subprocess.Popen[str], tree: list[int], tmp_path: Pa
             break
         time.sleep(0.2)
     assert not alive, f"still running: {[(p, _comm(p)) for p in alive]}"
+    warm = [p for p in tree if p in WARM]  # the import check's warm interpreter
+    while warm and time.monotonic() < deadline + 10:
+        warm = [p for p in warm if _alive(p)]
+        time.sleep(0.2)
+    assert not warm, "the import check's warm interpreter still runs"
     assert not list((tmp_path / "index").rglob(published))
     lock = tmp_path / "index" / ".lock"
     if lock.exists():

@@ -175,7 +175,7 @@ class Inspections:
                 managed: bool = False) -> BuildEnv:
         where = os.path.abspath(python)  # not realpath: a venv's python links to its base
         with self._lock:
-            stamp = _site_stamp(python)
+            stamp = site_stamp(python)
             for torch in (True,) if with_torch else (True, False):
                 found = self._answers.get((where, managed, stamp, torch))
                 if found is not None:
@@ -194,7 +194,7 @@ class Inspections:
             light = inspect_env(python, with_torch=False, managed=before.managed)
             env = replace(light, torch_version=before.torch_version,
                           torch_cuda=before.torch_cuda)
-            return self._remember((where, before.managed, _site_stamp(python),
+            return self._remember((where, before.managed, site_stamp(python),
                                    before.torch_version is not None), env)
 
     def _remember(self, key: tuple[str, bool, tuple[int, ...], bool], env: BuildEnv
@@ -213,7 +213,7 @@ def check_torch_imports(python: Path) -> None:
     inspect_env(python, with_torch=True)
 
 
-def _site_stamp(python: Path) -> tuple[int, ...]:
+def site_stamp(python: Path) -> tuple[int, ...]:
     """The modification times of the site-packages directories of the environment whose
     interpreter is ``python`` (PREFIX/bin/python: PREFIX/lib/python*/site-packages)."""
     prefix = Path(os.path.abspath(python)).parent.parent

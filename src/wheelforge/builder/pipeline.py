@@ -37,6 +37,7 @@ from . import (
     buildenv,
     compilecache,
     doctor,
+    importcheck,
     jobserver,
     platform,
     preflight,
@@ -158,6 +159,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
               companions: Mapping[str, BuildResult | Pending] | None = None,
               inspections: buildenv.Inspections | None = None, *,
               pool: jobserver.Pool | None = None,
+              warm: importcheck.WarmImports | None = None,
               on_key: Callable[[str], None] | None = None,
               on_version: Callable[[str], None] | None = None) -> BuildResult:
     """Build one recipe.  ``companions`` are the builds of the recipe's companions for this
@@ -165,11 +167,13 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     exact versions (local label included) into the wheel's requirements.
     ``inspections``: the interpreters the command inspected already (one import of torch
     per interpreter and command).  ``pool``: the command's compile slots, shared with the
-    builds beside this one (builder/jobserver.py).  ``on_key`` hears the build key as soon
-    as it is known, ``on_version`` the wheel's exact version (the recipe's, its local
-    label) once the build environment is: a build that pins this one post-processes and
-    verifies its wheel while this one compiles, and waits for this one's published wheel
-    only before its own publish."""
+    builds beside this one (builder/jobserver.py).  ``warm``: the command's warm
+    interpreters, one per interpreter: started when an extension's compile starts, they
+    serve its import check (builder/importcheck.py); without, it runs cold.  ``on_key``
+    hears the build key as soon as it is known, ``on_version`` the wheel's exact version
+    (the recipe's, its local label) once the build environment is: a build that pins this
+    one post-processes and verifies its wheel while this one compiles, and waits for this
+    one's published wheel only before its own publish."""
     inspections = inspections or buildenv.Inspections()
     inspect = inspections.inspect
     companions = companions or {}
@@ -288,6 +292,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
+        if warm is not None and extension and recipe.verify.imports:
+            warm.start(env.python)  # torch imported once, while the compile runs
         with reporter.step(what):
             def on_line(line: str) -> None:
                 reporter.line(line)
@@ -374,7 +380,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for cname, cversion in pins.items():
                 reporter.info(f"requires its companion {cname}=={cversion}")
         with reporter.step("verify"):
-            verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log)
+            verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log,
+                                    warm=warm)
             for so, found in verified.archs:
                 reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
                               f"PTX {', '.join(sorted(found.ptx)) or 'none'}")

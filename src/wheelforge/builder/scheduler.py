@@ -16,7 +16,9 @@ companion still compiles, and never publishes a wheel that pins an unpublished o
 Each build reports through a view of the command's reporter (its lines prefixed with
 the recipe's name, one live line per running build).  A failed build does not stop the
 others; the builds that need it are not built, and the command raises the first failure
-once the rest have ended.  Ctrl-C (or SIGTERM, --timeout) stops every build's commands
+once the rest have ended.  The command's builds share its warm interpreters
+(builder/importcheck.py): torch is imported once per interpreter for every extension's
+import check, while the compiles run.  Ctrl-C (or SIGTERM, --timeout) stops every build's commands
 (``_proc.stop_all``) and raises KeyboardInterrupt in the caller.
 """
 
@@ -36,7 +38,7 @@ from ..errors import BuildError, ConfigError, RecipeError
 from ..recipe.format import RecipeBook
 from ..recipe.model import Recipe
 from ..wheel import wheel_version
-from . import buildenv, jobserver, unitcosts
+from . import buildenv, importcheck, jobserver, unitcosts
 from .config import BuildConfig
 from .identity import without_subset
 from .pipeline import BuildResult, Pending, build_one
@@ -94,17 +96,18 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
     command's own."""
     planned = plan(recipes, book, config)
     inspections = inspections or buildenv.Inspections()
-    if len(planned) == 1 or not at_once():
-        done: dict[str, BuildResult] = {}
-        for p in planned:  # one after another, in the caller's thread
-            done[p.recipe.name] = build_one(
-                p.recipe, p.config, reporter, {c: done[c] for c in p.companions},
-                inspections, pool=pool)
-        return list(done.values())
-    if pool is not None:
-        return _together(planned, reporter, inspections, pool)
-    with pool_for(config) as own:
-        return _together(planned, reporter, inspections, own)
+    with importcheck.WarmImports() as warm:
+        if len(planned) == 1 or not at_once():
+            done: dict[str, BuildResult] = {}
+            for p in planned:  # one after another, in the caller's thread
+                done[p.recipe.name] = build_one(
+                    p.recipe, p.config, reporter, {c: done[c] for c in p.companions},
+                    inspections, pool=pool, warm=warm)
+            return list(done.values())
+        if pool is not None:
+            return _together(planned, reporter, inspections, pool, warm)
+        with pool_for(config) as own:
+            return _together(planned, reporter, inspections, own, warm)
 
 
 def pool_for(config: BuildConfig) -> jobserver.Pool:
@@ -166,8 +169,8 @@ def _needs(build: _Build, companion: _Build, future: Future[T]) -> Callable[[], 
     return wait
 
 
-def _together(planned: list[Planned], reporter: Reporter,
-              inspections: buildenv.Inspections, pool: jobserver.Pool) -> list[BuildResult]:
+def _together(planned: list[Planned], reporter: Reporter, inspections: buildenv.Inspections,
+              pool: jobserver.Pool, warm: importcheck.WarmImports) -> list[BuildResult]:
     builds = {str(p.recipe.name): _Build(p) for p in planned}
     for p in planned:  # the longest compile last time starts its units first
         if p.recipe.build.kind != "extension":
@@ -187,7 +190,7 @@ def _together(planned: list[Planned], reporter: Reporter,
         outcome: BuildResult | BaseException
         try:
             outcome = build_one(build.planned.recipe, build.planned.config, view,
-                                companions, inspections, pool=pool,
+                                companions, inspections, pool=pool, warm=warm,
                                 on_key=build.key.set_result,
                                 on_version=build.version.set_result)
         except BaseException as exc:  # reported by the caller, in its thread

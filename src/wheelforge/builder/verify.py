@@ -5,20 +5,19 @@ Every check runs and every issue is collected; one VerifyError lists them all.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .. import _proc
 from ..arch import Arch, expected_ptx, expected_sass
 from ..errors import VerifyError
 from ..recipe.model import Recipe
 from ..wheel import WheelInfo, inspect_wheel, integrity_problems, reading
 from .buildenv import BuildEnv
 from .fatbin import CudaArchs, FatbinError, cuda_archs
+from .importcheck import WarmImports, cold_problems
 
 
 @dataclass(frozen=True)
@@ -45,33 +44,17 @@ def shared_object_archs(wheel: Path) -> list[tuple[str, CudaArchs]]:
 
 
 def _import_problems(wheel: Path, env: BuildEnv, modules: tuple[str, ...], extension: bool,
-                     log: Path | None) -> list[str]:
+                     log: Path | None, warm: WarmImports | None) -> list[str]:
     if not modules:
         return []
     with tempfile.TemporaryDirectory(prefix="wf-verify-") as tmp:
         with reading(wheel) as zf:
             zf.extractall(tmp)
-        script = "import importlib, sys\n"
-        if extension:
-            script += "import torch  # the extension links against torch's libraries\n"
-        script += (
-            "bad = []\n"
-            f"for m in {list(modules)!r}:\n"
-            "    try:\n"
-            "        importlib.import_module(m)\n"
-            "    except Exception as exc:\n"
-            "        bad.append('import %s failed: %s: %s' % (m, type(exc).__name__, exc))\n"
-            "print('\\n'.join(bad))\n"
-            "sys.exit(1 if bad else 0)\n"
-        )
-        environ = dict(os.environ, PYTHONPATH=tmp, PYTHONNOUSERSITE="1")
-        result = _proc.run([str(env.python), "-c", script], cwd=Path(tmp), env=environ,
-                           check=False, log=log)
-        if result.returncode == 0:
-            return []
-        lines = [ln for ln in result.output.splitlines() if ln.startswith("import ")]
-        return lines or [f"the import check exited with {result.returncode}: "
-                         f"{result.output.strip()[-300:]}"]
+        found = warm.problems(env.python, Path(tmp), modules, log) \
+            if warm is not None and extension else None
+        if found is None:
+            found = cold_problems(env.python, Path(tmp), modules, extension, log)
+        return found
 
 
 def _code_problems(wheel: Path, info: WheelInfo, extension: bool, archs: tuple[Arch, ...],
@@ -157,8 +140,11 @@ def verify_wheel(
     archs: tuple[Arch, ...],
     env: BuildEnv | None,
     log: Path | None = None,
+    warm: WarmImports | None = None,
 ) -> Verified:
-    """Run every check; raise one VerifyError with all issues, or return what was found."""
+    """Run every check; raise one VerifyError with all issues, or return what was found.
+    ``warm``: the command's warm interpreters, which serve an extension's import check
+    (builder/importcheck.py); without one, or when none can serve, it runs cold."""
     issues: list[str] = []
     info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
     if canonicalize_name(info.name) != recipe.name:
@@ -173,7 +159,7 @@ def verify_wheel(
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,
-                                       recipe.build.kind == "extension", log))
+                                       recipe.build.kind == "extension", log, warm))
     if issues:
         raise VerifyError(
             f"{wheel.name} failed verification ({len(issues)} issue(s)); nothing was published",

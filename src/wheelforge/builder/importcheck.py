@@ -1,0 +1,295 @@
+"""The import check of a built wheel: the build environment's interpreter imports the
+wheel's modules from its unpacked files, torch first for an extension (the extension
+links against torch's libraries).
+
+Cold, :func:`cold_problems`: a fresh interpreter per check (``python -c``).
+
+Warm, :class:`WarmImports`: importing torch takes 2-4 s of one core, and a command
+imported it once per extension it verified, at the end of each build, where a build's
+last step runs with the other cores idle.  A command's warm interpreter imports torch once
+per interpreter, while the compiles run, and then forks one child per check: the child
+puts the wheel's directory first on its path, imports the wheel's modules as the cold
+check does and reports on its connection; its own imports die with it, so each check
+starts from the same state (an interpreter that imported torch and nothing of the
+wheel's), as a fresh one would after its ``import torch``.  Forking after ``import torch``
+is what torch's own DataLoader workers do: the import starts no threads and no CUDA.
+The one difference from a fresh interpreter: torch is imported before the wheel's
+directory is on the path, so a wheel that shipped a module torch imports (a top-level
+``typing_extensions``) would not shadow it; ``verify.top-level`` refuses such wheels.
+
+A warm interpreter serves only while its environment's site-packages directories are as
+they were when it started (an install into the environment starts another), and any
+check it cannot serve (it did not start, it died, the environment changed) runs cold.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from .. import _proc
+from .buildenv import site_stamp
+
+__all__ = ["WarmImports", "cold_problems"]
+
+MARK = "wheelforge-import-check: "
+
+#: The check itself, shared by the cold script and the warm interpreter's children.
+_CHECK = r"""
+import importlib, sys
+
+def check(modules):
+    bad = []
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except Exception as exc:
+            bad.append('import %s failed: %s: %s' % (m, type(exc).__name__, exc))
+    print('\n'.join(bad))
+    return 1 if bad else 0
+"""
+
+#: The warm interpreter: argv[1] the socket to listen on, argv[2] the module to import
+#: once (torch), argv[3] the marker of its answers.  One JSON line per connection:
+#: {"dir": ..., "modules": [...]} forks a child that answers on the connection (its
+#: output, then a MARK line with its exit status); {"stop": true} ends it.  Only the
+#: standard library: the build environment may lack wheelforge.
+_SERVER = _CHECK + r"""
+import json, os, signal, socket
+
+MARK = sys.argv[3]
+
+def child(conn, request):
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the imports may wait for processes
+    os.dup2(conn.fileno(), 1)
+    os.dup2(conn.fileno(), 2)
+    conn.close()
+    import faulthandler
+    faulthandler.enable()  # a crash in an extension's import says where
+    where = request["dir"]
+    os.environ["PYTHONPATH"] = where
+    os.chdir(where)  # '' (python -c's first path entry) is now the wheel's directory
+    sys.path.insert(1 if sys.path[:1] == [""] else 0, where)  # as PYTHONPATH puts it
+    importlib.invalidate_caches()
+    code = 2
+    try:
+        code = check(request["modules"])
+    finally:
+        print(MARK + json.dumps({"exit": code}))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+def read_line(conn):
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+def serve(path, preload):
+    importlib.import_module(preload)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reap themselves
+    print(MARK + json.dumps({"ready": os.getpid()}), flush=True)
+    while True:
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        try:
+            request = json.loads(read_line(conn) or b"null")
+        except (OSError, ValueError):
+            request = None
+        conn.settimeout(None)
+        if not isinstance(request, dict) or request.get("stop"):
+            conn.close()
+            os._exit(0)  # at once: nothing to tidy, and torch's teardown takes a second
+        if os.fork() == 0:
+            server.close()
+            child(conn, request)
+        conn.close()
+
+serve(sys.argv[1], sys.argv[2])
+"""
+
+
+def _script(modules: tuple[str, ...], extension: bool) -> str:
+    first = "import torch  # the extension links against torch's libraries\n" if extension \
+        else ""
+    return _CHECK + first + f"sys.exit(check({list(modules)!r}))\n"
+
+
+def _problems(returncode: int, output: str) -> list[str]:
+    if returncode == 0:
+        return []
+    lines = [ln for ln in output.splitlines() if ln.startswith("import ")]
+    return lines or [f"the import check exited with {returncode}: {output.strip()[-300:]}"]
+
+
+def _environ(where: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONNOUSERSITE"] = "1"
+    if where is not None:
+        env["PYTHONPATH"] = str(where)
+    return env
+
+
+def cold_problems(python: Path, where: Path, modules: tuple[str, ...], extension: bool,
+                  log: Path | None) -> list[str]:
+    """A fresh ``python`` imports ``modules`` from the unpacked wheel at ``where``
+    (``PYTHONPATH``, the working directory); the problems, one line per failed import."""
+    result = _proc.run([str(python), "-c", _script(modules, extension)], cwd=where,
+                       env=_environ(where), check=False, log=log)
+    return _problems(result.returncode, result.output)
+
+
+class _Server:
+    """One warm interpreter: its thread (the one subprocess helper runs it), its socket,
+    and what it said until it was ready."""
+
+    def __init__(self, python: Path, preload: str) -> None:
+        self.python = python
+        self._dir = Path(tempfile.mkdtemp(prefix="wf-imports-"))
+        self.socket = self._dir / "s"
+        self.pid: int | None = None
+        self.ready = threading.Event()  # set when serving, or when it ended without
+        self.said: collections.deque[str] = collections.deque(maxlen=20)
+        self._thread = threading.Thread(target=self._run, args=(preload,), daemon=True,
+                                        name=f"wheelforge-imports-{python}")
+        self._thread.start()
+
+    def _run(self, preload: str) -> None:
+        def on_line(line: str) -> None:
+            if line.startswith(MARK):
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    self.pid = int(json.loads(line[len(MARK):])["ready"])
+                    self.ready.set()
+                return
+            self.said.append(line)
+
+        try:
+            _proc.run([str(self.python), "-c", _SERVER, str(self.socket), preload, MARK],
+                      cwd=self._dir, env=_environ(None), on_line=on_line,
+                      check=False, keep_output=False)
+        except BaseException:  # stopped with the command: the checks run cold
+            pass
+        finally:
+            self.pid = None
+            self.ready.set()
+            with contextlib.suppress(OSError):
+                self.socket.unlink()
+            with contextlib.suppress(OSError):
+                self._dir.rmdir()
+
+    def ask(self, where: Path, modules: tuple[str, ...]) -> tuple[int | None, str] | None:
+        """The child's exit status (None: it died before answering, as a crash in an
+        extension's import does) and output, or None when this interpreter cannot answer
+        (it did not start or it has ended)."""
+        self.ready.wait()
+        if self.pid is None:
+            return None
+        request = json.dumps({"dir": str(where), "modules": list(modules)}) + "\n"
+        chunks = []
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(str(self.socket))
+                conn.sendall(request.encode("utf-8"))
+                while chunk := conn.recv(65536):
+                    chunks.append(chunk)
+        except OSError:
+            return None
+        output = b"".join(chunks).decode("utf-8", errors="replace")
+        lines = output.splitlines()
+        for line in reversed(lines):
+            if line.startswith(MARK):
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    code = int(json.loads(line[len(MARK):])["exit"])
+                    return code, "\n".join(ln for ln in lines if not ln.startswith(MARK))
+        if _proc.stopping():
+            raise KeyboardInterrupt
+        return None, output  # the child died before its answer
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            with contextlib.suppress(OSError), \
+                    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(str(self.socket))
+                conn.sendall(b'{"stop": true}\n')
+        self._thread.join(timeout=30)
+
+
+class WarmImports:
+    """The warm interpreters of one command, one per interpreter (and state of its
+    environment): :meth:`start` when a build's compile starts, :meth:`problems` at its
+    verify, :meth:`close` at the end of the command.  Owns processes, hence a class."""
+
+    def __init__(self, preload: str = "torch") -> None:
+        self._preload = preload  # what every check imports first
+        self._servers: dict[tuple[str, tuple[int, ...]], _Server] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> WarmImports:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _key(self, python: Path) -> tuple[str, tuple[int, ...]]:
+        return os.path.abspath(python), site_stamp(python)
+
+    def start(self, python: Path) -> None:
+        """Start ``python``'s warm interpreter unless it runs already; returns at once."""
+        key = self._key(python)
+        with self._lock:
+            if not self._closed and key not in self._servers:
+                self._servers[key] = _Server(python, self._preload)
+
+    def problems(self, python: Path, where: Path, modules: tuple[str, ...],
+                 log: Path | None) -> list[str] | None:
+        """The import check of the unpacked wheel at ``where`` in a child of ``python``'s
+        warm interpreter (its output to ``log``), or None when none can serve it: then the
+        caller checks cold."""
+        with self._lock:
+            server = self._servers.get(self._key(python))
+        if server is None:
+            return None
+        answer = server.ask(where, modules)
+        if answer is None:
+            return None
+        code, output = answer
+        if log is not None:
+            with open(log, "a", encoding="utf-8", errors="replace") as f:
+                f.write(f"$ import {', '.join(modules)} (from {where}) in a child of the "
+                        f"command's warm interpreter {python} (pid {server.pid}, "
+                        f"{self._preload} imported once)\n{output}"
+                        + ("" if output.endswith("\n") or not output else "\n"))
+        if code is None:
+            return ["the import check's process died before it answered (a crash in an "
+                    f"import?): {output.strip()[-300:]}"]
+        return _problems(code, output)
+
+    def running(self) -> Iterator[int]:
+        """The process ids of the warm interpreters now serving."""
+        with self._lock:
+            servers = list(self._servers.values())
+        return iter([s.pid for s in servers if s.pid is not None])
+
+    def close(self) -> None:
+        """Stop every warm interpreter (the checks they are running finish first)."""
+        with self._lock:
+            self._closed = True
+            servers = list(self._servers.values())
+            self._servers.clear()
+        for server in servers:
+            server.stop()
