@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from wheelforge import _proc
 from wheelforge.builder.importcheck import MARK, WarmImports, cold_problems
 
 PY = Path(sys.executable)
@@ -110,11 +111,15 @@ def test_a_changed_environment_is_checked_cold(wheel_dir: Path, tmp_path: Path) 
         assert warm.problems(python, wheel_dir, ("good",), None) == []
 
 
-def test_an_interpreter_that_cannot_start_leaves_the_check_cold(wheel_dir: Path) -> None:
+def test_an_interpreter_that_cannot_start_leaves_the_check_cold(
+        wheel_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "build.log"
     with WarmImports(preload="no_such_module_to_preload") as warm:
         warm.start(PY)
-        assert warm.problems(PY, wheel_dir, ("good",), None) is None
+        assert warm.problems(PY, wheel_dir, ("good",), log) is None
         assert list(warm.running()) == []
+    assert "could not serve the import check: ModuleNotFoundError: No module named " \
+           "'no_such_module_to_preload'; it runs in a fresh interpreter" in log.read_text()
     assert WarmImports().problems(PY, wheel_dir, ("good",), None) is None  # none started
 
 
@@ -131,3 +136,13 @@ def test_close_leaves_no_process(wheel_dir: Path) -> None:
     assert not Path(f"/proc/{pids[0]}").exists()
     warm.start(PY)  # closed: starts nothing
     assert list(warm.running()) == []
+
+
+def test_a_child_s_answer_is_the_last_marked_line() -> None:
+    """``_proc.marked``: how wheelforge reads a child interpreter's answer among what else
+    it printed (the import check, the stack check, the platform tag's analysis)."""
+    said = "warning: x\nM: {\"a\": 1}\nchatter M: {\"a\": 0}\nM: {\"a\": 2}\ntrailing\n"
+    assert _proc.marked(said, "M: ") == {"a": 2}
+    assert _proc.marked("no answer\n", "M: ") is None
+    assert _proc.marked("M: {not json\n", "M: ") is None
+    assert _proc.marked("", "M: ") is None

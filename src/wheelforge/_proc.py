@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 TAIL_LINES = 40
 
@@ -68,6 +69,19 @@ class Completed:
     argv: tuple[str, ...]
     returncode: int
     output: str
+
+
+def marked(output: str, mark: str) -> Any:
+    """The JSON value on the last line of ``output`` that starts with ``mark``: a child
+    interpreter's answer among whatever else it printed (warnings, a library's chatter).
+    None when no line starts with ``mark`` or that line's rest is not JSON."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(mark):
+            try:
+                return json.loads(line[len(mark):])
+            except ValueError:
+                return None
+    return None
 
 
 class CommandFailed(Exception):

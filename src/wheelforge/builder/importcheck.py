@@ -170,12 +170,12 @@ class _Server:
 
     def _run(self, preload: str) -> None:
         def on_line(line: str) -> None:
-            if line.startswith(MARK):
-                with contextlib.suppress(ValueError, TypeError, KeyError):
-                    self.pid = int(json.loads(line[len(MARK):])["ready"])
-                    self.ready.set()
-                return
-            self.said.append(line)
+            answer = _proc.marked(line, MARK)
+            if isinstance(answer, dict) and isinstance(answer.get("ready"), int):
+                self.pid = answer["ready"]
+                self.ready.set()
+            elif not line.startswith(MARK):
+                self.said.append(line)
 
         try:
             _proc.run([str(self.python), "-c", _SERVER, str(self.socket), preload, MARK],
@@ -209,12 +209,10 @@ class _Server:
         except OSError:
             return None
         output = b"".join(chunks).decode("utf-8", errors="replace")
-        lines = output.splitlines()
-        for line in reversed(lines):
-            if line.startswith(MARK):
-                with contextlib.suppress(ValueError, TypeError, KeyError):
-                    code = int(json.loads(line[len(MARK):])["exit"])
-                    return code, "\n".join(ln for ln in lines if not ln.startswith(MARK))
+        answer = _proc.marked(output, MARK)
+        if isinstance(answer, dict) and isinstance(answer.get("exit"), int):
+            return answer["exit"], "\n".join(ln for ln in output.splitlines()
+                                             if not ln.startswith(MARK))
         if _proc.stopping():
             raise KeyboardInterrupt
         return None, output  # the child died before its answer
@@ -266,6 +264,11 @@ class WarmImports:
             return None
         answer = server.ask(where, modules)
         if answer is None:
+            if log is not None:
+                said = server.said[-1] if server.said else "it ended"
+                with open(log, "a", encoding="utf-8", errors="replace") as f:
+                    f.write(f"(the command's warm interpreter {python} could not serve the "
+                            f"import check: {said}; it runs in a fresh interpreter)\n")
             return None
         code, output = answer
         if log is not None:

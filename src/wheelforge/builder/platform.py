@@ -91,12 +91,11 @@ def platform_tag(wheel: Path) -> PlatformTag:
     path = json.dumps([p for p in sys.path if p])
     res = _proc.run([sys.executable, "-c", _CHILD, str(wheel), path], cwd=wheel.parent,
                     check=False, timeout=600)
-    found = [ln[len(_MARK):] for ln in res.output.splitlines() if ln.startswith(_MARK)]
-    if res.returncode != 0 or not found:
+    data = _proc.marked(res.output, _MARK)
+    if res.returncode != 0 or not isinstance(data, dict):
         last = (res.output.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
         return PlatformTag("linux_x86_64", "linux_x86_64", (),
                            note=f"auditwheel could not analyse it: {last[:300]}")
-    data = json.loads(found[-1])
     return PlatformTag(str(data["tag"]), str(data["policy"]),
                        tuple(str(s) for s in data["symbols"]), str(data["note"]))
 

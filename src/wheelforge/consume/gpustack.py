@@ -127,8 +127,8 @@ def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, py
         say(f"importing {', '.join(modules)} in one interpreter")
         imp = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env, log=log,
                         check=False, cwd=work)
-        found = [ln for ln in imp.output.splitlines() if ln.startswith(MARK)]
-        outcomes = json.loads(found[-1][len(MARK):])["imports"] if found else []
+        answer = _proc.marked(imp.output, MARK)
+        outcomes = answer.get("imports", []) if isinstance(answer, dict) else []
         imports = {o["module"]: "ok" if o["ok"] else o["error"] for o in outcomes}
         runs = []
         names = {canonicalize_name(r.project) for r in chosen}

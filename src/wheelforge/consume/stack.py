@@ -235,11 +235,10 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
         say(f"stack {channel or 'simple/'}: importing {', '.join(modules)} in one interpreter")
         imported = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env,
                              log=log, check=False, timeout=900, cwd=work)
-        found = [ln for ln in imported.output.splitlines() if ln.startswith(MARK)]
-        if not found:
+        data = _proc.marked(imported.output, MARK)
+        if not isinstance(data, dict):
             return make.status("broken", "the import check did not finish: "
                                       + into.last_error(imported.output))
-        data = json.loads(found[-1][len(MARK):])
         return _judge(data, pinned, pip_check, make, log)
     except _proc.CommandFailed as exc:
         return make.status("broken", f"{exc}: {into.last_error(exc.tail)}")
