@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import MANYLINUX, broken_torch, built_wheel, tinyext_project, tinypure_project
+from conftest import (
+    MANYLINUX,
+    PACKAGES,
+    broken_torch,
+    built_wheel,
+    tinyext_project,
+    tinypure_project,
+)
 from wheelforge.builder.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
@@ -63,6 +72,8 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
                      r"unit", res.stderr), res.stderr[-3000:]
 
     wheel = project / "index" / "files" / ext
+    with zipfile.ZipFile(wheel) as zf:  # built stored, deflated by the relabel
+        assert {zi.compress_type for zi in zf.infolist()} == {zipfile.ZIP_DEFLATED}
     [(so, archs)] = shared_object_archs(wheel)
     assert so.startswith("tinyext_cuda") and archs.sass == {"sm_120"} and not archs.ptx
     inspect = wheelforge("inspect", wheel, cwd=project)
@@ -127,3 +138,22 @@ def test_failed_verification_publishes_nothing(project: Path, shared_cache: Path
     log = Path(re.search(r"^  log: (.+)$", res.stderr, re.M)[1])  # type: ignore[index]
     assert "in a child of the command's warm interpreter" in log.read_text()
     assert not list((project / "index").rglob("*.whl"))
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_the_backend_is_asked_for_a_stored_wheel(tmp_path: Path, stored: bool) -> None:
+    """The relabel deflates every member when it rewrites the wheel, so the build asks
+    setuptools' bdist_wheel not to (``--compression=stored``): the compile's last
+    seconds on one core.  The published wheels are deflated (test_fixture_recipe_to_index
+    and every other build's test read them)."""
+    from wheelforge.builder.backend import build_wheel
+    from wheelforge.builder.buildenv import inspect_env
+
+    tree = tmp_path / "tinypure"
+    shutil.copytree(PACKAGES / "tinypure", tree)
+    env = inspect_env(Path(sys.executable), with_torch=False)
+    wheel = build_wheel(tree=tree, env=env, environ=dict(os.environ), out_dir=tmp_path / "out",
+                        log=tmp_path / "build.log", stored=stored)
+    with zipfile.ZipFile(wheel) as zf:
+        types = {zi.compress_type for zi in zf.infolist()}
+    assert types == ({zipfile.ZIP_STORED} if stored else {zipfile.ZIP_DEFLATED})

@@ -305,7 +305,7 @@ def _until(ready: Callable[[], bool], timeout: float = 20.0) -> None:
 
 def _stand_in(events: list[str], fail: str | None = None, slow: str | None = None):  # type: ignore[no-untyped-def]
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None, on_version=None):
+                  pool=None, warm=None, on_key=None, on_version=None):
         name = str(recipe.name)
         keys = {c: (p.key() if isinstance(p, Pending) else p.build_key)
                 for c, p in (companions or {}).items()}
@@ -324,6 +324,7 @@ def _stand_in(events: list[str], fail: str | None = None, slow: str | None = Non
         for p in (companions or {}).values():
             events.append(f"{name} publishes after {p.result().wheel.name}")
         assert pool is not None and pool.size >= 1
+        assert warm is not None  # the command's warm interpreters (builder/importcheck.py)
         events.append(f"{name} done")
         return BuildResult(recipe, Path(f"/i/{name}-0.1.0+wf-py3-none-any.whl"), (), None,
                            f"key-{name}")
@@ -387,7 +388,7 @@ def test_one_build_runs_in_the_callers_thread_without_a_pool(
     seen: list[object] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None, on_version=None):
+                  pool=None, warm=None, on_key=None, on_version=None):
         seen.append((threading.current_thread() is threading.main_thread(), pool))
         return BuildResult(recipe, Path("/i/x.whl"), (), None, "k")
 
@@ -405,7 +406,7 @@ def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
     started: list[str] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None, on_version=None):
+                  pool=None, warm=None, on_key=None, on_version=None):
         started.append(str(recipe.name))
         _proc.run(["sleep", "60"])
         raise AssertionError("not stopped")
@@ -487,7 +488,7 @@ def test_builds_at_once_can_be_turned_off(tmp_path: Path,
     order: list[tuple[str, bool]] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
-                  pool=None, on_key=None):
+                  pool=None, warm=None, on_key=None):
         assert all(isinstance(c, BuildResult) for c in (companions or {}).values())
         order.append((str(recipe.name), threading.current_thread() is threading.main_thread()))
         return BuildResult(recipe, Path(f"/i/{recipe.name}.whl"), (), None, "k")

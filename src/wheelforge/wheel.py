@@ -359,6 +359,8 @@ def relabel(
     build_tag: str | None = None,
     pins: Mapping[str, str] | None = None,
     platform: str | None = None,
+    files: Mapping[str, bytes] | None = None,
+    epoch: int = 0,
 ) -> Path:
     """Write a copy of the wheel with version ``V+local``, pins and a fresh RECORD.
 
@@ -367,7 +369,11 @@ def relabel(
     build, and installers prefer the highest.  ``pins`` (name -> exact version) become
     ``Requires-Dist: name==version``: the companions built for the same target.
     ``platform`` (e.g. ``manylinux_2_34_x86_64``) replaces the platform tag of the file
-    name and of the WHEEL file's ``Tag`` lines; None keeps the wheel's.
+    name and of the WHEEL file's ``Tag`` lines; None keeps the wheel's.  ``files`` (paths
+    relative to the .dist-info directory: the SBOM) are added as :func:`add_files` adds
+    them, dated ``epoch``, in the same pass: the bytes are those of the relabel followed
+    by :func:`add_files`, with every member written once (a large extension's deflating
+    is seconds of one core).
     """
     info = inspect_wheel(path)
     new_version = labeled_version(info.version.public, local)
@@ -398,11 +404,16 @@ def relabel(
             entries.append((new, data))
     # dist-info last, RECORD very last (the conventional order installers expect)
     entries.sort(key=lambda e: (e[0].filename.startswith(new_dist_info + "/"), e[0].filename))
+    record_name = f"{new_dist_info}/RECORD"
+    record_date = entries[0][0].date_time if entries else (1980, 1, 1, 0, 0, 0)
+    if files:
+        entries = [e for e in entries if e[0].filename[len(new_dist_info) + 1:] not in files]
+        entries.extend(_added(files, new_dist_info, record_name, path.name, epoch))
+        record_date = zip_date(epoch)
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
     for zi, data in entries:
         writer.writerow([zi.filename, record_hash(data), len(data)])
-    record_name = f"{new_dist_info}/RECORD"
     writer.writerow([record_name, "", ""])
     out_name = relabeled_name(path.name, local, build_tag, platform)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -411,8 +422,7 @@ def relabel(
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for zi, data in entries:
             zf.writestr(zi, data)
-        rzi = zipfile.ZipInfo(record_name, date_time=entries[0][0].date_time if entries else
-                              (1980, 1, 1, 0, 0, 0))
+        rzi = zipfile.ZipInfo(record_name, date_time=record_date)
         rzi.external_attr = 0o644 << 16
         rzi.compress_type = zipfile.ZIP_DEFLATED
         zf.writestr(rzi, record.getvalue())
@@ -427,6 +437,26 @@ def zip_date(epoch: int) -> tuple[int, int, int, int, int, int]:
             moment.tm_sec)
 
 
+def _added(files: Mapping[str, bytes], dist_info: str, record_name: str, wheel: str,
+           epoch: int) -> list[tuple[zipfile.ZipInfo, bytes]]:
+    """The members :func:`add_files` and :func:`relabel` add: ``files`` (relative to
+    ``dist_info``) dated ``epoch``, in name order; a name that is unsafe or RECORD is a
+    VerifyError."""
+    out = []
+    for rel, data in sorted(files.items()):
+        name = f"{dist_info}/{rel}"
+        problems = member_problems([zipfile.ZipInfo(name)])
+        if problems or name == record_name:
+            raise VerifyError(f"cannot add {name} to {wheel}",
+                              why="; ".join(problems) or "RECORD is written, not added",
+                              fix="name a file inside the .dist-info directory")
+        zi = zipfile.ZipInfo(name, date_time=zip_date(epoch))
+        zi.external_attr = 0o644 << 16
+        zi.compress_type = zipfile.ZIP_DEFLATED
+        out.append((zi, data))
+    return out
+
+
 def add_files(path: Path, files: Mapping[str, bytes], *, epoch: int) -> Path:
     """Add (or replace) ``files`` (paths relative to the .dist-info directory, e.g.
     ``sboms/wheelforge.cdx.json``) to the wheel at ``path``, in place and atomically.
@@ -436,27 +466,19 @@ def add_files(path: Path, files: Mapping[str, bytes], *, epoch: int) -> Path:
     same input gives the same bytes."""
     info = inspect_wheel(path)
     record_name = f"{info.dist_info}/RECORD"
-    added = {f"{info.dist_info}/{rel}": data for rel, data in sorted(files.items())}
-    for name in added:
-        problems = member_problems([zipfile.ZipInfo(name)])
-        if problems or name == record_name:
-            raise VerifyError(f"cannot add {name} to {path.name}",
-                              why="; ".join(problems) or "RECORD is written, not added",
-                              fix="name a file inside the .dist-info directory")
+    added = _added(files, info.dist_info, record_name, path.name, epoch)
+    names = {zi.filename for zi, _ in added}
     entries: list[tuple[zipfile.ZipInfo, bytes]] = []
     with reading(path) as zf:
         rows = [row for row in csv.reader(io.StringIO(zf.read(record_name).decode("utf-8")))
-                if row and row[0] not in added and row[0] != record_name]
+                if row and row[0] not in names and row[0] != record_name]
         for zi in zf.infolist():
-            if zi.filename != record_name and zi.filename not in added:
+            if zi.filename != record_name and zi.filename not in names:
                 entries.append((zi, zf.read(zi)))
     date = zip_date(epoch)
-    for name, data in added.items():
-        zi = zipfile.ZipInfo(name, date_time=date)
-        zi.external_attr = 0o644 << 16
-        zi.compress_type = zipfile.ZIP_DEFLATED
+    for zi, data in added:
         entries.append((zi, data))
-        rows.append([name, record_hash(data), str(len(data))])
+        rows.append([zi.filename, record_hash(data), str(len(data))])
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
     writer.writerows([*rows, [record_name, "", ""]])

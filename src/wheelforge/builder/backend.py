@@ -110,8 +110,15 @@ def build_wheel(
     log: Path,
     on_line: Callable[[str], None] | None = None,
     jobs: int | None = None,
+    stored: bool = False,
 ) -> Path:
-    """Build one wheel from ``tree`` into ``out_dir``; the full output goes to ``log``."""
+    """Build one wheel from ``tree`` into ``out_dir``; the full output goes to ``log``.
+
+    ``stored``: ask setuptools' bdist_wheel for a wheel without compression
+    (``--compression=stored``) when the project builds with setuptools: the pipeline
+    rewrites every member of the wheel when it relabels it, deflating it then, so the
+    backend's deflating of a large extension (1-2 s of one core for a 50-100 MB ``.so``,
+    at the end of the compile) was work thrown away."""
 
     def runner(cmd: Sequence[str], cwd: str | None = None,
                extra_environ: Mapping[str, str] | None = None) -> None:
@@ -122,10 +129,12 @@ def build_wheel(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     builder = pypa_build.ProjectBuilder(tree, python_executable=str(env.python), runner=runner)
+    settings = {"--build-option": ["--compression=stored"]} if stored and any(
+        Requirement(r).name == "setuptools" for r in builder.build_system_requires) else None
     with tempfile.TemporaryDirectory(prefix="wf-dist-", dir=out_dir.parent) as tmp:
         try:
             with backend_warnings_to(log):
-                built = Path(builder.build("wheel", tmp))
+                built = Path(builder.build("wheel", tmp, config_settings=settings))
         except _proc.CommandFailed as exc:
             raise failure(tree.name, exc, log, jobs) from exc
         except pypa_build.BuildBackendException as exc:

@@ -319,7 +319,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                     try:
                         raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                           out_dir=work / "dist", log=log, on_line=on_line,
-                                          jobs=config.jobs)
+                                          jobs=config.jobs, stored=extension)
                     except BuildError as exc:
                         if env.torch_version is not None:  # read, not imported: name a
                             try:                           # torch that cannot be imported
@@ -363,14 +363,17 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             manylinux = plat.tag if plat is not None and plat.manylinux else None
 
             def relabeled(tag: str | None) -> Path:
-                out = relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
-                              drop_requires=recipe.build.drop_requires, build_tag=tag,
-                              pins=pins, platform=manylinux)
-                name, version, _build, _tags = parse_wheel_filename(out.name)
-                return sbom.add_sbom(out, name=str(name), version=str(version), recipe=recipe,
+                """The raw wheel relabeled, with its SBOM, in one pass (one deflate)."""
+                name, version, _build, _tags = parse_wheel_filename(
+                    relabeled_name(raw.name, local, tag, manylinux))
+                bom = sbom.make_sbom(name=str(name), version=str(version), recipe=recipe,
                                      archs=tuple(config.arch_list.split(";")) if extension
                                      else (), build_key=key, toolchain=made_by, epoch=epoch,
                                      platform=plat)
+                return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
+                               drop_requires=recipe.build.drop_requires, build_tag=tag,
+                               pins=pins, platform=manylinux, files={sbom.SBOM_PATH: bom},
+                               epoch=epoch)
 
             # a name published with another build key gets the next build number; the
             # number is decided again under the index lock at the publish
