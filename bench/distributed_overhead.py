@@ -11,8 +11,8 @@ fresh index:
      builder node with one CPU, so the cells run one after another as in L; its own
      WHEELFORGE_CACHE; start and stop not timed), stopped with `ray stop` after.
 An untimed in-process run first warms the file caches; L runs again last, to show the
-run-to-run noise.  Prints each wall, D's parts, and (D - L)/N and (R - L)/N: the overhead per cell of
-planning, dispatch, staging and publishing (goal: under 2 s).  GitHub's own job start
+run-to-run noise.  Prints each wall, D's parts, and (D - L)/N and (R - L)/N: the overhead
+per cell of planning, dispatch, staging and publishing (goal: under 2 s).  GitHub's own job start
 (minutes on hosted runners) is not in D.  The load average is printed before and after.
 
     .venv/bin/python bench/distributed_overhead.py [--cells 6] [--no-ray]

@@ -81,11 +81,11 @@ def main() -> None:
               f"B/A {min(b) / min(a):.2f}")
 
         bomb = base / "bomb-1.0.zip"
-        with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
-            with zf.open("bomb-1.0/zeros.bin", "w", force_zip64=True) as f:
-                chunk = bytes(1 << 20)
-                for _ in range(1024):
-                    f.write(chunk)
+        with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf, \
+                zf.open("bomb-1.0/zeros.bin", "w", force_zip64=True) as f:
+            chunk = bytes(1 << 20)
+            for _ in range(1024):
+                f.write(chunk)
         many = base / "many-1.0.tar.gz"
         with tarfile.open(many, "w:gz") as tf:
             for i in range(100_001):

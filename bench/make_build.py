@@ -13,6 +13,7 @@ variant's wall time, its CPU time (user + system of every child), the load avera
 and after, and the ratio.  No timing is asserted.
 
     .venv/bin/python bench/make_build.py [--old REV] [--new REV] [--rounds 1] [--arch 12.0]
+        [--first old|new]
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main() -> int:
     ap.add_argument("--old", default=OLD, help=f"the older revision (default {OLD})")
     ap.add_argument("--new", default="HEAD", help="the newer revision (default HEAD)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--first", choices=("old", "new"), default="old",
+                    help="the variant of the first round (the order alternates after it)")
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--keep", action="store_true", help="keep the clones and caches")
     args = ap.parse_args()
@@ -78,7 +81,7 @@ def main() -> int:
           f"{os.cpu_count()} cores, load {load()}", flush=True)
     results: dict[str, list[dict[str, float | str]]] = {"old": [], "new": []}
     for r in range(args.rounds):
-        order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
+        order = ["old", "new"] if (r % 2 == 0) == (args.first == "old") else ["new", "old"]
         for name in order:
             root = Path(tempfile.mkdtemp(prefix=f"wf-bench-make-{name}-"))
             got = make_build(revs[name], root, args.arch)  # a failure keeps its log
