@@ -501,3 +501,48 @@ def test_builds_at_once_can_be_turned_off(tmp_path: Path,
     assert scheduler.at_once({}) and scheduler.at_once({scheduler.ENV: "on"})
     with pytest.raises(ConfigError, match="WHEELFORGE_BUILDS_AT_ONCE='sometimes' is neither"):
         scheduler.at_once({scheduler.ENV: "sometimes"})
+
+
+def test_every_build_asks_its_environment_for_the_requirements_of_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builds of one command share a managed environment: each asks it for the
+    requirements of every build of the command (and the caller's others), so the first to
+    prepare it installs them all before any compile, and none installs into it while
+    another's setup.py imports from it (a fresh clone's `make build` failed so: mamba-ssm
+    installed transformers, and numpy with it, while causal-conv1d's setup.py imported
+    torch, which imported the half-installed numpy)."""
+    book = companion_book(tmp_path)
+    for name, extra in (("purea", "  requires: [einops]\n"), ("pureb", "  requires: [six]\n")):
+        path = tmp_path / "recipes" / f"{name}.yaml"
+        path.write_text(path.read_text().replace("verify:\n", "verify:\n" + extra))
+    seen: dict[str, tuple[str, ...]] = {}
+    asked: list[tuple[str, ...]] = []
+
+    def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
+                  pool=None, warm=None, on_key=None, on_version=None):
+        seen[str(recipe.name)] = config.shared_requirements
+        from wheelforge.builder import pipeline
+
+        def managed_env(cache_dir, **kw):  # type: ignore[no-untyped-def]
+            asked.append(kw["requirements"])
+            raise SourceError("stop here")
+
+        monkeypatch.setattr(pipeline.buildenv, "managed_env", managed_env)
+        with pytest.raises(SourceError):
+            pipeline._get_env(recipe, config, reporter, tmp_path / "log",
+                              pipeline.buildenv.Inspections())
+        if on_key is not None:
+            on_key(f"key-{recipe.name}")
+        if on_version is not None:
+            on_version("0.1.0+wf")
+        return BuildResult(recipe, Path(f"/i/{recipe.name}-0.1.0+wf-py3-none-any.whl"), (),
+                           None, f"key-{recipe.name}")
+
+    monkeypatch.setattr(scheduler, "build_one", build_one)
+    scheduler.build_with_companions([book.load("purea"), book.load("purec")], book,
+                                    _config(tmp_path), Reporter(io.StringIO()),
+                                    shared_requirements=("packaging",))
+    assert seen == {n: ("six", "einops", "packaging") for n in ("pureb", "purea", "purec")}
+    assert len(asked) == 3 and all(set(a) >= {"six", "einops", "packaging"} for a in asked)
+    assert scheduler.requirements_of([book.load("purea"), book.load("pureb")]) == \
+        ("einops", "six")

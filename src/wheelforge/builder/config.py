@@ -69,6 +69,10 @@ class BuildConfig:
     #: ``--subset``: (dimension, values) asked for; applied to the recipes named on the
     #: command line that declare kernel subsets (recipe.format.select_subset); () = full
     subset: Choice = ()
+    #: the requirements of every recipe built beside this one into the same managed
+    #: environment: whichever build prepares the environment first installs them all,
+    #: so that no build installs into it while another one's setup.py imports from it
+    shared_requirements: tuple[str, ...] = ()
 
     @property
     def arch_list(self) -> str:

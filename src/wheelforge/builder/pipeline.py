@@ -118,7 +118,11 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
         config.cache_dir,
         base_python=config.base_python,
         torch_req=config.torch,
-        requirements=(*recipe.build.requires, *recipe.verify.requires, *tools),
+        # the builds beside this one's too (config.shared_requirements): installed
+        # before any of them compiles, never while one's setup.py imports torch (and
+        # with it numpy, half-installed)
+        requirements=tuple(dict.fromkeys((*recipe.build.requires, *recipe.verify.requires,
+                                          *tools, *config.shared_requirements))),
         pip_args=config.torch_pip_args,
         progress=reporter.info,
         log=log,

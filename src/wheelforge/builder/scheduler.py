@@ -24,10 +24,11 @@ import check, while the compiles run.  Ctrl-C (or SIGTERM, --timeout) stops ever
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
@@ -86,15 +87,20 @@ def plan(recipes: list[Recipe], book: RecipeBook, config: BuildConfig) -> list[P
 
 def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: BuildConfig,
                           reporter: Reporter, pool: jobserver.Pool | None = None,
-                          inspections: buildenv.Inspections | None = None
+                          inspections: buildenv.Inspections | None = None,
+                          shared_requirements: tuple[str, ...] = ()
                           ) -> list[BuildResult]:
     """Build ``recipes`` and the companions each one names (reused when published); every
     wheel pins the companion builds it was made with.  The results come companions first.
     Interpreters are inspected once for all of them (buildenv.Inspections).  One build
     runs here; several run at once (see the module's docstring).  ``pool``: compile
     slots shared with builds of the caller's (the nightly's cells at once), else the
-    command's own."""
-    planned = plan(recipes, book, config)
+    command's own.  The builds share a managed environment, and every one of them asks it
+    for the requirements of all (theirs and ``shared_requirements``, the caller's other
+    builds'): the first to prepare it installs them all, before any compile, where a
+    later build's install would change it under a running compile (a setup.py that
+    imports torch, and with it a numpy half-installed, fails)."""
+    planned = shared(plan(recipes, book, config), shared_requirements)
     inspections = inspections or buildenv.Inspections()
     with importcheck.WarmImports() as warm:
         if len(planned) == 1 or not at_once():
@@ -108,6 +114,22 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
             return _together(planned, reporter, inspections, pool, warm)
         with pool_for(config) as own:
             return _together(planned, reporter, inspections, own, warm)
+
+
+def requirements_of(recipes: Iterable[Recipe]) -> tuple[str, ...]:
+    """What the builds of ``recipes`` install into a managed environment beside torch:
+    each recipe's build and verify requirements, once each, in order."""
+    return tuple(dict.fromkeys(r for recipe in recipes
+                               for r in (*recipe.build.requires, *recipe.verify.requires)))
+
+
+def shared(planned: list[Planned], also: tuple[str, ...] = ()) -> list[Planned]:
+    """``planned`` with every build's configuration holding the requirements of all of
+    them and ``also`` (``BuildConfig.shared_requirements``)."""
+    wanted = tuple(dict.fromkeys((*requirements_of(p.recipe for p in planned), *also)))
+    return [dataclasses.replace(p, config=dataclasses.replace(p.config,
+                                                              shared_requirements=wanted))
+            for p in planned]
 
 
 def pool_for(config: BuildConfig) -> jobserver.Pool:

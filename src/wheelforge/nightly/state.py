@@ -198,10 +198,23 @@ def with_companions(book: RecipeBook, pool: jobserver.Pool | None = None) -> Bui
     """The cells' builder: :func:`scheduler.build_with_companions` for one recipe (its
     companions reused when published for the target, else built first).  ``pool``: the
     compile slots that the cells built at once share; interpreters are inspected once
-    for all the cells."""
+    for all the cells.  A managed environment gets the requirements of every recipe of
+    the book when a cell first prepares it, so that no cell installs into it while
+    another cell compiles (scheduler.build_with_companions)."""
     inspections = buildenv.Inspections()
+    wanted = scheduler.requirements_of(_loadable(book))
     return lambda r, c, rep: scheduler.build_with_companions(
-        [r], book, c, rep, pool=pool, inspections=inspections)[-1]
+        [r], book, c, rep, pool=pool, inspections=inspections,
+        shared_requirements=wanted)[-1]
+
+
+def _loadable(book: RecipeBook) -> list[Recipe]:
+    """The book's recipes that load (one that does not fails its own cells, as before)."""
+    found = []
+    for name in book.names():
+        with contextlib.suppress(WheelforgeError):
+            found.append(book.load(name))
+    return found
 
 
 def lock_path(cache_dir: Path, key: str) -> Path:
