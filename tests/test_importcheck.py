@@ -146,3 +146,29 @@ def test_a_child_s_answer_is_the_last_marked_line() -> None:
     assert _proc.marked("no answer\n", "M: ") is None
     assert _proc.marked("M: {not json\n", "M: ") is None
     assert _proc.marked("", "M: ") is None
+
+
+def test_close_does_not_wait_for_an_import_still_running(tmp_path: Path) -> None:
+    """A build that fails soon after its compile started closes the command while the
+    warm interpreter still imports torch: it is killed, not waited for."""
+    venv.create(tmp_path / "env", with_pip=False)
+    python = tmp_path / "env" / "bin" / "python"
+    site = next((tmp_path / "env" / "lib").glob("python*/site-packages"))
+    (site / "slow_to_import.py").write_text("import time\ntime.sleep(60)\n")
+    warm = WarmImports(preload="slow_to_import")
+    warm.start(python)
+    time.sleep(0.5)  # started, importing
+    began = time.monotonic()
+    warm.close()
+    assert time.monotonic() - began < 30  # the import would take 60 s
+    assert list(warm.running()) == []
+    leftover = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and b"slow_to_import" in _cmdline(p)]
+    assert not leftover
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -28,6 +28,7 @@ import collections
 import contextlib
 import json
 import os
+import signal
 import socket
 import tempfile
 import threading
@@ -59,8 +60,9 @@ def check(modules):
 #: The warm interpreter: argv[1] the socket to listen on, argv[2] the module to import
 #: once (torch), argv[3] the marker of its answers.  One JSON line per connection:
 #: {"dir": ..., "modules": [...]} forks a child that answers on the connection (its
-#: output, then a MARK line with its exit status); {"stop": true} ends it.  Only the
-#: standard library: the build environment may lack wheelforge.
+#: output, then a MARK line with its exit status).  It says when it started and when it
+#: is ready; :meth:`WarmImports.close` kills its process group.  Only the standard
+#: library: the build environment may lack wheelforge.
 _SERVER = _CHECK + r"""
 import json, os, signal, socket
 
@@ -97,6 +99,7 @@ def read_line(conn):
     return data
 
 def serve(path, preload):
+    print(MARK + json.dumps({"started": os.getpid()}), flush=True)
     importlib.import_module(preload)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -111,9 +114,9 @@ def serve(path, preload):
         except (OSError, ValueError):
             request = None
         conn.settimeout(None)
-        if not isinstance(request, dict) or request.get("stop"):
+        if not isinstance(request, dict):
             conn.close()
-            os._exit(0)  # at once: nothing to tidy, and torch's teardown takes a second
+            continue
         if os.fork() == 0:
             server.close()
             child(conn, request)
@@ -161,7 +164,9 @@ class _Server:
         self.python = python
         self._dir = Path(tempfile.mkdtemp(prefix="wf-imports-"))
         self.socket = self._dir / "s"
-        self.pid: int | None = None
+        self.pid: int | None = None  # once serving
+        self.group: int | None = None  # once started: its process group (its session's)
+        self.started = threading.Event()  # set when started, or when it ended without
         self.ready = threading.Event()  # set when serving, or when it ended without
         self.said: collections.deque[str] = collections.deque(maxlen=20)
         self._thread = threading.Thread(target=self._run, args=(preload,), daemon=True,
@@ -171,7 +176,10 @@ class _Server:
     def _run(self, preload: str) -> None:
         def on_line(line: str) -> None:
             answer = _proc.marked(line, MARK)
-            if isinstance(answer, dict) and isinstance(answer.get("ready"), int):
+            if isinstance(answer, dict) and isinstance(answer.get("started"), int):
+                self.group = answer["started"]
+                self.started.set()
+            elif isinstance(answer, dict) and isinstance(answer.get("ready"), int):
                 self.pid = answer["ready"]
                 self.ready.set()
             elif not line.startswith(MARK):
@@ -184,7 +192,8 @@ class _Server:
         except BaseException:  # stopped with the command: the checks run cold
             pass
         finally:
-            self.pid = None
+            self.pid = self.group = None
+            self.started.set()
             self.ready.set()
             with contextlib.suppress(OSError):
                 self.socket.unlink()
@@ -218,12 +227,14 @@ class _Server:
         return None, output  # the child died before its answer
 
     def stop(self) -> None:
-        if self.pid is not None:
-            with contextlib.suppress(OSError), \
-                    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.connect(str(self.socket))
-                conn.sendall(b'{"stop": true}\n')
-        self._thread.join(timeout=30)
+        """Kill it, still importing or serving (its teardown would take a second, and
+        nothing of it needs tidying): its process group, with any check's child."""
+        self.started.wait(timeout=10)
+        group = self.group
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        self._thread.join(timeout=10)
 
 
 class WarmImports:
@@ -289,7 +300,7 @@ class WarmImports:
         return iter([s.pid for s in servers if s.pid is not None])
 
     def close(self) -> None:
-        """Stop every warm interpreter (the checks they are running finish first)."""
+        """Stop every warm interpreter (at the end of the command: no check runs)."""
         with self._lock:
             self._closed = True
             servers = list(self._servers.values())
