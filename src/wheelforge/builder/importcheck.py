@@ -15,10 +15,11 @@ wheel's), as a fresh one would after its ``import torch``.  Forking after ``impo
 is what torch's own DataLoader workers do: the import starts no threads and no CUDA.
 The one difference from a fresh interpreter: torch is imported before the wheel's
 directory is on the path, so a wheel that shipped a module torch imports (a top-level
-``typing_extensions``) would not shadow it; ``verify.top-level`` refuses such wheels.
+``typing_extensions``) would not shadow it; a recipe's ``verify.top-level`` refuses such
+wheels.
 
 A warm interpreter serves only while its environment's site-packages directories are as
-they were when it started (an install into the environment starts another), and any
+they were when it started (after an install into it, the next compile starts another), and any
 check it cannot serve (it did not start, it died, the environment changed) runs cold.
 """
 
