@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover
 from .. import _proc
 from .._fs import atomic_write, locked
 from ..errors import ToolchainError
-from . import pipconfig
+from . import envlock, pipconfig
 
 Progress = Callable[[str], None]
 
@@ -318,6 +319,7 @@ def managed_env(
     with_torch: bool = True,
     installer: Installer | None = None,
     inspections: Inspections | None = None,
+    hold: envlock.Hold | None = None,
 ) -> BuildEnv:
     """Return the cached venv for (interpreter, torch), creating it if needed.
 
@@ -329,49 +331,94 @@ def managed_env(
     ``inspections``: the command's answers (:class:`Inspections`: each environment is
     asked once per command, torch's version read without importing it; after an install
     into it, only its distributions are asked again).
+    ``hold``: the build's hold on the environment's use lock, taken here (shared: the
+    build releases it when it ends; :mod:`.envlock`).  A change to the environment
+    (creating it again, an install) waits until no other process's build holds it.
     """
     say = progress or (lambda _m: None)
     inspections = inspections or Inspections()
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
     root = cache_dir / "envs" / key
+    use = cache_dir / "envs" / f"{key}.use"
+    waited = 0.0
+    while True:
+        with locked(cache_dir / "envs" / f"{key}.lock"):
+            env: BuildEnv | None = None
+            missing: list[str] = []
+            if (root / MARKER).is_file() and (root / "bin" / "python").exists():
+                if not waited:
+                    say(f"reusing build environment {root}")
+                env = inspections.inspect(root / "bin" / "python", managed=True,
+                                          with_torch=with_torch)
+                missing = [m.split(" (")[0] for m in missing_requirements(env, requirements)]
+            ready = env is not None and not missing
+            if not ready:
+                with envlock.changing(use) as ready:
+                    if ready:
+                        env = _change(root, env, missing, base_python=base_python,
+                                      torch_req=torch_req, requirements=requirements,
+                                      pip_args=pip_args, say=say, log=log,
+                                      installer=installer, inspections=inspections)
+            if ready:
+                assert env is not None
+                if waited:
+                    say(f"the build environment is free: waited {waited:.0f}s")
+                if hold is not None:
+                    hold.take(cache_dir / "envs" / f"{key}.lock", use)
+                return env
+        if not waited:
+            what = (f"install {', '.join(missing)} into" if missing else "create")
+            say(f"waiting to {what} the build environment {root}: another wheelforge "
+                f"process is building with it (a change now would change files under its "
+                f"imports)")
+        time.sleep(_WAIT_S)
+        waited += _WAIT_S
+
+
+#: seconds between a waiting change's looks at the environment's use lock
+_WAIT_S = 2.0
+
+
+def _change(root: Path, env: BuildEnv | None, missing: Sequence[str], *, base_python: Path,
+            torch_req: str, requirements: Sequence[str], pip_args: Sequence[str],
+            say: Progress, log: Path | None, installer: Installer | None,
+            inspections: Inspections) -> BuildEnv:
+    """Create the environment at ``root`` (``env`` None) or install ``missing`` into it;
+    with its creation lock and its use lock held."""
     python = root / "bin" / "python"
-    with locked(cache_dir / "envs" / f"{key}.lock"):
-        if (root / MARKER).is_file() and python.exists():
-            say(f"reusing build environment {root}")
-            env = inspections.inspect(python, managed=True, with_torch=with_torch)
-        else:
-            if root.exists():
-                shutil.rmtree(root)
-            installer = installer or choose_installer(base_python, pip_args)
-            say(f"creating build environment {root} ({torch_req}; with "
-                f"{installer.describe()})")
-            # the recipe's own requirements in the same install: one resolve, one inspection
-            extra = [r for r in requirements if Requirement(r).name.lower() != "torch"]
-            try:
-                _create(installer, base_python, root, log)
-                _install(installer, python, pip_args,
-                         [torch_req, *BASE_REQUIREMENTS, *extra], say, log)
-            except ToolchainError:
-                shutil.rmtree(root, ignore_errors=True)
-                raise
-            except _proc.CommandFailed as exc:
-                shutil.rmtree(root, ignore_errors=True)
-                raise ToolchainError(f"cannot create a venv from {base_python}",
-                                     why=exc.tail.strip()[-500:],
-                                     fix="check that the interpreter has the venv module") from exc
-            env = inspections.inspect(python, managed=True)
-            atomic_write(root / MARKER, json.dumps({
-                "torch": torch_req, "pip_args": list(pip_args),
-                "torch_version": env.torch_version,
-                "installer": _installer_version(installer)}, indent=1))
+    if env is None:
+        if root.exists():
+            shutil.rmtree(root)
+        installer = installer or choose_installer(base_python, pip_args)
+        say(f"creating build environment {root} ({torch_req}; with "
+            f"{installer.describe()})")
+        # the recipe's own requirements in the same install: one resolve, one inspection
+        extra = [r for r in requirements if Requirement(r).name.lower() != "torch"]
+        try:
+            _create(installer, base_python, root, log)
+            _install(installer, python, pip_args,
+                     [torch_req, *BASE_REQUIREMENTS, *extra], say, log)
+        except ToolchainError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        except _proc.CommandFailed as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            raise ToolchainError(f"cannot create a venv from {base_python}",
+                                 why=exc.tail.strip()[-500:],
+                                 fix="check that the interpreter has the venv module") from exc
+        env = inspections.inspect(python, managed=True)
+        atomic_write(root / MARKER, json.dumps({
+            "torch": torch_req, "pip_args": list(pip_args),
+            "torch_version": env.torch_version,
+            "installer": _installer_version(installer)}, indent=1))
         missing = [m.split(" (")[0] for m in missing_requirements(env, requirements)]
-        if missing:
-            installer = installer or choose_installer(base_python, pip_args)
-            say(f"installing {', '.join(missing)} into the build environment (with "
-                f"{installer.kind})")
-            _install(installer, python, pip_args, [torch_req, *missing], say, log)
-            env = inspections.installed(python, env)
-        return env
+    if missing:
+        installer = installer or choose_installer(base_python, pip_args)
+        say(f"installing {', '.join(missing)} into the build environment (with "
+            f"{installer.kind})")
+        _install(installer, python, pip_args, [torch_req, *missing], say, log)
+        env = inspections.installed(python, env)
+    return env
 
 
 def _installer_version(installer: Installer) -> str:

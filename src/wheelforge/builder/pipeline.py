@@ -37,6 +37,7 @@ from . import (
     buildenv,
     compilecache,
     doctor,
+    envlock,
     importcheck,
     jobserver,
     platform,
@@ -107,7 +108,8 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
 
 
 def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
-             inspections: buildenv.Inspections) -> BuildEnv:
+             inspections: buildenv.Inspections,
+             hold: envlock.Hold | None = None) -> BuildEnv:
     # torch's version is read only when the wheel depends on what it is
     torch = recipe.build.needs_torch
     if config.python is not None:
@@ -128,6 +130,8 @@ def _get_env(recipe: Recipe, config: BuildConfig, reporter: Reporter, log: Path,
         log=log,
         with_torch=torch,
         inspections=inspections,
+        # held until the build ends: another process's install into it waits
+        hold=hold,
     )
 
 
@@ -186,17 +190,23 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
                           fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
 
+    # this build's hold on its managed environment (builder/envlock.py), let go while it
+    # waits for a companion's build, which might wait for another process's install
+    env_hold = envlock.Hold()
+
     def companion_version(name: str) -> str:
         found = companions[name]
         if isinstance(found, BuildResult):
             return wheel_version(found.wheel)
-        return found.version()
+        with env_hold.paused():
+            return found.version()
 
     def companion_published(name: str, pinned: str) -> None:
         found = companions[name]
         if isinstance(found, Pending):
             reporter.info(f"waiting for its companion {name}")
-            found = found.result()
+            with env_hold.paused():
+                found = found.result()
         if wheel_version(found.wheel) != pinned:
             raise BuildError(f"{recipe.name}'s wheel pins {name}=={pinned}, but {name} "
                              f"was published as {found.wheel.name}",
@@ -213,6 +223,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     stamp = time.strftime("%Y%m%dT%H%M%S")
     log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log"
     held = contextlib.ExitStack()  # the build key's lock, from before the fetch to the end
+    held.enter_context(env_hold)
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         cuda = None
@@ -278,7 +289,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
         with reporter.step("build environment"):
-            env = env or _get_env(recipe, config, reporter, log, inspections)
+            env = env or _get_env(recipe, config, reporter, log, inspections, env_hold)
             reporter.info(env.describe())
             if extension:
                 assert cuda is not None
