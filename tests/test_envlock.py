@@ -1,14 +1,16 @@
 """A managed build environment is not changed under another process's build.
 
-The other process is real (a Python holding the environment's use lock, as a build of
-another `wheelforge build` does from its build environment step to its end); the
-installer is a stand-in that records what it was asked (unit tests: no torch is
-installed), the environment a real venv made by uv.
+In the unit tests the other process is real (a Python holding the environment's use
+lock, as another `wheelforge build` does from its build environment step to its end),
+the installer a stand-in that records what it was asked and the environment a real venv
+made by uv without torch.  The end-to-end test runs two real `wheelforge build` commands
+on one cache, real uv and a real torch environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -166,3 +168,111 @@ def test_the_builds_of_one_process_do_not_wait_for_each_other(
     assert installs == [["torch==2.14.1", "wf-probe"]]
     assert not any(s.startswith("waiting") for s in said)
     first.release()
+
+
+SLOW_SETUP = '''
+import importlib, importlib.util, os, sys, time
+from setuptools import setup
+
+if "bdist_wheel" in sys.argv:  # the compile: setup.py runs in the managed environment
+    here = os.path.dirname(os.path.abspath(__file__))
+    control = open(os.path.join(here, "control.txt")).read().strip()
+    open(os.path.join(control, "started"), "w").close()
+    deadline = time.time() + 600
+    while not os.path.exists(os.path.join(control, "go")) and time.time() < deadline:
+        importlib.invalidate_caches()
+        if importlib.util.find_spec("wf_probe") is not None:  # installed under this build
+            open(os.path.join(control, "changed-under-me"), "w").close()
+        time.sleep(0.1)
+setup(name="slowpure", version="0.1.0", packages=["slowpure"])
+'''
+
+PURE_RECIPE = """format: 1
+name: {name}
+version: "0.1.0"
+sources:
+  - sdist: {{filename: {name}-0.1.0.tar.gz, sha256: "{sha}"}}
+build:
+  kind: pure
+  requires: [{requires}]
+verify:
+  imports: [{name}]
+"""
+
+
+def _pure(root: Path, name: str, setup_py: str, requires: str = "",
+          extra: dict[str, str] | None = None) -> None:
+    from conftest import make_sdist, write_recipe
+
+    src = root / "src" / name
+    (src / name).mkdir(parents=True)
+    (src / name / "__init__.py").write_text("")
+    (src / "setup.py").write_text(setup_py)
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=64", "wheel"]\n'
+        'build-backend = "setuptools.build_meta"\n')
+    for fname, text in (extra or {}).items():
+        (src / fname).write_text(text)
+    _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
+    write_recipe(root, name, PURE_RECIPE.format(name=name, sha=sha, requires=requires))
+
+
+@pytest.mark.e2e
+def test_another_commands_install_waits_for_a_running_build(tmp_path: Path) -> None:
+    """Two real `wheelforge build` commands on one cache, as two shells start them: the
+    first compiles (its setup.py runs in the managed environment until told to end, and
+    looks for wf-probe all the while); the second needs wf-probe installed into that
+    environment.  The second waits, says so, and installs once the first is done; the
+    first never saw the environment change under it."""
+    from conftest import make_wheel
+
+    control = tmp_path / "control"
+    control.mkdir()
+    _pure(tmp_path, "slowpure", SLOW_SETUP, extra={"control.txt": str(control)})
+    _pure(tmp_path, "needy", 'from setuptools import setup\n'
+          'setup(name="needy", version="0.1.0", packages=["needy"])\n', requires="wf-probe")
+    links = tmp_path / "links"
+    make_wheel(links, {"wf_probe/__init__.py": ""}, name="wf-probe", version="1.0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELFORGE_")}
+    env["PIP_FIND_LINKS"] = " ".join([env.get("PIP_FIND_LINKS", ""), str(links)]).strip()
+
+    def build(name: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "wheelforge", "build", name, "--no-stack-check",
+             "--recipes", str(tmp_path / "recipes"), "--sources", str(tmp_path / "sdists"),
+             "--index", str(tmp_path / "index"), "--cache-dir", str(tmp_path / "cache"),
+             "--work-dir", str(tmp_path / f"work-{name}")],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+
+    first = build("slowpure")
+    second: subprocess.Popen[str] | None = None
+    try:
+        deadline = time.monotonic() + 900  # the first makes the torch environment
+        while not (control / "started").exists():
+            assert first.poll() is None, first.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the first build never compiled"
+            time.sleep(0.2)
+        second = build("needy")
+        said: list[str] = []
+        assert second.stdout is not None
+        for line in second.stdout:
+            said.append(line)
+            if "waiting to install wf-probe into the build environment" in line:
+                break
+        else:
+            pytest.fail("the second command did not wait:\n" + "".join(said)[-3000:])
+        assert "another wheelforge process is building with it" in said[-1]
+        time.sleep(3)  # it keeps waiting
+        assert second.poll() is None and not (control / "changed-under-me").exists()
+    finally:
+        (control / "go").touch()
+    out_first = first.communicate(timeout=600)[0]
+    assert first.returncode == 0, out_first[-3000:]
+    out_second = "".join(said) + second.communicate(timeout=600)[0]
+    assert second.returncode == 0, out_second[-3000:]
+    assert not (control / "changed-under-me").exists()
+    assert "the build environment is free: waited" in out_second
+    assert "installing wf-probe into the build environment" in out_second
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "index" / "files").glob("*.whl")
+                  ) == ["needy", "slowpure"]
