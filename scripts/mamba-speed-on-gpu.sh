@@ -36,15 +36,19 @@ if [ ! -e "$st/started" ]; then
       --git-mirror 'https://github.com/state-spaces/mamba=$bundle' --keep '$st/wheels' \
       --builds '${BUILDS:-CBA}' > '$st/speed.log' 2>&1
     echo \$? > '$st/speed.rc'
-    '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl \
-      > '$st/compare.log' 2>&1
+    if ls '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl > /dev/null 2>&1; then
+      '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl \
+        > '$st/compare.log' 2>&1
+    else
+      echo 'no comparison: B and C were not both built (BUILDS)' > '$st/compare.log'
+    fi
     git init -q '$st/up' && git -C '$st/up' fetch -q '$bundle' '+refs/heads/*:refs/heads/*' \
       && mkdir -p '$st/run' && git -C '$st/up' show '$commit:tests/ops/test_selective_scan.py' \
       > '$st/run/test_selective_scan.py'
     '$py' -m pip install -q --no-index --no-deps --target '$st/site' '$st'/wheels/C/*.whl \
       > '$st/test.log' 2>&1
     (cd '$st/run' && PYTHONPATH='$st/site' '$py' -m pytest -q -p no:cacheprovider \
-      test_selective_scan.py -k 'test_selective_scan' >> '$st/test.log' 2>&1)
+      test_selective_scan.py -k 'not test_mamba_inner_fn' >> '$st/test.log' 2>&1)
     echo \$? > '$st/test.rc'
     touch '$st/done'" > /dev/null 2>&1 &
 fi
