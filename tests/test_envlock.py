@@ -83,6 +83,8 @@ def test_a_change_waits_for_another_process_not_for_this_ones(tmp_path: Path) ->
     other = _holder(lock, use)
     with locked(lock), envlock.changing(use) as free:
         assert not free
+    (named,) = envlock.others(use)  # this process's own hold is not named
+    assert named.startswith(f"pid {other.pid} (")
     assert _others_see(use) == "busy"
     _release(other)
     mine.release()
@@ -262,7 +264,8 @@ def test_another_commands_install_waits_for_a_running_build(tmp_path: Path) -> N
                 break
         else:
             pytest.fail("the second command did not wait:\n" + "".join(said)[-3000:])
-        assert "another wheelforge process is building with it" in said[-1]
+        assert (f"another wheelforge process is building with it (pid {first.pid} "
+                "(wheelforge build slowpure))") in said[-1]
         time.sleep(3)  # it keeps waiting
         assert second.poll() is None and not (control / "changed-under-me").exists()
     finally:
@@ -276,3 +279,40 @@ def test_another_commands_install_waits_for_a_running_build(tmp_path: Path) -> N
     assert "installing wf-probe into the build environment" in out_second
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "index" / "files").glob("*.whl")
                   ) == ["needy", "slowpure"]
+
+
+def test_a_waiting_change_stops_with_the_command(
+        made_env: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or --timeout) stops a build that waits for another process's build: the
+    wait ends at once, nothing is installed."""
+    from wheelforge import _proc
+
+    cache, lock, use = made_env
+    installs: list[list[str]] = []
+    monkeypatch.setattr(buildenv, "_install",
+                        lambda _i, _p, _a, reqs, _s, _l: installs.append(list(reqs)))
+    other = _holder(lock, use)
+    said: list[str] = []
+    ended: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _managed(cache, said)
+        except BaseException as exc:  # noqa: BLE001 - what the thread ended with
+            ended.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(s.startswith("waiting") for s in said):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        _proc.stop_all()
+        worker.join(timeout=5)
+        assert not worker.is_alive()
+    finally:
+        _proc.resume()
+        _release(other)
+    assert len(ended) == 1 and isinstance(ended[0], KeyboardInterrupt)
+    assert not installs

@@ -368,10 +368,15 @@ def managed_env(
                 return env
         if not waited:
             what = (f"install {', '.join(missing)} into" if missing else "create")
+            who = ", ".join(envlock.others(use)) or "pid unknown"
             say(f"waiting to {what} the build environment {root}: another wheelforge "
-                f"process is building with it (a change now would change files under its "
-                f"imports)")
-        time.sleep(_WAIT_S)
+                f"process is building with it ({who}); a change now would change files "
+                f"under its imports")
+        deadline = time.monotonic() + _WAIT_S
+        while time.monotonic() < deadline:
+            if _proc.stopping():  # Ctrl-C, --timeout: the command is stopping
+                raise KeyboardInterrupt
+            time.sleep(0.1)
         waited += _WAIT_S
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .._fs import locked
 
-__all__ = ["Hold", "changing"]
+__all__ = ["Hold", "changing", "others"]
 
 
 class _Open:
@@ -146,3 +146,34 @@ def changing(path: Path) -> Iterator[bool]:
                 os.close(held.fd)
             else:  # back to this process's builds' shared hold (a failed conversion can
                 fcntl.flock(held.fd, fcntl.LOCK_SH)  # have dropped it: flock(2))
+
+
+def others(path: Path) -> list[str]:
+    """The other processes that hold the lock ``path``, as "pid N (command)", read from
+    /proc/locks (Linux); [] when that cannot be read."""
+    try:
+        inode = os.stat(path).st_ino
+        table = Path("/proc/locks").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    pids = set()
+    for line in table.splitlines():
+        # "3: FLOCK  ADVISORY  READ  4242 00:2f:1234 0 EOF" ("->" after the number: waiting)
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit() \
+                and fields[5].rsplit(":", 1)[-1] == str(inode):
+            pids.add(int(fields[4]))
+    pids.discard(os.getpid())
+    return [f"pid {pid} ({_command(pid)})" for pid in sorted(pids)]
+
+
+def _command(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "ended"
+    argv = [a for a in argv if a]
+    at = next((i for i, a in enumerate(argv) if a == "wheelforge" or a.endswith("/wheelforge")),
+              None)
+    shown = ["wheelforge", *argv[at + 1:at + 3]] if at is not None else argv[:3]
+    return " ".join(shown)[:100] or "unknown"
