@@ -39,12 +39,13 @@ sys.stdin.readline()
 hold.release()
 """
 
-#: can another process take the lock exclusive now?  prints free or busy
+#: can another process take the lock exclusive (argv[2] "ex") or shared ("sh") now?
+#: prints free or busy
 PROBE = """
 import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
 try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(fd, (fcntl.LOCK_EX if sys.argv[2] == "ex" else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     print("free")
 except BlockingIOError:
     print("busy")
@@ -65,8 +66,8 @@ def _release(proc: subprocess.Popen[str]) -> None:
     assert proc.wait(timeout=30) == 0
 
 
-def _others_see(use: Path) -> str:
-    return subprocess.run([sys.executable, "-c", PROBE, str(use)], capture_output=True,
+def _others_see(use: Path, mode: str = "ex") -> str:
+    return subprocess.run([sys.executable, "-c", PROBE, str(use), mode], capture_output=True,
                           text=True, check=True).stdout.strip()
 
 
@@ -78,15 +79,18 @@ def test_a_change_waits_for_another_process_not_for_this_ones(tmp_path: Path) ->
     assert _others_see(use) == "busy"
     with locked(lock), envlock.changing(use) as free:
         assert free  # this process's own builds never block it
-    assert _others_see(use) == "busy"  # and still hold it after
+        assert _others_see(use, "sh") == "busy"  # exclusive while it changes
+    assert _others_see(use) == "busy"  # and hold it after,
+    assert _others_see(use, "sh") == "free"  # shared again
 
     other = _holder(lock, use)
     with locked(lock), envlock.changing(use) as free:
         assert not free
     (named,) = envlock.others(use)  # this process's own hold is not named
     assert named.startswith(f"pid {other.pid} (")
-    assert _others_see(use) == "busy"
     _release(other)
+    # the failed conversion dropped this process's shared lock (flock(2)); it was taken back
+    assert _others_see(use) == "busy"
     mine.release()
     assert _others_see(use) == "free"
 
