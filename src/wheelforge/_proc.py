@@ -59,6 +59,13 @@ def stop_all() -> None:
         _kill_group(proc)
 
 
+def pause(seconds: float) -> None:
+    """Sleep ``seconds``; KeyboardInterrupt at once when :func:`stop_all` is called (or
+    was already)."""
+    if _STOPPING.wait(seconds):
+        raise KeyboardInterrupt
+
+
 def resume() -> None:
     """Commands may run again (the builds :func:`stop_all` stopped have ended)."""
     _STOPPING.clear()

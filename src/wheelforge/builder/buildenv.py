@@ -23,7 +23,6 @@ import os
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -339,10 +338,11 @@ def managed_env(
     inspections = inspections or Inspections()
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
     root = cache_dir / "envs" / key
-    use = cache_dir / "envs" / f"{key}.use"
+    lock = cache_dir / "envs" / f"{key}.lock"  # who creates or changes it, one at a time
+    use = cache_dir / "envs" / f"{key}.use"  # who builds with it (builder/envlock.py)
     waited = 0.0
     while True:
-        with locked(cache_dir / "envs" / f"{key}.lock"):
+        with locked(lock):
             env: BuildEnv | None = None
             missing: list[str] = []
             if (root / MARKER).is_file() and (root / "bin" / "python").exists():
@@ -364,7 +364,7 @@ def managed_env(
                 if waited:
                     say(f"the build environment is free: waited {waited:.0f}s")
                 if hold is not None:
-                    hold.take(cache_dir / "envs" / f"{key}.lock", use)
+                    hold.take(lock, use)
                 return env
         if not waited:
             what = (f"install {', '.join(missing)} into" if missing else "create")
@@ -372,11 +372,7 @@ def managed_env(
             say(f"waiting to {what} the build environment {root}: another wheelforge "
                 f"process is building with it ({who}); a change now would change files "
                 f"under its imports")
-        deadline = time.monotonic() + _WAIT_S
-        while time.monotonic() < deadline:
-            if _proc.stopping():  # Ctrl-C, --timeout: the command is stopping
-                raise KeyboardInterrupt
-            time.sleep(0.1)
+        _proc.pause(_WAIT_S)  # Ctrl-C, --timeout: the command stops, and this wait
         waited += _WAIT_S
 
 
