@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.builder.config import auto_jobs, compile_units, jobs_for, plan_jobs, resolve
+from wheelforge.builder.config import (
+    auto_jobs,
+    compile_units,
+    jobs_for,
+    plan_jobs,
+    record_gib_per_job,
+    recorded_gib_per_job,
+    resolve,
+)
 from wheelforge.errors import ConfigError
 
 
@@ -91,3 +99,15 @@ def test_bad_project_file(tmp_path: Path) -> None:
         resolve(project_file=pf, environ={})
     with pytest.raises(ConfigError, match="not a torch requirement"):
         resolve(project_file=None, torch="jax==1", environ={})
+
+
+def test_a_partly_cached_build_only_raises_the_recorded_peak(tmp_path: Path) -> None:
+    """A build whose heaviest unit the compile cache served peaks lower than that unit
+    needs: it must not lower the record the next build sizes its jobs by."""
+    assert recorded_gib_per_job(tmp_path, "x") is None
+    assert record_gib_per_job(tmp_path, "x", 3.0) == 3.0  # a cold build
+    assert record_gib_per_job(tmp_path, "x", 1.2, keep_higher=True) == 3.0  # partly cached
+    assert recorded_gib_per_job(tmp_path, "x") == 3.0
+    assert record_gib_per_job(tmp_path, "x", 3.5, keep_higher=True) == 3.5  # it peaked higher
+    assert record_gib_per_job(tmp_path, "x", 1.0) == 1.0  # a whole compile is the truth
+    assert recorded_gib_per_job(tmp_path, "x") == 1.0

@@ -245,8 +245,16 @@ def recorded_gib_per_job(cache_dir: Path, name: str) -> float | None:
         return None
 
 
-def record_gib_per_job(cache_dir: Path, name: str, gib: float) -> None:
+def record_gib_per_job(cache_dir: Path, name: str, gib: float, *,
+                       keep_higher: bool = False) -> float:
+    """Record ``gib`` as the peak memory of one compile job of ``name``; return what is
+    recorded.  ``keep_higher``: a build some of whose units the compile cache served
+    (their compiles, perhaps the heaviest, did not run) replaces the record only when
+    it peaked higher."""
+    if keep_higher:
+        gib = max(gib, recorded_gib_per_job(cache_dir, name) or 0.0)
     atomic_write(_stats_file(cache_dir, name), json.dumps({"peak_job_gib": round(gib, 3)}))
+    return gib
 
 
 def job_memory_gib(recorded: float | None, declared: float | None) -> tuple[float, str] | None:

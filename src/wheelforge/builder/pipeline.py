@@ -355,10 +355,16 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                                   f"{sum(u.seconds for u in units):.0f} s")
             if extension and (stats is None or stats.misses > 0):
                 # the largest child (a cicc or cc1plus) so far: the memory one job needs;
-                # a build served from the compile cache compiled nothing and says nothing
+                # a build served from the compile cache compiled nothing and says nothing,
+                # one served in part may not have run its heaviest unit: it only raises
                 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
-                record_gib_per_job(config.cache_dir, recipe.name, peak)
-                reporter.info(f"peak memory of one compile job {peak:.1f} GiB (recorded)")
+                served = stats.hits if stats is not None else 0
+                recorded = record_gib_per_job(config.cache_dir, recipe.name, peak,
+                                              keep_higher=served > 0)
+                reporter.info(f"peak memory of one compile job {peak:.1f} GiB " + (
+                    "(recorded)" if recorded == peak else
+                    f"({recorded:.1f} GiB kept: the compile cache served {served} unit(s), "
+                    "which did not run)"))
         pins = {str(n): companion_version(str(n)) for n in recipe.companions}
         with reporter.step("post-process wheel"):
             pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
