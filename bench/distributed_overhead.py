@@ -37,30 +37,14 @@ REPO = Path(__file__).absolute().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
-from conftest import PACKAGES, make_sdist, write_recipe  # noqa: E402
-
-PURE = """format: 1
-name: {name}
-version: "0.1.0"
-sources:
-  - sdist: {{filename: {name}-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-verify:
-  imports: [{name}]
-"""
+from conftest import make_sdist, pure_recipe, tinypure_as, write_recipe  # noqa: E402
 
 
 def project(root: Path, n: int) -> list[str]:
     names = [f"benchpure{chr(ord('a') + i)}" for i in range(n)]
     for name in names:
-        src = root / "pkgs" / name
-        shutil.copytree(PACKAGES / "tinypure", src)
-        (src / "tinypure").rename(src / name)
-        pp = src / "pyproject.toml"
-        pp.write_text(pp.read_text().replace('name = "tinypure"', f'name = "{name}"'))
-        _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
-        write_recipe(root, name, PURE.format(name=name, sha=sha))
+        _, sha = make_sdist(tinypure_as(root, name), root / "sdists", name, "0.1.0")
+        write_recipe(root, name, pure_recipe(name, sha))
     (root / "wheelforge.yaml").write_text(yaml.safe_dump({"matrix": {
         "recipes": names, "torch": [{"spec": "torch==2.14.1", "cuda": "13.0"}],
         "archs": ["12.0"]}}))

@@ -15,11 +15,12 @@ import tarfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from wheelforge.builder.config import default_cache_dir
 
@@ -196,16 +197,34 @@ def tinyext_project(root: Path, *, patches: Mapping[str, str] | None = None,
     return sdists
 
 
-TINYPURE_RECIPE = """format: 1
-name: tinypure
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinypure-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-verify:
-  imports: [tinypure]
-"""
+def pure_recipe(name: str, sha: str, *, imports: Sequence[str] | None = None,
+                requires: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                version: str = "0.1.0") -> str:
+    """A pure recipe: the sdist NAME-VERSION.tar.gz with ``sha``, built as a pure wheel
+    (``requires`` and ``env`` in its build section when given), its import check
+    ``imports`` (by default the name as a module)."""
+    build: dict[str, object] = {"kind": "pure"}
+    if requires:
+        build["requires"] = list(requires)
+    if env:
+        build["env"] = dict(env)
+    return yaml.safe_dump({
+        "format": 1, "name": name, "version": version,
+        "sources": [{"sdist": {"filename": f"{name}-{version}.tar.gz", "sha256": sha}}],
+        "build": build,
+        "verify": {"imports": list(imports or [name.replace("-", "_")])},
+    }, sort_keys=False)
+
+
+def tinypure_as(root: Path, name: str) -> Path:
+    """tests/packages/tinypure copied to ROOT/pkgs/NAME as the project NAME (its package
+    directory and its pyproject's name renamed); returns the copy."""
+    src = root / "pkgs" / name
+    shutil.copytree(PACKAGES / "tinypure", src)
+    (src / "tinypure").rename(src / name)
+    pyproject = src / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('name = "tinypure"', f'name = "{name}"'))
+    return src
 
 
 def tinypure_project(root: Path) -> Path:
@@ -213,7 +232,7 @@ def tinypure_project(root: Path) -> Path:
     in ROOT/recipes; returns the sdists directory."""
     sdists = root / "sdists"
     _, sha = make_sdist(PACKAGES / "tinypure", sdists, "tinypure", "0.1.0")
-    write_recipe(root, "tinypure", TINYPURE_RECIPE.format(sha=sha))
+    write_recipe(root, "tinypure", pure_recipe("tinypure", sha))
     return sdists
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -193,22 +194,10 @@ if "bdist_wheel" in sys.argv:  # the compile: setup.py runs in the managed envir
 setup(name="slowpure", version="0.1.0", packages=["slowpure"])
 '''
 
-PURE_RECIPE = """format: 1
-name: {name}
-version: "0.1.0"
-sources:
-  - sdist: {{filename: {name}-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-  requires: [{requires}]
-verify:
-  imports: [{name}]
-"""
 
-
-def _pure(root: Path, name: str, setup_py: str, requires: str = "",
+def _pure(root: Path, name: str, setup_py: str, requires: tuple[str, ...] = (),
           extra: dict[str, str] | None = None) -> None:
-    from conftest import make_sdist, write_recipe
+    from conftest import make_sdist, pure_recipe, write_recipe
 
     src = root / "src" / name
     (src / name).mkdir(parents=True)
@@ -220,7 +209,7 @@ def _pure(root: Path, name: str, setup_py: str, requires: str = "",
     for fname, text in (extra or {}).items():
         (src / fname).write_text(text)
     _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
-    write_recipe(root, name, PURE_RECIPE.format(name=name, sha=sha, requires=requires))
+    write_recipe(root, name, pure_recipe(name, sha, requires=requires))
 
 
 @pytest.mark.e2e
@@ -236,7 +225,7 @@ def test_another_commands_install_waits_for_a_running_build(tmp_path: Path) -> N
     control.mkdir()
     _pure(tmp_path, "slowpure", SLOW_SETUP, extra={"control.txt": str(control)})
     _pure(tmp_path, "needy", 'from setuptools import setup\n'
-          'setup(name="needy", version="0.1.0", packages=["needy"])\n', requires="wf-probe")
+          'setup(name="needy", version="0.1.0", packages=["needy"])\n', requires=("wf-probe",))
     links = tmp_path / "links"
     make_wheel(links, {"wf_probe/__init__.py": ""}, name="wf-probe", version="1.0")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELFORGE_")}
@@ -253,30 +242,52 @@ def test_another_commands_install_waits_for_a_running_build(tmp_path: Path) -> N
 
     first = build("slowpure")
     second: subprocess.Popen[str] | None = None
+    heard: queue.Queue[str | None] = queue.Queue()  # the second's lines; None at its end
+    said: list[str] = []
+
+    def listen(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            heard.put(line)
+        heard.put(None)
+
     try:
-        deadline = time.monotonic() + 900  # the first makes the torch environment
-        while not (control / "started").exists():
-            assert first.poll() is None, first.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "the first build never compiled"
-            time.sleep(0.2)
-        second = build("needy")
-        said: list[str] = []
-        assert second.stdout is not None
-        for line in second.stdout:
+        try:
+            deadline = time.monotonic() + 900  # the first makes the torch environment
+            while not (control / "started").exists():
+                assert first.poll() is None, first.communicate()[0][-3000:]
+                assert time.monotonic() < deadline, "the first build never compiled"
+                time.sleep(0.2)
+            second = build("needy")
+            threading.Thread(target=listen, args=(second,), daemon=True).start()
+            deadline = time.monotonic() + 600  # a second that hangs silently fails the test
+            while not said or "waiting to install wf-probe into the build environment" \
+                    not in said[-1]:
+                try:
+                    line = heard.get(timeout=max(0.1, deadline - time.monotonic()))
+                except queue.Empty:
+                    pytest.fail("the second command neither waited nor ended in 600 s:\n"
+                                + "".join(said)[-3000:])
+                if line is None:
+                    pytest.fail("the second command did not wait:\n" + "".join(said)[-3000:])
+                said.append(line)
+            assert (f"another wheelforge process is building with it (pid {first.pid} "
+                    "(wheelforge build slowpure))") in said[-1]
+            time.sleep(3)  # it keeps waiting
+            assert second.poll() is None and not (control / "changed-under-me").exists()
+        finally:
+            (control / "go").touch()
+        out_first = first.communicate(timeout=600)[0]
+        assert first.returncode == 0, out_first[-3000:]
+        assert second is not None
+        second.wait(timeout=600)
+        while (line := heard.get(timeout=60)) is not None:
             said.append(line)
-            if "waiting to install wf-probe into the build environment" in line:
-                break
-        else:
-            pytest.fail("the second command did not wait:\n" + "".join(said)[-3000:])
-        assert (f"another wheelforge process is building with it (pid {first.pid} "
-                "(wheelforge build slowpure))") in said[-1]
-        time.sleep(3)  # it keeps waiting
-        assert second.poll() is None and not (control / "changed-under-me").exists()
     finally:
-        (control / "go").touch()
-    out_first = first.communicate(timeout=600)[0]
-    assert first.returncode == 0, out_first[-3000:]
-    out_second = "".join(said) + second.communicate(timeout=600)[0]
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    out_second = "".join(said)
     assert second.returncode == 0, out_second[-3000:]
     assert not (control / "changed-under-me").exists()
     assert "the build environment is free: waited" in out_second

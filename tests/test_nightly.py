@@ -32,6 +32,8 @@ from conftest import (
     ctrl_c_when,
     make_sdist,
     make_wheel,
+    pure_recipe,
+    tinypure_as,
     write_recipe,
 )
 from wheelforge import _proc, index, nightly
@@ -58,17 +60,6 @@ verify:
   imports: [tinyext_cuda, tinyext]
 """
 
-PURE = """format: 1
-name: {name}
-version: "0.1.0"
-sources:
-  - sdist: {{filename: {name}-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-verify:
-  imports: [{module}]
-"""
-
 SETUP_FIRST_LINE = ("# A tiny real CUDA extension: one kernel, one binding.  Compiles in "
                     "seconds.")
 
@@ -81,13 +72,8 @@ def setup_patch(comment: str) -> str:
 
 def pure_project(root: Path, name: str) -> str:
     """A copy of tests/packages/tinypure named ``name``; returns its sdist sha256."""
-    src = root / "pkgs" / name
-    shutil.copytree(PACKAGES / "tinypure", src)
-    (src / "tinypure").rename(src / name)
-    pyproject = src / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('name = "tinypure"', f'name = "{name}"'))
-    _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
-    write_recipe(root, name, PURE.format(name=name, sha=sha, module=name))
+    _, sha = make_sdist(tinypure_as(root, name), root / "sdists", name, "0.1.0")
+    write_recipe(root, name, pure_recipe(name, sha))
     return sha
 
 
@@ -580,8 +566,7 @@ def ext_project(tmp_path: Path, nvcc: str) -> Path:
     write_recipe(tmp_path, "tinyext", TINYEXT.format(sha=ext_sha),
                  {"0001-setup-comment.patch": setup_patch("patched once")})
     _, pure_sha = make_sdist(PACKAGES / "tinypure", tmp_path / "sdists", "tinypure", "0.1.0")
-    write_recipe(tmp_path, "tinypure", PURE.format(name="tinypure", sha=pure_sha,
-                                                   module="tinypure"))
+    write_recipe(tmp_path, "tinypure", pure_recipe("tinypure", pure_sha))
     return tmp_path
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from browser import layout, screenshot
-from conftest import make_sdist, make_wheel, require_tool, write_recipe
+from conftest import make_sdist, make_wheel, pure_recipe, require_tool, write_recipe
 from test_landing_page import decode_png
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
@@ -39,16 +39,7 @@ def pure(root: Path, name: str) -> None:
     (src / name.replace("-", "_")).mkdir(parents=True)
     (src / name.replace("-", "_") / "__init__.py").write_text("")
     _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
-    write_recipe(root, name, f"""format: 1
-name: {name}
-version: "0.1.0"
-sources:
-  - sdist: {{filename: {name}-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-verify:
-  imports: [{name.replace("-", "_")}]
-""")
+    write_recipe(root, name, pure_recipe(name, sha))
 
 
 def builder(logs: Path) -> object:

@@ -31,19 +31,8 @@ TESTS = HERE.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from conftest import PACKAGES, make_sdist, make_wheel, write_recipe  # noqa: E402
-
-PURE = """format: 1
-name: {name}
-version: "0.1.0"
-sources:
-  - sdist: {{filename: {name}-0.1.0.tar.gz, sha256: "{sha}"}}
-build:
-  kind: pure
-  env: {{WF_VARIANT: "{variant}"}}
-verify:
-  imports: [{imports}]
-"""
+from conftest import make_sdist, make_wheel, tinypure_as, write_recipe  # noqa: E402
+from conftest import pure_recipe as pure_recipe_text  # noqa: E402
 
 
 def pure_recipe(root: Path, name: str = "faultpkg", variants: int = 1, *,
@@ -54,19 +43,15 @@ def pure_recipe(root: Path, name: str = "faultpkg", variants: int = 1, *,
     the sdist is in ROOT/sdists."""
     src = root / "pkgs" / name
     if not src.exists():
-        shutil.copytree(PACKAGES / "tinypure", src)
-        (src / "tinypure").rename(src / name)
-        pyproject = src / "pyproject.toml"
-        pyproject.write_text(pyproject.read_text().replace('name = "tinypure"',
-                                                           f'name = "{name}"'))
+        tinypure_as(root, name)
         if setup is not None:
             (src / "setup.py").write_text(setup)
     _, sha = make_sdist(src, root / "sdists", name, "0.1.0")
     out = []
     for v in range(variants):
-        out.append(write_recipe(root / f"variant{v}", name,
-                                PURE.format(name=name, sha=sha, variant=v,
-                                            imports=imports or name)))
+        out.append(write_recipe(root / f"variant{v}", name, pure_recipe_text(
+            name, sha, imports=[m.strip() for m in (imports or name).split(",")],
+            env={"WF_VARIANT": str(v)})))
     return out
 
 
