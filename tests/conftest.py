@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from wheelforge.builder.config import default_cache_dir
 
@@ -202,18 +201,16 @@ def pure_recipe(name: str, sha: str, *, imports: Sequence[str] | None = None,
                 version: str = "0.1.0") -> str:
     """A pure recipe: the sdist NAME-VERSION.tar.gz with ``sha``, built as a pure wheel
     (``requires`` and ``env`` in its build section when given), its import check
-    ``imports`` (by default the name as a module)."""
-    build: dict[str, object] = {"kind": "pure"}
-    if requires:
-        build["requires"] = list(requires)
-    if env:
-        build["env"] = dict(env)
-    return yaml.safe_dump({
-        "format": 1, "name": name, "version": version,
-        "sources": [{"sdist": {"filename": f"{name}-{version}.tar.gz", "sha256": sha}}],
-        "build": build,
-        "verify": {"imports": list(imports or [name.replace("-", "_")])},
-    }, sort_keys=False)
+    ``imports`` (by default the name as a module).  Flow-style lists, as a person writes
+    them: tests edit the text (``imports: [pureb]``)."""
+    build = "".join([
+        f"  requires: [{', '.join(requires)}]\n" if requires else "",
+        "  env: {" + ", ".join(f'{k}: "{v}"' for k, v in (env or {}).items()) + "}\n"
+        if env else ""])
+    return (f'format: 1\nname: {name}\nversion: "{version}"\nsources:\n'
+            f'  - sdist: {{filename: {name}-{version}.tar.gz, sha256: "{sha}"}}\n'
+            f"build:\n  kind: pure\n{build}"
+            f"verify:\n  imports: [{', '.join(imports or [name.replace('-', '_')])}]\n")
 
 
 def tinypure_as(root: Path, name: str) -> Path:
