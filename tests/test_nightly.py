@@ -27,13 +27,14 @@ import yaml
 from conftest import (
     IN_CI,
     MANYLINUX,
-    PACKAGES,
     REPO,
     ctrl_c_when,
     make_sdist,
     make_wheel,
     pure_recipe,
+    tinyext_project,
     tinypure_as,
+    tinypure_project,
     write_recipe,
 )
 from wheelforge import _proc, index, nightly
@@ -45,20 +46,6 @@ from wheelforge.errors import BuildError, ConfigError
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import Matrix, cells, load_matrix
 from wheelforge.recipe.model import Recipe
-
-TINYEXT = """format: 1
-name: tinyext
-version: "0.1.0"
-sources:
-  - sdist: {{filename: tinyext-0.1.0.tar.gz, sha256: "{sha}"}}
-patches: [0001-setup-comment.patch]
-build:
-  kind: extension
-  requires: [setuptools, wheel, ninja]
-  drop-requires: [ninja]
-verify:
-  imports: [tinyext_cuda, tinyext]
-"""
 
 SETUP_FIRST_LINE = ("# A tiny real CUDA extension: one kernel, one binding.  Compiles in "
                     "seconds.")
@@ -562,11 +549,8 @@ def test_systemd_and_cron_examples_run_the_nightly_job() -> None:
 
 @pytest.fixture
 def ext_project(tmp_path: Path, nvcc: str) -> Path:
-    _, ext_sha = make_sdist(PACKAGES / "tinyext", tmp_path / "sdists", "tinyext", "0.1.0")
-    write_recipe(tmp_path, "tinyext", TINYEXT.format(sha=ext_sha),
-                 {"0001-setup-comment.patch": setup_patch("patched once")})
-    _, pure_sha = make_sdist(PACKAGES / "tinypure", tmp_path / "sdists", "tinypure", "0.1.0")
-    write_recipe(tmp_path, "tinypure", pure_recipe("tinypure", pure_sha))
+    tinyext_project(tmp_path, patches={"0001-setup-comment.patch": setup_patch("patched once")})
+    tinypure_project(tmp_path)
     return tmp_path
 
 
