@@ -159,18 +159,55 @@ def test_the_umask_is_set_and_given_back(tmp_path: Path) -> None:
         os.umask(old)
 
 
-def test_nvcc_gets_objtemp_when_it_knows_it(tmp_path: Path) -> None:
+def test_nvcc_gets_objtemp_and_a_seed_when_it_knows_them(tmp_path: Path) -> None:
     fake = tmp_path / "nvcc"
     fake.write_text("#!/bin/sh\necho '--keep (-keep)'\n")
     fake.chmod(0o755)
-    assert reproducible.nvcc_flags(fake) == ()  # an nvcc without it: the build still runs
+    assert reproducible.nvcc_flags(fake) == ()  # an nvcc without them: the build still runs
     fake.write_text("#!/bin/sh\necho '--objdir-as-tempdir                (-objtemp)'\n")
     assert reproducible.nvcc_flags(fake) == ("--objdir-as-tempdir",)
+    fake.write_text("#!/bin/sh\necho '--objdir-as-tempdir (-objtemp)'\n"
+                    "echo '--frandom-seed <seed>   (-frandom-seed)'\n")
+    assert reproducible.nvcc_flags(fake) == ("--objdir-as-tempdir", "--frandom-seed=1")
 
 
 @pytest.mark.nvcc
-def test_the_real_nvcc_knows_objtemp(nvcc: str) -> None:
-    assert reproducible.nvcc_flags(Path(nvcc)) == ("--objdir-as-tempdir",)
+def test_the_real_nvcc_knows_objtemp_and_the_seed(nvcc: str) -> None:
+    assert reproducible.nvcc_flags(Path(nvcc)) == ("--objdir-as-tempdir", "--frandom-seed=1")
+
+
+#: A kernel template that uses cuda::std::begin: nvcc names the customization point objects
+#: it instantiates ``_INTERNAL_<hash>_<file>_<hash>_<number>``, the number from its pid.
+INTERNAL_NAMES_CU = """\
+#include <cuda/std/array>
+#include <cuda/std/iterator>
+template <int N> __global__ void total(int* out) {
+  cuda::std::array<int, N> a{};
+  int s = 0;
+  for (auto it = cuda::std::begin(a); it != cuda::std::end(a); ++it) s += *it;
+  *out = s;
+}
+template __global__ void total<4>(int*);
+"""
+
+
+@pytest.mark.nvcc
+def test_the_seed_keeps_the_process_id_out_of_nvccs_internal_names(
+        tmp_path: Path, nvcc: str) -> None:
+    """mamba-ssm's units have such names: without the seed, two compiles of one unit
+    differed in its fatbin (nvcc 13.0); with it they are the same bytes."""
+    src, out = tmp_path / "k.cu", tmp_path / "k.o"
+    src.write_text(INTERNAL_NAMES_CU)
+
+    def compile_with(flags: tuple[str, ...]) -> bytes:
+        subprocess.run([nvcc, *flags, "-arch=sm_120", "-std=c++17", "-c", str(src), "-o",
+                        str(out)], check=True, capture_output=True, cwd=tmp_path, timeout=300)
+        return out.read_bytes()
+
+    without = (reproducible.NVCC_OBJTEMP,)
+    assert compile_with(without) != compile_with(without)  # the fixture has such names
+    flags = reproducible.nvcc_flags(Path(nvcc))
+    assert compile_with(flags) == compile_with(flags)
 
 
 # -- the whole build, twice (three times) -----------------------------------------------

@@ -27,6 +27,10 @@ What varies between two builds of one key, and what fixes it (docs/reproducible.
   them after the object file, in its directory.  It is added to torch's nvcc command
   (``PYTORCH_NVCC``, on the command line, where the compile cache hashes it) when the
   nvcc knows it.
+* **nvcc's random numbers.**  The names nvcc makes for internal device symbols end in a
+  number drawn from its process id (``cuda::std``'s ``begin`` in a kernel template:
+  ``_ZN40_INTERNAL_3d44cd64_4_s_cu_86120bfa_315244cuda3std...``), in the cubin of the
+  fatbin; ``--frandom-seed=1`` fixes it, on the same command line.
 * **The order.**  wheel sorts the members; the relabel keeps the dist-info last and
   RECORD very last (``wheel.relabel``).
 
@@ -52,12 +56,13 @@ from .. import _proc
 from .._fs import owned_lock
 from ..errors import SourceError, ToolchainError
 
-__all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "SCHEME", "UMASK", "FixedPaths",
-           "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch", "umask"]
+__all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED", "SCHEME", "UMASK",
+           "FixedPaths", "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch",
+           "umask"]
 
 #: How a wheel is made reproducible; part of the build key: wheels built before (at
 #: per-run paths, dated at build time) are another binary, rebuilt once.
-SCHEME = "fixed-paths-1"
+SCHEME = "fixed-paths-2"
 #: Where every builder compiles: the same path on every machine, so the same bytes.
 BUILD_ROOT = Path("/tmp/wheelforge-build")
 #: The umask of the compile (bdist_wheel records the permission bits it leaves).
@@ -66,16 +71,23 @@ UMASK = 0o022
 MIN_EPOCH = 315532800
 #: nvcc's option that names intermediate files after the object, not ``tmpxft_<pid>``.
 NVCC_OBJTEMP = "--objdir-as-tempdir"
+#: nvcc's option that seeds the number it puts in the names of internal device symbols
+#: (``_INTERNAL_<path hash>_<len>_<file>_<hash>_<number>``, e.g. the customization point
+#: objects of ``cuda::std`` a kernel template uses), else taken from its process id.
+#: A number: nvcc reads a string seed as garbage (measured: ``7ffc7afe``).
+NVCC_RANDOM_SEED = ("--frandom-seed", "1")
 
 
 def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
-    """The options that make ``nvcc``'s output independent of its process id: ``-objtemp``
-    when this nvcc lists it in its help (CUDA 13.0 does), else none."""
+    """The options that make ``nvcc``'s output independent of its process id, those this
+    nvcc lists in its help (CUDA 13.0 lists both): ``-objtemp`` and a fixed random seed."""
     try:
         text = _proc.run([str(nvcc), "--help"], timeout=60).output
     except _proc.CommandFailed:
         return ()
-    return (NVCC_OBJTEMP,) if NVCC_OBJTEMP in text else ()
+    seed, number = NVCC_RANDOM_SEED
+    return ((NVCC_OBJTEMP,) if NVCC_OBJTEMP in text else ()) + \
+        ((f"{seed}={number}",) if seed in text else ())
 
 
 def source_date_epoch(archive: Path) -> int:
