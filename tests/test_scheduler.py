@@ -382,20 +382,23 @@ def test_the_companion_error_a_dependent_raises(tmp_path: Path) -> None:
     assert waiting.blocked_by == "pureb"
 
 
-def test_one_build_runs_in_the_callers_thread_without_a_pool(
+def test_one_build_runs_in_the_callers_thread_with_the_commands_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One build needs no other thread; it gets the command's pool all the same, whose
+    jobserver lends its nvcc's threads the slots its units leave free."""
     book = companion_book(tmp_path)
-    seen: list[object] = []
+    seen: list[tuple[bool, int]] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
                   pool=None, warm=None, on_key=None, on_version=None):
-        seen.append((threading.current_thread() is threading.main_thread(), pool))
+        seen.append((threading.current_thread() is threading.main_thread(), pool.size))
         return BuildResult(recipe, Path("/i/x.whl"), (), None, "k")
 
     monkeypatch.setattr(scheduler, "build_one", build_one)
-    scheduler.build_with_companions([book.load("purec")], book, _config(tmp_path),
+    config = _config(tmp_path)
+    scheduler.build_with_companions([book.load("purec")], book, config,
                                     Reporter(io.StringIO()))
-    assert seen == [(True, None)]
+    assert seen == [(True, config.jobs * config.nvcc_threads)]
 
 
 def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
@@ -546,3 +549,114 @@ def test_every_build_asks_its_environment_for_the_requirements_of_all(
     assert len(asked) == 3 and all(set(a) >= {"six", "einops", "packaging"} for a in asked)
     assert scheduler.requirements_of([book.load("purea"), book.load("pureb")]) == \
         ("einops", "six")
+
+
+#: A stand-in for nvcc's threads: a client of GNU make's jobserver protocol, as nvcc 13.0
+#: is with --jobserver.  It takes up to WANT tokens from the pipe MAKEFLAGS names (for up
+#: to SECONDS, default 10), writes how many it got to OUT, and gives them back once
+#: RELEASE exists.
+_TOKEN_CLIENT = r'''
+import os, sys, time
+want, release, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 10.0
+fifo = os.environ["MAKEFLAGS"].split("--jobserver-auth=fifo:")[1].split()[0]
+fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+got, deadline = b"", time.monotonic() + seconds
+while len(got) < want and time.monotonic() < deadline:
+    try:
+        got += os.read(fd, want - len(got))
+    except BlockingIOError:
+        time.sleep(0.05)
+with open(out, "w") as f:
+    f.write(str(len(got)))
+while not os.path.exists(release):
+    time.sleep(0.05)
+os.write(fd, got)
+'''
+
+
+def test_a_quiet_pool_lends_its_free_slots_to_a_units_threads_and_takes_them_back(
+        tmp_path: Path) -> None:
+    """The pool's jobserver: a unit's gate holds one slot of 4; once the pool is quiet
+    the other 3 go into the pipe, where the unit's threads take them.  A unit that asks
+    meanwhile waits until the threads give them back, then runs; at the end every slot
+    is free."""
+    client, release, got = tmp_path / "client.py", tmp_path / "release", tmp_path / "got"
+    client.write_text(_TOKEN_CLIENT)
+    with jobserver.Pool(4, tmp_path) as pool:
+        gate = shlex.split(pool.gate(shlex.quote(sys.executable)))
+        first = subprocess.Popen([*gate, str(client), "3", str(release), str(got)])
+        _until(lambda: got.exists() and got.read_text() != "")
+        assert got.read_text() == "3"  # lent after LEND_AFTER_S of quiet
+        assert pool.free() == 0  # one slot at the gate, three with its threads
+        second = subprocess.Popen([*gate, "-c", "pass"])
+        time.sleep(jobserver.LEND_AFTER_S + 0.5)
+        assert second.poll() is None  # waits for a slot the threads hold
+        release.touch()
+        assert second.wait(20) == 0 and first.wait(20) == 0
+        _until(lambda: pool.free() == 4)
+
+
+def test_a_waiting_unit_keeps_the_free_slots_from_the_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool with a unit waiting lends nothing: unit a runs (1 of 2 slots) and its
+    threads want a token; unit b asks for 2 and waits.  The free slot is b's: a's
+    threads get no token however long the pool is quiet, and b runs once a ends."""
+    client, release, got = tmp_path / "client.py", tmp_path / "release", tmp_path / "got"
+    client.write_text(_TOKEN_CLIENT)
+    monkeypatch.setattr(jobserver, "LEND_AFTER_S", 3.0)  # b asks well within it
+    with jobserver.Pool(2, tmp_path) as pool:
+        gate = shlex.split(pool.gate(shlex.quote(sys.executable)))
+        a = subprocess.Popen([*gate, str(client), "1", str(release), str(got),
+                              str(jobserver.LEND_AFTER_S + 2.0)])
+        _until(lambda: pool.free() == 1)
+        b = subprocess.Popen([*shlex.split(pool.gate("true", threads=2))])
+        _until(lambda: got.exists() and got.read_text() != "")
+        assert got.read_text() == "0" and b.poll() is None
+        release.touch()
+        assert a.wait(20) == 0 and b.wait(20) == 0
+        _until(lambda: pool.free() == 2)
+
+
+_NVCC_UNIT = """\
+#include <cuda/std/array>
+#include <cuda/std/iterator>
+template <int N> __global__ void total(float* out, long n) {
+  cuda::std::array<float, N> a{};
+  float s = 0;
+  for (auto it = cuda::std::begin(a); it != cuda::std::end(a); ++it) s += *it;
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = s;
+}
+template __global__ void total<4>(float*, long);
+template __global__ void total<8>(float*, long);
+template __global__ void total<16>(float*, long);
+"""
+
+
+@pytest.mark.nvcc
+def test_nvcc_through_the_pools_jobserver_writes_the_same_object_with_or_without_free_slots(
+        tmp_path: Path, nvcc: str) -> None:
+    """The real nvcc, with the options a build gives it, behind the gate: alone in a
+    pool of 1 (no token to take) and in a pool of 4 whose free slots are lent.  Same
+    bytes (the split is fixed, the tokens only say how many parts run at once); it
+    found the pool's jobserver (no warning) and gave every token back.  The arguments
+    in torch's order (``-c SRC -o OUT``), as its ninja file writes them."""
+    flags = reproducible.nvcc_flags(Path(nvcc)) + jobserver.nvcc_flags(Path(nvcc))
+    assert "--jobserver" in flags and any("--split-compile" in f for f in flags)
+    src, out = tmp_path / "k.cu", tmp_path / "k.o"
+    src.write_text(_NVCC_UNIT)
+    objects = []
+    for size in (1, 4):
+        with jobserver.Pool(size, tmp_path) as pool:
+            time.sleep(jobserver.LEND_AFTER_S + 0.5)  # the free slots are in the pipe
+            command = " ".join([pool.gate(shlex.quote(nvcc)), *flags, "-arch=sm_120",
+                                "-lineinfo", "-c", shlex.quote(str(src)), "-o",
+                                shlex.quote(str(out))])
+            done = subprocess.run(command, shell=True, capture_output=True, text=True,
+                                  cwd=tmp_path, timeout=300)
+            assert done.returncode == 0, done.stderr
+            assert "jobserver" not in done.stderr.lower(), done.stderr
+            _until(lambda: pool.free() == size)  # noqa: B023 (called at once)
+        objects.append(out.read_bytes())
+    assert objects[0] == objects[1]

@@ -31,13 +31,35 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   it; the gate writes the seconds its unit ran beside the unit's object
   (:data:`SECONDS_SUFFIX`), which builder/unitcosts.py records instead.
 
+* **nvcc's own threads.**  A unit's nvcc can run several threads: its architectures
+  at once (``--threads``), and ``ptxas`` cutting each architecture's functions into
+  parts (``--split-compile``, given to ptxas only).  Where the nvcc knows ``--jobserver``
+  (CUDA 13.0 does), the pool is also a GNU make jobserver (a named pipe, ``MAKEFLAGS=
+  --jobserver-auth=fifo:PATH``, given to each gated nvcc and to nothing else: ninja
+  would join it too): a unit's gate takes one slot, and every further thread of its nvcc
+  takes a token from the pipe first.  The pool puts its free slots in the pipe once no
+  gate has started or ended for :data:`LEND_AFTER_S` and none is waiting
+  (:meth:`Pool._lend_idle`), and takes them back, as the threads give them back, when a
+  gate waits (:meth:`Pool._reclaim`).  So the slots a build's last units leave free go
+  to the units still running instead of idling, and a busy machine compiles each unit
+  on one thread as before.  The split is ptxas's, not nvcc's: nvcc's own
+  ``--split-compile`` also splits cicc, whose PTX then differs (nvcc 13.0, torch's
+  argument order: the tiny fixture's kernel loses a common subexpression), while ptxas's
+  gives the same machine code whatever the parts and tokens (mamba-ssm's costliest unit:
+  all 96 ``.text`` sections the same bytes; only ``.note.nv.tkinfo``, which records
+  ptxas's options, differs from a build without it).  The part count is fixed
+  (:data:`SPLIT_COMPILE`), so the object's bytes never depend on the machine or on the
+  tokens (tests/test_scheduler.py compiles with and without free slots and compares).
+
 Host C++ units (``$cxx`` in the ninja file, one or two per recipe here) are not gated:
 they run within their build's ``MAX_JOBS``.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
 import selectors
 import shlex
@@ -45,6 +67,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +81,17 @@ TICK_S = 0.2
 RESERVE_S = 30.0
 #: An expected compile has started its units once none of them has asked for this long.
 SETTLE_S = 1.5
+#: A free slot goes into the jobserver's pipe once no gate has started or ended for this
+#: long and none waits, in seconds (ninja starts its next unit within milliseconds of one
+#: ending: that unit's slot goes to it, not to another unit's threads).
+LEND_AFTER_S = 1.0
+#: ptxas's ``--split-compile``: the most threads one architecture of one unit can use.
+#: Recorded in the cubin (``.note.nv.tkinfo``), so a constant, never the machine's cores.
+SPLIT_COMPILE = 8
+#: nvcc's options (as its help lists them) that make it a client of the pool's jobserver.
+NVCC_JOBSERVER = ("--split-compile", "--jobserver")
+#: The jobserver's token (GNU make's protocol: a client gives back the byte it took).
+_TOKEN = b"+"
 #: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
 _SHORT_DIR = "/tmp"
 
@@ -71,6 +105,8 @@ import os, signal, socket, sys, time
 
 signal.signal(signal.SIGINT, signal.SIG_DFL)  # stopped while it waits: it just ends
 address, request, command = sys.argv[1], " ".join(sys.argv[2:4]), sys.argv[4:]
+# the pool's jobserver, for nvcc's threads beyond the slot this gate holds: its own
+os.environ["MAKEFLAGS"] = JOBSERVER_MAKEFLAGS
 pool = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 pool.connect(address)
 pool.sendall(request.encode() + b"\\n")
@@ -113,6 +149,21 @@ sys.exit(os.WEXITSTATUS(status))
 '''.replace("SECONDS_SUFFIX", repr(SECONDS_SUFFIX))
 
 
+def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
+    """The options that make ``nvcc`` a client of the pool's jobserver, ptxas splitting
+    each architecture into up to :data:`SPLIT_COMPILE` threads: when this nvcc lists both
+    in its help (CUDA 13.0 does), else none (each unit then takes its --threads slots at
+    its gate)."""
+    try:
+        text = _proc.run([str(nvcc), "--help"], timeout=60).output
+    except _proc.CommandFailed:
+        return ()
+    split, server = NVCC_JOBSERVER
+    if split not in text or server not in text:
+        return ()
+    return (f"--ptxas-options={split}={SPLIT_COMPILE}", server)
+
+
 class _Expected:
     """A compile to come: its priority; when its units last asked (None: not yet)."""
 
@@ -145,8 +196,11 @@ class Pool:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=_SHORT_DIR))
             self._address = self._dir / "slots.sock"
+        self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for nvcc's threads
+        os.mkfifo(self._fifo, 0o600)
+        self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
         self._gate = self._dir / "gate.py"
-        self._gate.write_text(_GATE)
+        self._gate.write_text(_GATE.replace("JOBSERVER_MAKEFLAGS", repr(self.makeflags())))
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(self._address))
         self._server.listen(1024)
@@ -158,6 +212,8 @@ class Pool:
         self._seq = 0
         self._expected: dict[str, _Expected] = {}  # compiles to come
         self._holding_since: float | None = None
+        self._lent = 0  # slots given to the jobserver's pipe: there, or with nvcc threads
+        self._quiet_since = time.monotonic()  # when a gate last started or ended
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name="wheelforge-jobserver")
@@ -174,14 +230,19 @@ class Pool:
             self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join()
-        for fd in (self._wake_r, self._wake_w):
+        for fd in (self._wake_r, self._wake_w, self._tokens):
             os.close(fd)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def free(self) -> int:
-        """Slots in no unit's and no compile's hands."""
+        """Slots in no unit's, no compile's and no nvcc thread's hands (the pool's own and
+        the tokens waiting in its jobserver's pipe)."""
         with self._lock:
-            return self._free
+            return self._free + self._in_pipe()
+
+    def makeflags(self) -> str:
+        """``MAKEFLAGS`` for a client of the pool's jobserver (GNU make 4.4's named pipe)."""
+        return f" -j{self.size} --jobserver-auth=fifo:{self._fifo}"
 
     def gate(self, command: str, threads: int = 1, priority: float = 0.0) -> str:
         """``command`` (shell words: an nvcc, or a compile cache and nvcc) behind the
@@ -199,6 +260,7 @@ class Pool:
         many.  ``on_wait`` hears it once if they are not free; Ctrl-C stops the wait."""
         count = max(1, min(count, self.size))
         with self._lock:
+            self._quiet_since = time.monotonic()
             request = self._queue(count, priority, None)
             self._grant()
         while not request.granted.wait(TICK_S):
@@ -216,6 +278,7 @@ class Pool:
             yield count
         finally:
             with self._lock:
+                self._quiet_since = time.monotonic()
                 self._free += count
                 self._grant()
 
@@ -248,10 +311,14 @@ class Pool:
     def _grant(self) -> None:
         """Hand free slots to the waiting requests, the highest priority first, then the
         first to ask (the lock held).  The first in that order waits for all it asks
-        for: nothing smaller passes it, so a request of many slots is never starved."""
+        for: nothing smaller passes it, so a request of many slots is never starved.
+        Slots lent to the jobserver come back for it as nvcc's threads give them back."""
         while self._waiting:
             first = max(self._waiting, key=_Request.rank)
-            if first.count > self._free or self._held_for_expected(first):
+            if self._held_for_expected(first):
+                return
+            self._reclaim(first.count - self._free)
+            if first.count > self._free:
                 return
             self._waiting.remove(first)
             self._free -= first.count
@@ -264,6 +331,40 @@ class Pool:
                 self._free += first.count
                 continue
             self._held[first.conn] = first.count
+
+    def _in_pipe(self) -> int:
+        """Tokens waiting in the jobserver's pipe (the lock held)."""
+        if not self._lent:
+            return 0
+        count = array.array("i", [0])
+        fcntl.ioctl(self._tokens, termios.FIONREAD, count)
+        return count[0]
+
+    def _reclaim(self, wanted: int) -> None:
+        """Take up to ``wanted`` lent slots back from the jobserver's pipe: those no nvcc
+        thread holds (the lock held)."""
+        if wanted <= 0 or not self._lent:
+            return
+        try:
+            got = len(os.read(self._tokens, min(wanted, self._lent)))
+        except BlockingIOError:
+            got = 0
+        self._lent -= got
+        self._free += got
+
+    def _lend_idle(self) -> None:
+        """Put the free slots in the jobserver's pipe, for the threads of the nvccs that
+        run, once no gate has started or ended for :data:`LEND_AFTER_S`, none waits and no
+        compile is expected (the lock held)."""
+        if (not self._free or self._waiting or self._expected or self._closed
+                or time.monotonic() - self._quiet_since < LEND_AFTER_S):
+            return
+        try:
+            lent = os.write(self._tokens, _TOKEN * self._free)
+        except BlockingIOError:  # the pipe is full (64 KiB of tokens): keep them
+            return
+        self._free -= lent
+        self._lent += lent
 
     def _held_for_expected(self, first: _Request) -> bool:
         """Whether ``first`` waits for an expected compile of a higher priority (the
@@ -319,6 +420,7 @@ class Pool:
                 except OSError:
                     data = b""
                 with self._lock:
+                    self._quiet_since = time.monotonic()
                     if data and conn in pending:
                         pending[conn] += data
                         if b"\n" in pending[conn]:
@@ -333,7 +435,8 @@ class Pool:
             with self._lock:
                 if self._closed:
                     return
-                self._grant()  # a hold for an expected compile may have ended
+                self._grant()  # a hold for an expected compile may have ended, a token
+                self._lend_idle()  # come back; or the pool is quiet: lend what is free
 
     def _request(self, conn: socket.socket, line: bytes) -> None:
         """A gate's request, ``SLOTS PRIORITY``; a malformed one is closed unanswered."""

@@ -97,7 +97,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ.pop("PYTHONPATH", None)
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     if cuda is not None:  # torch's nvcc command: the cache's (or the toolkit's) + options
-        flags = reproducible.nvcc_flags(cuda.nvcc)
+        flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.nvcc_flags(cuda.nvcc)
         if flags:
             nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
             environ["PYTORCH_NVCC"] = " ".join([nvcc, *flags])
@@ -328,9 +328,9 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 if costs is not None:
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
-                slots = pool if extension else None  # a pure build compiles nothing
-                with _compile_slots(slots, config, fixed_env, environ, reporter, costs), \
-                        reporter.heartbeat("building"):
+                slots = contextlib.nullcontext() if not extension else \
+                    _compile_slots(pool, config, fixed_env, environ, reporter, costs)
+                with slots, reporter.heartbeat("building"):  # a pure build compiles nothing
                     try:
                         raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
                                           out_dir=work / "dist", log=log, on_line=on_line,
@@ -464,11 +464,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                        cache=stats, platform=plat)
 
 
-def _gated(pool: jobserver.Pool | None, env: BuildEnv, environ: dict[str, str]) -> bool:
+def _gated(env: BuildEnv, environ: dict[str, str]) -> bool:
     """Whether this compile takes its slots unit by unit through the pool's gate (torch
     runs each nvcc of its ninja file as ``$PYTORCH_NVCC``) rather than all of them before
     it starts (no ninja: setuptools runs nvcc itself)."""
-    return (pool is not None and (env.bin_dir / "ninja").exists()
+    return ((env.bin_dir / "ninja").exists()
             and ("PYTORCH_NVCC" in environ or "CUDA_HOME" in environ))
 
 
@@ -479,19 +479,37 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
     """The compile's slots of the command's pool: each unit's, taken as it starts and
     given back as it ends (the gate), or all of its MAX_JOBS x NVCC_THREADS before it
     starts.  The units of the compile that took longest last time (``costs``, its
-    recorded unit costs) go first.  ``environ`` is completed for the compile."""
+    recorded unit costs) go first.  ``environ`` is completed for the compile.
+
+    Without a command's pool (one build), a gated compile gets a pool of its own: its
+    jobserver serves the threads of its nvccs (see builder/jobserver.py)."""
     environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
+    gated = _gated(env, environ)
     if pool is None:
-        yield
+        if not gated:
+            yield
+            return
+        with jobserver.Pool(config.jobs * config.nvcc_threads) as own, \
+                _compile_slots(own, config, env, environ, reporter, costs):
+            yield
         return
     priority = unitcosts.total_seconds(costs) if costs is not None else 0.0
-    if _gated(pool, env, environ):
+    if gated:
         nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
-        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
-        reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
-                      f"for each CUDA unit as it starts (at most {config.jobs} units of "
-                      "this build at once)")
+        if jobserver.NVCC_JOBSERVER[-1] in shlex.split(nvcc):
+            # one slot a unit; its nvcc's other threads take tokens from the jobserver
+            environ["PYTORCH_NVCC"] = pool.gate(nvcc, 1, priority)
+            reporter.info(f"compile slots: 1 of the command's {pool.size} for each CUDA "
+                          f"unit as it starts (at most {config.jobs} units of this build at "
+                          f"once), and the free ones to its nvcc's threads (--threads "
+                          f"{config.nvcc_threads}, ptxas --split-compile {jobserver.SPLIT_COMPILE})"
+                          " through the pool's jobserver")
+        else:
+            environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
+            reporter.info(f"compile slots: {config.nvcc_threads} of the command's "
+                          f"{pool.size} for each CUDA unit as it starts (at most "
+                          f"{config.jobs} units of this build at once)")
         yield
         return
 
