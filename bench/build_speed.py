@@ -10,6 +10,11 @@
      kernels into as many units as MAX_JOBS can use, 0006 drops debug info from the
      binding unit, 0007 compresses every unit's fatbin; mamba-ssm's 0008 splits every
      dispatcher by launch configuration into units sized by MAX_JOBS
+  D  C's tree compiled as `wheelforge build` compiles it: each unit's nvcc behind the
+     gate of a pool of MAX_JOBS slots, with the options a build gives nvcc
+     (builder/reproducible.py's, and builder/jobserver.py's: ptxas splits each unit on
+     as many threads as the pool's jobserver lends it).  --builds DC runs both, D first;
+     CD, C first
 
 Each is a bare build without isolation in wheelforge's managed build environment with
 the same MAX_JOBS and the recipe's build.env: pypa/build's build_wheel hook, as
@@ -49,7 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import backend, buildenv, toolchain  # noqa: E402
+from wheelforge.builder import backend, buildenv, jobserver, reproducible, toolchain  # noqa: E402
 from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
 from wheelforge.builder.patch import apply_series  # noqa: E402
 from wheelforge.builder.source import extract, fetch  # noqa: E402
@@ -166,8 +171,8 @@ def main() -> None:
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--builds", default="CBA",
-                    help="which builds, always run in the order C, B, A (default CBA; "
-                         "CB leaves out upstream's)")
+                    help="which builds, in the order given (default CBA; CB leaves out "
+                         "upstream's; DC and CD: the pool's jobserver against none)")
     ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
     ap.add_argument("--frontend", choices=("build", "pip"), default="build",
                     help="pypa/build's build_wheel hook (default: setup.py runs once, as "
@@ -206,10 +211,10 @@ def main() -> None:
     upstream = [p for p in recipe.patches if p.name[:4] in split.upstream]
     # TORCH_NO_COMPILER_WRAPPER: torch would otherwise route compilers through a ccache
     # it finds on PATH, and a cache hit is not a build
-    base = dict(os.environ, MAX_JOBS=str(config.jobs), NVCC_THREADS="1",
-                TORCH_NO_COMPILER_WRAPPER="1",
-                CUDA_HOME=str(cuda.home), **dict(recipe.build.env), **split.env,
-                PATH=f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}")
+    base = {**os.environ, "MAX_JOBS": str(config.jobs), "NVCC_THREADS": "1",
+            "TORCH_NO_COMPILER_WRAPPER": "1", "CUDA_HOME": str(cuda.home),
+            **dict(recipe.build.env), **split.env,  # (causal-conv1d's recipe has it too)
+            "PATH": f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}"}
     base.pop("TORCH_CUDA_ARCH_LIST", None)
     print(f"{recipe.name} {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
@@ -217,20 +222,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="wf-speed-") as tmp:
         t = Path(tmp)
         trees = {}
-        for name, patches in (("C split", recipe.patches), ("B one arch", unsplit),
-                              ("A upstream", upstream)):
+        for name, patches in (("D split, pool", recipe.patches), ("C split", recipe.patches),
+                              ("B one arch", unsplit), ("A upstream", upstream)):
             tree = extract(archive, t / name.split()[0] / "src")
             apply_series(tree, patches, project=recipe.name)
             trees[name] = tree
         one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
         builds = "CB" if args.skip_upstream else args.builds.upper()
+        flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.nvcc_flags(cuda.nvcc)
         print(f"load average before: {load()}", flush=True)
-        for name in ("C split", "B one arch", "A upstream"):
-            if name[0] not in builds:
-                continue
+        names = ("D split, pool", "C split", "B one arch", "A upstream")
+        for name in sorted((n for n in names if n[0] in builds), key=lambda n: builds.index(n[0])):
             environ = base if name[0] == "A" else one_arch
-            results.append(build(name, trees[name], env, environ, t / name[0],
-                                 args.keep, args.frontend))
+            with jobserver.Pool(config.jobs) as pool:
+                if name[0] == "D":
+                    environ = dict(environ, PYTORCH_NVCC=pool.gate(
+                        " ".join([str(cuda.nvcc), *flags]),
+                        1, 0.0))
+                    print(f"  D: nvcc {' '.join(flags)}, a pool of {pool.size}", flush=True)
+                results.append(build(name, trees[name], env, environ, t / name[0],
+                                     args.keep, args.frontend))
     by = {r.name[0]: r for r in results}
     print(f"load average after: {load()}")
     print()
@@ -245,19 +256,22 @@ def main() -> None:
     if "B" in by and "C" in by:
         print(f"B/C wall ratio (split vs unsplit, one arch):   "
               f"{by['B'].wall / by['C'].wall:6.2f}x")
-    if "C" not in by:
-        return
-    c = by["C"]
-    ideal = c.cpu / cpu_count()
-    print(f"C wall / (C cpu / {cpu_count()} cores):              {c.wall / ideal:6.2f}  "
-          "(1.0 = every core busy the whole build)")
-    if c.ninja:
-        # outside ninja (setup.py and torch's import, the link, packaging) one process
-        # runs on one core: its CPU time is about its wall time
-        outside = c.wall - c.ninja
-        print(f"  of which: {outside:.1f} s outside ninja, on one core; ninja's wall / "
-              f"((cpu - {outside:.1f} s) / {cpu_count()}): "
-              f"{c.ninja / ((c.cpu - outside) / cpu_count()):.2f}")
+    if "A" in by and "D" in by:
+        print(f"A/D wall ratio (split, pool vs upstream):      {by['A'].wall / by['D'].wall:6.2f}x")
+    if "C" in by and "D" in by:
+        print(f"C/D wall ratio (the pool's jobserver vs none): "
+              f"{by['C'].wall / by['D'].wall:6.2f}x")
+    for c in (by[k] for k in "CD" if k in by):
+        k = c.name[0]
+        print(f"{k} wall / ({k} cpu / {cpu_count()} cores):              "
+              f"{c.wall / (c.cpu / cpu_count()):6.2f}  (1.0 = every core busy the whole build)")
+        if c.ninja:
+            # outside ninja (setup.py and torch's import, the link, packaging) one process
+            # runs on one core: its CPU time is about its wall time
+            outside = c.wall - c.ninja
+            print(f"  of which: {outside:.1f} s outside ninja, on one core; ninja's wall / "
+                  f"((cpu - {outside:.1f} s) / {cpu_count()}): "
+                  f"{c.ninja / ((c.cpu - outside) / cpu_count()):.2f}")
 
 
 if __name__ == "__main__":

@@ -36,17 +36,22 @@ if [ ! -e "$st/started" ]; then
       --git-mirror 'https://github.com/state-spaces/mamba=$bundle' --keep '$st/wheels' \
       --builds '${BUILDS:-CBA}' > '$st/speed.log' 2>&1
     echo \$? > '$st/speed.rc'
-    if ls '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl > /dev/null 2>&1; then
+    if ls '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl > /dev/null 2>&1; then
+      '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl \
+        > '$st/compare.log' 2>&1
+    elif ls '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl > /dev/null 2>&1; then
       '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl \
         > '$st/compare.log' 2>&1
     else
-      echo 'no comparison: B and C were not both built (BUILDS)' > '$st/compare.log'
+      echo 'no comparison: neither C and D nor B and C were built (BUILDS)' > '$st/compare.log'
     fi
+    tested=C; ls '$st'/wheels/D/*.whl > /dev/null 2>&1 && tested=D
     git init -q '$st/up' && git -C '$st/up' fetch -q '$bundle' '+refs/heads/*:refs/heads/*' \
       && mkdir -p '$st/run' && git -C '$st/up' show '$commit:tests/ops/test_selective_scan.py' \
       > '$st/run/test_selective_scan.py'
-    '$py' -m pip install -q --no-index --no-deps --target '$st/site' '$st'/wheels/C/*.whl \
-      > '$st/test.log' 2>&1
+    echo \"upstream's test_selective_scan against the \$tested wheel\" > '$st/test.log'
+    '$py' -m pip install -q --no-index --no-deps --target '$st/site' '$st'/wheels/\$tested/*.whl \
+      >> '$st/test.log' 2>&1
     (cd '$st/run' && PYTHONPATH='$st/site' '$py' -m pytest -q -p no:cacheprovider \
       test_selective_scan.py -k 'not test_mamba_inner_fn' >> '$st/test.log' 2>&1)
     echo \$? > '$st/test.rc'
@@ -54,7 +59,7 @@ if [ ! -e "$st/started" ]; then
 fi
 while [ ! -e "$st/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
 cp "$st"/*.log "$out"/ 2>/dev/null
-for b in A B C; do cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null; done
+for b in A B C D; do cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null; done
 cat "$st/speed.log"
 if [ ! -e "$st/done" ]; then echo "(still running)"; exit 3; fi
 echo "== compare"; tail -20 "$st/compare.log"
