@@ -70,8 +70,9 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     # the CUDA compile took its units' slots from the command's pool (the gate)
     assert re.search(r"\[tinyext\]\s+compile slots: 1 of the command's \d+ for each CUDA "
                      r"unit", res.stderr), res.stderr[-3000:]
-    # and the free ones to its nvcc's threads (nvcc 13.0 knows --jobserver)
-    assert "ptxas --split-compile 8) through the pool's jobserver" in res.stderr
+    # and the free ones to ptxas's threads (nvcc 13.0 knows --jobserver)
+    assert ", and the free ones to ptxas's parts (--split-compile 8) through the pool's " \
+           "jobserver" in res.stderr
 
     wheel = project / "index" / "files" / ext
     with zipfile.ZipFile(wheel) as zf:  # built stored, deflated by the relabel

@@ -30,26 +30,30 @@ its companions, the cells of a nightly) compiles them within one budget: the com
 * **The units' own seconds.**  ninja's log counts a unit's wait at the gate as part of
   it; the gate writes the seconds its unit ran beside the unit's object
   (:data:`SECONDS_SUFFIX`), which builder/unitcosts.py records instead.
-
-* **nvcc's own threads.**  A unit's nvcc can run several threads: its architectures
-  at once (``--threads``), and ``ptxas`` cutting each architecture's functions into
-  parts (``--split-compile``, given to ptxas only).  Where the nvcc knows ``--jobserver``
-  (CUDA 13.0 does), the pool is also a GNU make jobserver (a named pipe, ``MAKEFLAGS=
-  --jobserver-auth=fifo:PATH``, given to each gated nvcc and to nothing else: ninja
-  would join it too): a unit's gate takes one slot, and every further thread of its nvcc
-  takes a token from the pipe first.  The pool puts its free slots in the pipe once no
-  gate has started or ended for :data:`LEND_AFTER_S` and none is waiting
-  (:meth:`Pool._lend_idle`), and takes them back, as the threads give them back, when a
-  gate waits (:meth:`Pool._reclaim`).  So the slots a build's last units leave free go
-  to the units still running instead of idling, and a busy machine compiles each unit
-  on one thread as before.  The split is ptxas's, not nvcc's: nvcc's own
-  ``--split-compile`` also splits cicc, whose PTX then differs (nvcc 13.0, torch's
-  argument order: the tiny fixture's kernel loses a common subexpression), while ptxas's
-  gives the same machine code whatever the parts and tokens (mamba-ssm's costliest unit:
-  all 96 ``.text`` sections the same bytes; only ``.note.nv.tkinfo``, which records
-  ptxas's options, differs from a build without it).  The part count is fixed
-  (:data:`SPLIT_COMPILE`), so the object's bytes never depend on the machine or on the
-  tokens (tests/test_scheduler.py compiles with and without free slots and compares).
+* **ptxas's threads.**  ptxas can cut one unit's functions into parts compiled on
+  several threads (``--split-compile``) and take a GNU make jobserver token for every
+  thread past its first (``--jobserver``).  Where nvcc lists both (CUDA 13.0 does), the
+  pool is also a jobserver (a named pipe, ``MAKEFLAGS= --jobserver-auth=fifo:PATH``, set
+  by each gate for its own nvcc and the ptxas it runs, never for ninja, which would join
+  it too) and torch's nvcc command gets ``--ptxas-options=--split-compile=8,--jobserver``
+  (:func:`nvcc_flags`).  The pool puts its free slots in the pipe once no gate has
+  started or ended for :data:`LEND_AFTER_S` and none is waiting (:meth:`Pool._lend_idle`),
+  and takes them back, as the threads give them back, when a gate waits
+  (:meth:`Pool._reclaim`).  So the cores a build's last units leave free compile the
+  ptxas phase of the units still running, and a busy machine compiles each unit as
+  before.  A unit's gate still takes its ``NVCC_THREADS`` slots (nvcc's ``--threads``
+  are not the jobserver's).
+  Why ptxas's split only: nvcc's own ``--split-compile`` also splits cicc, whose PTX
+  then differs (nvcc 13.0, torch's argument order: the CUDA fixture's kernel computes its
+  thread's index twice; not in ccache's order, so a cached object would differ), while
+  ptxas's gives the same machine code as no split, whatever the tokens (mamba-ssm's
+  costliest unit: all 96 ``.text`` sections the same bytes; only ``.note.nv.tkinfo``,
+  which records ptxas's options, differs from a build without it).  The part count is
+  fixed (:data:`SPLIT_COMPILE`), so the object's bytes never depend on the machine or on
+  the tokens (tests/test_scheduler.py compiles with and without free slots and compares).
+  Not under sccache: its server runs ptxas without the build's ``MAKEFLAGS`` (ptxas warns
+  that it found no jobserver and runs every part at once), and sccache 0.16 mis-parses
+  nvcc's own ``--jobserver`` (fatbinary: "Could not open input file").
 
 Host C++ units (``$cxx`` in the ninja file, one or two per recipe here) are not gated:
 they run within their build's ``MAX_JOBS``.
@@ -88,7 +92,7 @@ LEND_AFTER_S = 1.0
 #: ptxas's ``--split-compile``: the most threads one architecture of one unit can use.
 #: Recorded in the cubin (``.note.nv.tkinfo``), so a constant, never the machine's cores.
 SPLIT_COMPILE = 8
-#: nvcc's options (as its help lists them) that make it a client of the pool's jobserver.
+#: The options (as nvcc's help lists them) that make ptxas a client of the jobserver.
 NVCC_JOBSERVER = ("--split-compile", "--jobserver")
 #: The jobserver's token (GNU make's protocol: a client gives back the byte it took).
 _TOKEN = b"+"
@@ -150,10 +154,9 @@ sys.exit(os.WEXITSTATUS(status))
 
 
 def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
-    """The options that make ``nvcc`` a client of the pool's jobserver, ptxas splitting
-    each architecture into up to :data:`SPLIT_COMPILE` threads: when this nvcc lists both
-    in its help (CUDA 13.0 does), else none (each unit then takes its --threads slots at
-    its gate)."""
+    """The option that makes ``nvcc``'s ptxas split each unit into :data:`SPLIT_COMPILE`
+    parts, run on as many threads as the pool's jobserver lends it: when this nvcc lists
+    both options in its help (CUDA 13.0 does), else none."""
     try:
         text = _proc.run([str(nvcc), "--help"], timeout=60).output
     except _proc.CommandFailed:
@@ -161,7 +164,7 @@ def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
     split, server = NVCC_JOBSERVER
     if split not in text or server not in text:
         return ()
-    return (f"--ptxas-options={split}={SPLIT_COMPILE}", server)
+    return (f"--ptxas-options={split}={SPLIT_COMPILE},{server}",)
 
 
 class _Expected:

@@ -97,7 +97,9 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ.pop("PYTHONPATH", None)
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     if cuda is not None:  # torch's nvcc command: the cache's (or the toolkit's) + options
-        flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.nvcc_flags(cuda.nvcc)
+        flags = reproducible.nvcc_flags(cuda.nvcc)
+        if cache is None or cache.backend != "sccache":  # (builder/jobserver.py: why)
+            flags += jobserver.nvcc_flags(cuda.nvcc)
         if flags:
             nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
             environ["PYTORCH_NVCC"] = " ".join([nvcc, *flags])
@@ -497,19 +499,14 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
     if gated:
         nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
-        if jobserver.NVCC_JOBSERVER[-1] in shlex.split(nvcc):
-            # one slot a unit; its nvcc's other threads take tokens from the jobserver
-            environ["PYTORCH_NVCC"] = pool.gate(nvcc, 1, priority)
-            reporter.info(f"compile slots: 1 of the command's {pool.size} for each CUDA "
-                          f"unit as it starts (at most {config.jobs} units of this build at "
-                          f"once), and the free ones to its nvcc's threads (--threads "
-                          f"{config.nvcc_threads}, ptxas --split-compile {jobserver.SPLIT_COMPILE})"
-                          " through the pool's jobserver")
-        else:
-            environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
-            reporter.info(f"compile slots: {config.nvcc_threads} of the command's "
-                          f"{pool.size} for each CUDA unit as it starts (at most "
-                          f"{config.jobs} units of this build at once)")
+        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
+        lends = any(jobserver.NVCC_JOBSERVER[-1] in word for word in shlex.split(nvcc))
+        reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
+                      f"for each CUDA unit as it starts (at most {config.jobs} units of "
+                      "this build at once)" + (
+                          ", and the free ones to ptxas's parts (--split-compile "
+                          f"{jobserver.SPLIT_COMPILE}) through the pool's jobserver"
+                          if lends else ""))
         yield
         return
 

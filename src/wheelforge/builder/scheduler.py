@@ -6,7 +6,9 @@ thread of its own, so the fixed steps of one (fetch, environment, verify imports
 publish) overlap the compiles of the others, and every compile takes its jobs from the
 command's pool (builder/jobserver.py) one unit at a time: a slot one compile's unit
 gives back goes to the next waiting unit of any build, so the cores stay busy as long
-as any build has work.  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another instead.
+as any build has work (and, through the pool's jobserver, nvcc's own threads take the
+slots no unit asks for).  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another
+instead, in the same pool.
 A build waits for a companion only where it needs it: for the companion's build
 key in its preflight, for its exact version (which the wheel pins; known once the
 companion's build environment is) after its own compile, and for its published wheel
@@ -97,8 +99,8 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
     runs here; several run at once (see the module's docstring).  ``pool``: compile
     slots shared with builds of the caller's (the nightly's cells at once), else the
     command's own (one build too: the pool's jobserver lends nvcc's threads the slots
-    its units leave free).  The builds share a managed environment, and every one of them asks it
-    for the requirements of all (theirs and ``shared_requirements``, the caller's other
+    its units leave free).  The builds share a managed environment, and every one of
+    them asks it for the requirements of all (theirs and ``shared_requirements``, the caller's other
     builds'): the first to prepare it installs them all, before any compile, where a
     later build's install would change it under a running compile (a setup.py that
     imports torch, and with it a numpy half-installed, fails)."""
