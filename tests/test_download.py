@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from test_source import recipe_for, sdist_bytes, sdist_entry
+from wheelforge import _proc
 from wheelforge.builder import buildenv
 from wheelforge.builder.source import NetLimits, cache_path, fetch
 from wheelforge.errors import SourceError, ToolchainError
@@ -157,6 +158,37 @@ def test_503_every_time_gives_up_after_the_retries(tmp_path: Path, serve):
     url, seen = serve(lambda sock, n: sock.sendall(head("503 Service Unavailable", 0)))
     err, _ = failing(tmp_path, url)
     assert f"{url}: HTTP 503 Service Unavailable (3 attempts)" in err.why and seen == [1, 2, 3]
+
+
+def test_ctrl_c_ends_the_back_off_between_attempts_at_once(tmp_path: Path, serve):
+    """A 503 then a 60 s back-off: stopping the command (Ctrl-C, --timeout:
+    ``_proc.stop_all``) ends the wait at once, nothing half-downloaded left behind."""
+    url, seen = serve(lambda sock, n: sock.sendall(head("503 Service Unavailable", 0)))
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            download(tmp_path, url, NetLimits(retries=3, backoff=60, deadline=300))
+        except BaseException as exc:  # noqa: BLE001 (the test looks at what it was)
+            ended.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the first attempt failed: the back-off began
+        stopped = time.monotonic()
+        _proc.stop_all()
+        thread.join(20)
+        assert not thread.is_alive() and time.monotonic() - stopped < 5
+    finally:
+        _proc.resume()
+    assert len(ended) == 1 and isinstance(ended[0], KeyboardInterrupt) and seen == [1]
+    recipe = recipe_for(tmp_path, sdist_entry(SHA, url))
+    cached = cache_path(tmp_path / "cache", recipe.sources[0])
+    assert not cached.exists() and not [p for p in cached.parent.glob("*") if p.is_file()]
 
 
 def test_a_truncated_body_is_retried(tmp_path: Path, serve):

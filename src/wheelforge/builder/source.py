@@ -310,7 +310,7 @@ def _download(src: SdistSource, cache_dir: Path, limits: NetLimits = DEFAULT_NET
                 pause = max(pause, exc.retry_after)
             if not exc.transient or attempt == limits.retries or pause >= left:
                 break
-            time.sleep(pause)
+            _proc.pause(pause)  # Ctrl-C (or --timeout) ends the back-off at once
             pause *= 2
     tries = len(failures)
     history = failures[-1] if len(set(failures)) == 1 else "; ".join(
