@@ -318,10 +318,8 @@ class Pool:
         Slots lent to the jobserver come back for it as nvcc's threads give them back."""
         while self._waiting:
             first = max(self._waiting, key=_Request.rank)
-            if self._held_for_expected(first):
-                return
             self._reclaim(first.count - self._free)
-            if first.count > self._free:
+            if first.count > self._free or self._held_for_expected(first):
                 return
             self._waiting.remove(first)
             self._free -= first.count
