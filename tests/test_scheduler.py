@@ -10,6 +10,7 @@ in one command) and test_interrupt (Ctrl-C in the middle of one of them).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shlex
@@ -384,21 +385,26 @@ def test_the_companion_error_a_dependent_raises(tmp_path: Path) -> None:
 
 def test_one_build_runs_in_the_callers_thread_with_the_commands_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One build needs no other thread; it gets the command's pool all the same, whose
-    jobserver lends its nvcc's threads the slots its units leave free."""
+    """One build needs no other thread.  One that compiles gets the command's pool all the
+    same, whose jobserver lends ptxas's threads the slots its units leave free; a pure
+    one gets none (nothing to compile, and no directory for a killed command to leave)."""
     book = companion_book(tmp_path)
-    seen: list[tuple[bool, int]] = []
+    seen: list[tuple[bool, int | None]] = []
 
     def build_one(recipe, config, reporter, companions=None, inspections=None, *,  # type: ignore[no-untyped-def]
                   pool=None, warm=None, on_key=None, on_version=None):
-        seen.append((threading.current_thread() is threading.main_thread(), pool.size))
+        seen.append((threading.current_thread() is threading.main_thread(),
+                     pool.size if pool is not None else None))
         return BuildResult(recipe, Path("/i/x.whl"), (), None, "k")
 
     monkeypatch.setattr(scheduler, "build_one", build_one)
     config = _config(tmp_path)
-    scheduler.build_with_companions([book.load("purec")], book, config,
-                                    Reporter(io.StringIO()))
-    assert seen == [(True, config.jobs * config.nvcc_threads)]
+    pure = book.load("purec")
+    scheduler.build_with_companions([pure], book, config, Reporter(io.StringIO()))
+    compiles = dataclasses.replace(pure, build=dataclasses.replace(pure.build,
+                                                                   kind="extension"))
+    scheduler.build_with_companions([compiles], book, config, Reporter(io.StringIO()))
+    assert seen == [(True, None), (True, config.jobs * config.nvcc_threads)]
 
 
 def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,

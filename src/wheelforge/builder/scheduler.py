@@ -98,17 +98,20 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
     Interpreters are inspected once for all of them (buildenv.Inspections).  One build
     runs here; several run at once (see the module's docstring).  ``pool``: compile
     slots shared with builds of the caller's (the nightly's cells at once), else the
-    command's own (one build too: the pool's jobserver lends nvcc's threads the slots
-    its units leave free).  The builds share a managed environment, and every one of
-    them asks it for the requirements of all (theirs and ``shared_requirements``, the caller's other
-    builds'): the first to prepare it installs them all, before any compile, where a
+    command's own (one build that compiles too: the pool's jobserver lends ptxas's
+    threads the slots its units leave free).  The builds share a managed environment,
+    and every one of them asks it for the requirements of all (theirs and
+    ``shared_requirements``, the caller's other builds'): the first to prepare it
+    installs them all, before any compile, where a
     later build's install would change it under a running compile (a setup.py that
     imports torch, and with it a numpy half-installed, fails)."""
     planned = shared(plan(recipes, book, config), shared_requirements)
     inspections = inspections or buildenv.Inspections()
     with importcheck.WarmImports() as warm, contextlib.ExitStack() as stack:
-        # the command's pool, also for one build: its jobserver serves nvcc's threads
-        pool = pool or stack.enter_context(pool_for(config))
+        # the command's pool, also for one build that compiles: its jobserver serves
+        # ptxas's threads (none for pure builds: a killed command leaves its directory)
+        if pool is None and any(p.recipe.build.kind == "extension" for p in planned):
+            pool = stack.enter_context(pool_for(config))
         if len(planned) == 1 or not at_once():
             done: dict[str, BuildResult] = {}
             for p in planned:  # one after another, in the caller's thread
@@ -116,6 +119,8 @@ def build_with_companions(recipes: list[Recipe], book: RecipeBook, config: Build
                     p.recipe, p.config, reporter, {c: done[c] for c in p.companions},
                     inspections, pool=pool, warm=warm)
             return list(done.values())
+        if pool is None:  # pure builds at once: the pool only orders their (no) compiles
+            pool = stack.enter_context(pool_for(config))
         return _together(planned, reporter, inspections, pool, warm)
 
 
