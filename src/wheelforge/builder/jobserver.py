@@ -109,7 +109,7 @@ import os, signal, socket, sys, time
 
 signal.signal(signal.SIGINT, signal.SIG_DFL)  # stopped while it waits: it just ends
 address, request, command = sys.argv[1], " ".join(sys.argv[2:4]), sys.argv[4:]
-# the pool's jobserver, for nvcc's threads beyond the slot this gate holds: its own
+# the pool's jobserver, for the ptxas threads past each part's first: its nvcc's own
 os.environ["MAKEFLAGS"] = JOBSERVER_MAKEFLAGS
 pool = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 pool.connect(address)
@@ -199,7 +199,7 @@ class Pool:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=_SHORT_DIR))
             self._address = self._dir / "slots.sock"
-        self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for nvcc's threads
+        self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for ptxas's threads
         os.mkfifo(self._fifo, 0o600)
         self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
         self._gate = self._dir / "gate.py"
@@ -215,7 +215,7 @@ class Pool:
         self._seq = 0
         self._expected: dict[str, _Expected] = {}  # compiles to come
         self._holding_since: float | None = None
-        self._lent = 0  # slots given to the jobserver's pipe: there, or with nvcc threads
+        self._lent = 0  # slots given to the jobserver's pipe: there, or with ptxas threads
         self._quiet_since = time.monotonic()  # when a gate last started or ended
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
@@ -238,7 +238,7 @@ class Pool:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def free(self) -> int:
-        """Slots in no unit's, no compile's and no nvcc thread's hands (the pool's own and
+        """Slots in no unit's, no compile's and no ptxas thread's hands (the pool's own and
         the tokens waiting in its jobserver's pipe)."""
         with self._lock:
             return self._free + self._in_pipe()
@@ -315,7 +315,7 @@ class Pool:
         """Hand free slots to the waiting requests, the highest priority first, then the
         first to ask (the lock held).  The first in that order waits for all it asks
         for: nothing smaller passes it, so a request of many slots is never starved.
-        Slots lent to the jobserver come back for it as nvcc's threads give them back."""
+        Slots lent to the jobserver come back for it as ptxas's threads give them back."""
         while self._waiting:
             first = max(self._waiting, key=_Request.rank)
             self._reclaim(first.count - self._free)
@@ -354,7 +354,7 @@ class Pool:
         self._free += got
 
     def _lend_idle(self) -> None:
-        """Put the free slots in the jobserver's pipe, for the threads of the nvccs that
+        """Put the free slots in the jobserver's pipe, for the threads of the ptxas that
         run, once no gate has started or ended for :data:`LEND_AFTER_S`, none waits and no
         compile is expected (the lock held)."""
         if (not self._free or self._waiting or self._expected or self._closed

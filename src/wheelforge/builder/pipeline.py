@@ -484,7 +484,7 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
     recorded unit costs) go first.  ``environ`` is completed for the compile.
 
     Without a command's pool (one build), a gated compile gets a pool of its own: its
-    jobserver serves the threads of its nvccs (see builder/jobserver.py)."""
+    jobserver serves the threads of its ptxas (see builder/jobserver.py)."""
     environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
     gated = _gated(env, environ)
     if pool is None:

@@ -6,7 +6,7 @@ thread of its own, so the fixed steps of one (fetch, environment, verify imports
 publish) overlap the compiles of the others, and every compile takes its jobs from the
 command's pool (builder/jobserver.py) one unit at a time: a slot one compile's unit
 gives back goes to the next waiting unit of any build, so the cores stay busy as long
-as any build has work (and, through the pool's jobserver, nvcc's own threads take the
+as any build has work (and, through the pool's jobserver, ptxas's threads take the
 slots no unit asks for).  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another
 instead, in the same pool.
 A build waits for a companion only where it needs it: for the companion's build
