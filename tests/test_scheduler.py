@@ -292,6 +292,22 @@ def test_the_gate_writes_the_seconds_its_unit_ran(tmp_path: Path) -> None:
     assert 0.25 < ran < 0.9
 
 
+def test_a_unit_whose_threads_ran_on_lent_slots_records_its_cpu_seconds(
+        tmp_path: Path) -> None:
+    """ptxas's threads on slots the pool lent shorten a unit's wall, not its work: the
+    next build packs its units by the work (two processes of ~0.6 CPU-s each on one
+    slot: at least 1.2 s recorded, whatever the wall)."""
+    out = tmp_path / "unit.o"
+    spin = (f"{shlex.quote(sys.executable)} -c 'import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.6: pass'")
+    with jobserver.Pool(2, tmp_path) as pool:
+        gate = subprocess.run([*shlex.split(pool.gate("sh -c")),
+                               f"{spin} & {spin}; wait; touch \"$2\"", "sh", "-o", str(out)],
+                              timeout=60)
+    assert gate.returncode == 0
+    assert float(Path(str(out) + jobserver.SECONDS_SUFFIX).read_text()) >= 1.15
+
+
 def _until(ready: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():

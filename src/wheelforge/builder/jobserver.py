@@ -29,7 +29,9 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   it starts (:meth:`Pool.slots`).
 * **The units' own seconds.**  ninja's log counts a unit's wait at the gate as part of
   it; the gate writes the seconds its unit ran beside the unit's object
-  (:data:`SECONDS_SUFFIX`), which builder/unitcosts.py records instead.
+  (:data:`SECONDS_SUFFIX`), which builder/unitcosts.py records instead: its wall, or, if
+  more, its CPU seconds over its slots (ptxas's threads on lent slots shorten a unit's
+  wall, not its work, and the next build packs its units by these seconds).
 * **ptxas's threads.**  ptxas can cut one unit's functions into parts compiled on
   several threads (``--split-compile``) and take a GNU make jobserver token for every
   thread past its first (``--jobserver``).  Where nvcc lists both (CUDA 13.0 does), the
@@ -140,11 +142,15 @@ except OSError as exc:
     sys.exit(127)
 for signum in stops:
     os.kill(child, signum)
-status = os.waitpid(child, 0)[1]
+status, usage = os.wait4(child, 0)[1:]
 if "-o" in command[:-1]:  # the unit's own seconds: ninja's log counts its wait here too
+    # on its own slots: its wall, or its CPU seconds over its slots where ptxas's threads
+    # ran on lent ones (the next build packs its units by these: the work, not the luck)
+    seconds = max(time.monotonic() - started,
+                  (usage.ru_utime + usage.ru_stime) / max(1, int(sys.argv[2])))
     try:
         with open(command[command.index("-o") + 1] + SECONDS_SUFFIX, "w") as f:
-            f.write("%.2f\\n" % (time.monotonic() - started))
+            f.write("%.2f\\n" % seconds)
     except OSError:
         pass
 if os.WIFSIGNALED(status):

@@ -3,7 +3,9 @@
 torch's ``cpp_extension`` compiles through ninja, and ninja logs when each output started
 and ended (``.ninja_log`` beside the ``build.ninja`` it writes under ``build/temp.*``).
 After a cold compile (nothing served by the compile cache) wheelforge records, per
-recipe and arch list, every unit's source, wall seconds and, for a generated unit that
+recipe and arch list, every unit's source, seconds (ninja's, or what the unit's gate in
+the command's pool wrote: its wall, or its CPU seconds over its slots where ptxas ran
+threads on lent ones: builder/jobserver.py) and, for a generated unit that
 only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
 ``CACHE/stats/NAME.units.json``.  The next build of the recipe gets the file's path in
 ``WHEELFORGE_UNIT_COSTS``; the split patches (causal-conv1d 0008, mamba-ssm 0010) scale
