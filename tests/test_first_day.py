@@ -3,6 +3,7 @@ real command, with its message and exit code."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +13,18 @@ import pytest
 
 from conftest import make_wheel
 from wheelforge import index
+from wheelforge.builder import jobserver
 
 CU130: dict[str, Any] = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1",
                          "archs": ["sm_120"], "build_key": "key-1"}
 LABELLED = "1.7.0+cu130torch2.14sm120"
 
 
-def wf(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def wf(*args: str | Path, cwd: Path,
+       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
-                          text=True, capture_output=True, timeout=300)
+                          text=True, capture_output=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
@@ -210,30 +214,38 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
 
 def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
         tmp_path: Path) -> None:
-    import os
     import time
 
     from wheelforge._fs import owned_lock
     from wheelforge.workdirs import RUN_LOCK
 
-    work, cache = tmp_path / "work", tmp_path / "cache"
+    work, cache, tmp = tmp_path / "work", tmp_path / "cache", tmp_path / "tmp"
     live, dead, old, fresh, stack = (work / "live", work / "dead", work / "old", work / "fresh",
                                      cache / "stack" / "stack-1")
-    for d in (live, dead, old, fresh, stack):
+    # a killed command's pool of compile slots (its socket, pipe and gate), and another
+    # directory in the temporary one that is none of wheelforge's
+    dead_pool, other = tmp / f"{jobserver.DIR_PREFIX}x1", tmp / "someone-elses"
+    for d in (live, dead, old, fresh, stack, dead_pool, other):
         d.mkdir(parents=True)
         (d / "big.o").write_bytes(b"\0" * 4096)
-    for d in (live, dead, stack):
+    for d in (live, dead, stack, dead_pool):
         (d / RUN_LOCK).write_text("pid 1 (wheelforge build) since then")
     hour_ago = time.time() - 7200
     os.utime(old, (hour_ago, hour_ago))
+    os.utime(other, (hour_ago, hour_ago))
     args = ("clean", "--work-dir", work, "--cache-dir", cache)
-    with owned_lock(live / RUN_LOCK):  # a build of this process, running
-        dry = wf(*args, "--dry-run", cwd=tmp_path)
+    with owned_lock(live / RUN_LOCK), jobserver.Pool(1, tmp) as pool:  # this process's
+        live_pool = pool.directory
+        dry = wf(*args, "--dry-run", cwd=tmp_path, env={"TMPDIR": str(tmp)})
         assert dry.returncode == 0, dry.stderr
         assert f"would remove {dead} " in dry.stdout and dead.exists()
-        done = wf(*args, cwd=tmp_path)
+        assert f"would remove {dead_pool} " in dry.stdout and dead_pool.exists()
+        done = wf(*args, cwd=tmp_path, env={"TMPDIR": str(tmp)})
+        assert live_pool.is_dir()
     assert done.returncode == 0, done.stderr
     assert not dead.exists() and not old.exists() and not stack.exists()
+    assert not dead_pool.exists() and other.exists()
     assert live.exists() and fresh.exists()
     assert f"kept {live}: in use by pid {os.getpid()}" in done.stdout
-    assert "removed 3 directories" in done.stdout
+    assert f"kept {live_pool}: in use by pid {os.getpid()}" in done.stdout
+    assert "removed 4 directories" in done.stdout

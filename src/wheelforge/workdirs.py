@@ -49,16 +49,18 @@ def _size(path: Path) -> int:
 
 
 def sweep(parents: Iterable[Path], *, dry_run: bool = False,
-          now: float | None = None) -> Swept:
-    """Remove every run directory under ``parents`` whose run is gone: its lock is free,
-    or it has no lock and was not touched for :data:`UNLOCKED_GRACE_S`.  A directory
-    whose lock another process holds is kept, with its holder."""
+          now: float | None = None, match: str = "*") -> Swept:
+    """Remove every run directory under ``parents`` (those whose names match the glob
+    ``match``) whose run is gone: its lock is free, or it has no lock and was not touched
+    for :data:`UNLOCKED_GRACE_S`.  A directory whose lock another process holds is kept,
+    with its holder."""
     removed: list[tuple[Path, int]] = []
     kept: list[tuple[Path, str]] = []
     now = time.time() if now is None else now
     for parent in parents:
         try:
-            children = sorted(p for p in parent.iterdir() if p.is_dir() and not p.is_symlink())
+            children = sorted(p for p in parent.glob(match)
+                              if p.is_dir() and not p.is_symlink())
         except OSError:
             continue
         for child in children:

@@ -79,7 +79,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .. import _proc
+from .. import _proc, workdirs
 
 #: How often a whole compile that waits for its slots looks for Ctrl-C, in seconds.
 TICK_S = 0.2
@@ -100,6 +100,8 @@ NVCC_JOBSERVER = ("--split-compile", "--jobserver")
 _TOKEN = b"+"
 #: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
 _SHORT_DIR = "/tmp"
+#: The pool's directory (socket, jobserver pipe, gate), made in the temporary directory.
+DIR_PREFIX = "wheelforge-jobs-"
 
 #: The file beside a unit's object where its gate wrote the seconds the unit ran.
 SECONDS_SUFFIX = ".wf-seconds"
@@ -199,12 +201,16 @@ class Pool:
 
     def __init__(self, size: int, directory: Path | None = None) -> None:
         self.size = max(1, size)
-        self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=directory))
+        self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=directory))
         self._address = self._dir / "slots.sock"
         if len(os.fsencode(self._address)) > 100:  # sun_path's limit
             shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = Path(tempfile.mkdtemp(prefix="wheelforge-jobs-", dir=_SHORT_DIR))
+            self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=_SHORT_DIR))
             self._address = self._dir / "slots.sock"
+        # held while the pool lives: `wheelforge clean` removes the directory of a command
+        # that was killed (SIGKILL: nothing ran to remove it), never a live one
+        self._claim = contextlib.ExitStack()
+        self._claim.enter_context(workdirs.claim(self._dir))
         self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for ptxas's threads
         os.mkfifo(self._fifo, 0o600)
         self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
@@ -242,6 +248,12 @@ class Pool:
         for fd in (self._wake_r, self._wake_w, self._tokens):
             os.close(fd)
         shutil.rmtree(self._dir, ignore_errors=True)
+        self._claim.close()
+
+    @property
+    def directory(self) -> Path:
+        """The pool's directory (its socket, jobserver pipe and gate): gone once closed."""
+        return self._dir
 
     def free(self) -> int:
         """Slots in no unit's, no compile's and no ptxas thread's hands (the pool's own and

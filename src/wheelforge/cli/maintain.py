@@ -287,19 +287,27 @@ def outdated(names: tuple[str, ...], index_url: str, as_json: bool, no_check: bo
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
     """Remove what failed, stopped or killed runs left: build work directories (kept for
-    reading after a failure) and stack-check venvs. A directory a running wheelforge
-    holds is never touched. Sources, build environments, the compile cache and logs stay.
+    reading after a failure), stack-check venvs and the compile-slot pools of killed
+    commands (TMPDIR/wheelforge-jobs-*). A directory a running wheelforge holds is never
+    touched. Sources, build environments, the compile cache and logs stay.
 
     \b
     Examples:
       wheelforge clean --dry-run
       wheelforge clean --work-dir /scratch/wf-work
     """
+    import tempfile
+
     from .. import workdirs
+    from ..builder.jobserver import DIR_PREFIX
 
     config = resolve(cache_dir=cache_dir, work_dir=work_dir)
     parents = [config.work_dir, config.cache_dir / "stack"]
     swept = workdirs.sweep(parents, dry_run=dry_run)
+    pools = workdirs.sweep([Path(tempfile.gettempdir())], dry_run=dry_run,
+                           match=f"{DIR_PREFIX}*")
+    swept = workdirs.Swept(removed=swept.removed + pools.removed, kept=swept.kept + pools.kept)
+    parents.append(Path(tempfile.gettempdir()) / f"{DIR_PREFIX}*")
     verb = "would remove" if dry_run else "removed"
     for path, size in swept.removed:
         click.echo(f"{verb} {path} ({size / 2**20:.1f} MiB)")
