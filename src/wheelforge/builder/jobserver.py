@@ -80,6 +80,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .. import _proc, workdirs
+from .toolchain import nvcc_help
 
 #: How often a whole compile that waits for its slots looks for Ctrl-C, in seconds.
 TICK_S = 0.2
@@ -165,10 +166,7 @@ def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
     """The option that makes ``nvcc``'s ptxas split each unit into :data:`SPLIT_COMPILE`
     parts, run on as many threads as the pool's jobserver lends it: when this nvcc lists
     both options in its help (CUDA 13.0 does), else none."""
-    try:
-        text = _proc.run([str(nvcc), "--help"], timeout=60).output
-    except _proc.CommandFailed:
-        return ()
+    text = nvcc_help(nvcc)
     split, server = NVCC_JOBSERVER
     if split not in text or server not in text:
         return ()

@@ -55,6 +55,7 @@ from pathlib import Path
 from .. import _proc
 from .._fs import owned_lock
 from ..errors import SourceError, ToolchainError
+from .toolchain import nvcc_help
 
 __all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED", "SCHEME", "UMASK",
            "FixedPaths", "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch",
@@ -81,10 +82,7 @@ NVCC_RANDOM_SEED = ("--frandom-seed", "1")
 def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
     """The options that make ``nvcc``'s output independent of its process id, those this
     nvcc lists in its help (CUDA 13.0 lists both): ``-objtemp`` and a fixed random seed."""
-    try:
-        text = _proc.run([str(nvcc), "--help"], timeout=60).output
-    except _proc.CommandFailed:
-        return ()
+    text = nvcc_help(nvcc)
     seed, number = NVCC_RANDOM_SEED
     return ((NVCC_OBJTEMP,) if NVCC_OBJTEMP in text else ()) + \
         ((f"{seed}={number}",) if seed in text else ())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,28 @@ def host_compiler(environ: Mapping[str, str] | None = None) -> str:
     result = _proc.run([found, "--version"], check=False, timeout=60)
     first = result.output.strip().splitlines()[:1]
     return first[0].strip() if result.returncode == 0 and first else ""
+
+
+def nvcc_help(nvcc: Path) -> str:
+    """``nvcc --help`` ("" when it fails), asked once per nvcc binary and process: the
+    options a build gives nvcc are those it lists (builder/reproducible.py's,
+    builder/jobserver.py's)."""
+    try:
+        st = nvcc.stat()
+    except OSError:
+        return ""
+    key = (str(nvcc), st.st_mtime_ns, st.st_size)
+    with _HELP_LOCK:
+        if key not in _HELP:
+            try:
+                _HELP[key] = _proc.run([str(nvcc), "--help"], timeout=60).output
+            except _proc.CommandFailed:
+                _HELP[key] = ""
+        return _HELP[key]
+
+
+_HELP: dict[tuple[str, int, int], str] = {}
+_HELP_LOCK = threading.Lock()
 
 
 def supported_sass(nvcc: Path) -> frozenset[str]:
