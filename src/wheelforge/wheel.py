@@ -24,6 +24,7 @@ from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from . import _zip
 from ._fs import TMP_PREFIX
 from .errors import VerifyError
 
@@ -373,7 +374,7 @@ def relabel(
     relative to the .dist-info directory: the SBOM) are added as :func:`add_files` adds
     them, dated ``epoch``, in the same pass: the bytes are those of the relabel followed
     by :func:`add_files`, with every member written once (a large extension's deflating
-    is seconds of one core).
+    is seconds of one core; :mod:`wheelforge._zip` deflates it on every core).
     """
     info = inspect_wheel(path)
     new_version = labeled_version(info.version.public, local)
@@ -419,13 +420,10 @@ def relabel(
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / out_name
     tmp = out_dir / f"{TMP_PREFIX}{out_name}"
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for zi, data in entries:
-            zf.writestr(zi, data)
-        rzi = zipfile.ZipInfo(record_name, date_time=record_date)
-        rzi.external_attr = 0o644 << 16
-        rzi.compress_type = zipfile.ZIP_DEFLATED
-        zf.writestr(rzi, record.getvalue())
+    rzi = zipfile.ZipInfo(record_name, date_time=record_date)
+    rzi.external_attr = 0o644 << 16
+    rzi.compress_type = zipfile.ZIP_DEFLATED
+    _zip.write(tmp, [*entries, (rzi, record.getvalue().encode("utf-8"))])
     os.replace(tmp, final)
     return final
 
@@ -486,9 +484,7 @@ def add_files(path: Path, files: Mapping[str, bytes], *, epoch: int) -> Path:
     rzi.external_attr = 0o644 << 16
     rzi.compress_type = zipfile.ZIP_DEFLATED
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
-    with zipfile.ZipFile(tmp, "w") as out:
-        for zi, data in [*entries, (rzi, record.getvalue().encode("utf-8"))]:
-            out.writestr(zi, data)
+    _zip.write(tmp, [*entries, (rzi, record.getvalue().encode("utf-8"))])
     os.replace(tmp, path)
     return path
 
