@@ -10,11 +10,12 @@
      kernels into as many units as MAX_JOBS can use, 0006 drops debug info from the
      binding unit, 0007 compresses every unit's fatbin; mamba-ssm's 0008 splits every
      dispatcher by launch configuration into units sized by MAX_JOBS
-  D  C's tree compiled as `wheelforge build` compiles it: each unit's nvcc behind the
-     gate of a pool of MAX_JOBS slots, with the options a build gives nvcc
+  D  C's tree compiled and packed as `wheelforge build` does: each unit's nvcc behind
+     the gate of a pool of MAX_JOBS slots, with the options a build gives nvcc
      (builder/reproducible.py's, and builder/jobserver.py's: ptxas splits each unit on
-     as many threads as the pool's jobserver lends it).  --builds DC runs both, D first;
-     CD, C first
+     as many threads as the pool's jobserver lends it); setuptools' wheel stored, then
+     relabelled (wheel.relabel: the extension deflated once, on every core).
+     --builds DC runs both, D first; CD, C first
 
 Each is a bare build without isolation in wheelforge's managed build environment with
 the same MAX_JOBS and the recipe's build.env: pypa/build's build_wheel hook, as
@@ -59,6 +60,7 @@ from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
 from wheelforge.builder.patch import apply_series  # noqa: E402
 from wheelforge.builder.source import extract, fetch  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
+from wheelforge.wheel import relabel  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -121,25 +123,30 @@ def phases(tree: Path, t0: float, t1: float, steps: list[tuple[float, float, str
 
 
 def run_frontend(frontend: str, tree: Path, env: buildenv.BuildEnv,
-                 environ: dict[str, str], out: Path) -> None:
+                 environ: dict[str, str], out: Path, packed: bool = False) -> None:
     if frontend == "pip":
         subprocess.run([str(env.python), "-m", "pip", "wheel", "--no-build-isolation",
                         "--no-deps", "-q", "-w", str(out), str(tree)],
                        env=environ, check=True, stdout=subprocess.DEVNULL)
-        return
-    # wheelforge's own build step (pypa/build's build_wheel hook); the compilers' output
-    # (ptxas -v is loud) goes to a log that a failure names
-    with warnings.catch_warnings():  # the backend's deprecation notices
-        warnings.simplefilter("ignore")
-        backend.build_wheel(tree=tree, env=env, environ=environ, out_dir=out,
-                            log=out.parent / f"{out.name}-build.log")
+    else:
+        # wheelforge's own build step (pypa/build's build_wheel hook); the compilers'
+        # output (ptxas -v is loud) goes to a log that a failure names
+        with warnings.catch_warnings():  # the backend's deprecation notices
+            warnings.simplefilter("ignore")
+            backend.build_wheel(tree=tree, env=env, environ=environ, out_dir=out,
+                                log=out.parent / f"{out.name}-build.log", stored=packed)
+    if packed:  # as the pipeline packs it: the stored wheel relabelled, deflated once
+        (raw,) = out.glob("*.whl")
+        final = relabel(raw, out.parent / f"{out.name}-final", local="bench", torch_pin=None)
+        raw.unlink()
+        final.replace(out / final.name)
 
 
 def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str], out: Path,
           keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0, w0 = children_cpu(), time.monotonic(), time.time()
-    run_frontend(frontend, tree, env, environ, out)
+    run_frontend(frontend, tree, env, environ, out, packed=name[0] == "D")
     wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)

@@ -63,7 +63,7 @@ __all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED", "SCHEM
 
 #: How a wheel is made reproducible; part of the build key: wheels built before (at
 #: per-run paths, dated at build time) are another binary, rebuilt once.
-SCHEME = "fixed-paths-2"
+SCHEME = "fixed-paths-3"
 #: Where every builder compiles: the same path on every machine, so the same bytes.
 BUILD_ROOT = Path("/tmp/wheelforge-build")
 #: The umask of the compile (bdist_wheel records the permission bits it leaves).
