@@ -55,7 +55,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import backend, buildenv, jobserver, reproducible, toolchain  # noqa: E402
+from wheelforge.builder import (  # noqa: E402
+    backend,
+    buildenv,
+    bytecode,
+    jobserver,
+    reproducible,
+    toolchain,
+)
 from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
 from wheelforge.builder.patch import apply_series  # noqa: E402
 from wheelforge.builder.source import extract, fetch  # noqa: E402
@@ -223,6 +230,9 @@ def main() -> None:
             **dict(recipe.build.env), **split.env,  # (causal-conv1d's recipe has it too)
             "PATH": f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}"}
     base.pop("TORCH_CUDA_ARCH_LIST", None)
+    # as the pipeline runs the backend: torch's bytecode kept (builder/bytecode.py)
+    base = bytecode.environ(base, python=env.python, managed=env.managed,
+                            cache_dir=config.cache_dir)
     print(f"{recipe.name} {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
     results = []

@@ -35,6 +35,7 @@ from ..recipe.subsets import subset_environment, subset_label
 from ..wheel import labeled_version, relabel, relabeled_name, wheel_version
 from . import (
     buildenv,
+    bytecode,
     compilecache,
     doctor,
     envlock,
@@ -104,6 +105,8 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
             nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
             environ["PYTORCH_NVCC"] = " ".join([nvcc, *flags])
     environ["PYTHONUNBUFFERED"] = "1"  # the backend's output arrives as it is written
+    environ = bytecode.environ(environ, python=env.python, managed=env.managed,
+                               cache_dir=config.cache_dir)
     environ.update(dict(recipe.build.env))
     environ.update(subset_environment(recipe, recipe_subset(recipe, config)))
     return environ
