@@ -247,6 +247,12 @@ def main() -> None:
         one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
         builds = "CB" if args.skip_upstream else args.builds.upper()
         flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.nvcc_flags(cuda.nvcc)
+        # the first build does not pay for what the others find ready: torch's files in
+        # the page cache and, under PYTHONDONTWRITEBYTECODE, its bytecode (bytecode.py)
+        t0 = time.monotonic()
+        subprocess.run([str(env.python), "-c", "import setuptools, torch.utils.cpp_extension"],
+                       env=base, check=True, capture_output=True)
+        print(f"warm-up: setup.py's imports in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"load average before: {load()}", flush=True)
         names = ("D split, pool", "C split", "B one arch", "A upstream")
         for name in sorted((n for n in names if n[0] in builds), key=lambda n: builds.index(n[0])):

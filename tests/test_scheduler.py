@@ -682,3 +682,17 @@ def test_nvcc_through_the_pools_jobserver_writes_the_same_object_with_or_without
             _until(lambda: pool.free() == size)  # noqa: B023 (called at once)
         objects.append(out.read_bytes())
     assert objects[0] == objects[1]
+
+
+def test_a_pool_that_cannot_start_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(a full temporary directory): no pool directory, no lock held, the error raised."""
+    import errno
+
+    def full(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "mkfifo", full)
+    with pytest.raises(OSError, match="No space left"):
+        jobserver.Pool(2, tmp_path)
+    assert not list(tmp_path.glob(f"{jobserver.DIR_PREFIX}*"))

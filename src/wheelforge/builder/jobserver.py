@@ -210,13 +210,21 @@ class Pool:
         self._claim = contextlib.ExitStack()
         self._claim.enter_context(workdirs.claim(self._dir))
         self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for ptxas's threads
-        os.mkfifo(self._fifo, 0o600)
-        self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
         self._gate = self._dir / "gate.py"
-        self._gate.write_text(_GATE.replace("JOBSERVER_MAKEFLAGS", repr(self.makeflags())))
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(str(self._address))
-        self._server.listen(1024)
+        try:
+            os.mkfifo(self._fifo, 0o600)
+            self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
+            self._gate.write_text(_GATE.replace("JOBSERVER_MAKEFLAGS", repr(self.makeflags())))
+            self._server.bind(str(self._address))
+            self._server.listen(1024)
+        except BaseException:  # (a full /tmp): nothing left behind, nothing held
+            self._server.close()
+            if hasattr(self, "_tokens"):
+                os.close(self._tokens)
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._claim.close()
+            raise
         self._wake_r, self._wake_w = os.pipe()
         self._lock = threading.Lock()
         self._free = self.size
