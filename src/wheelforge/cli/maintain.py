@@ -314,6 +314,6 @@ def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
     for path, why in swept.kept:
         click.echo(f"kept {path}: {why}")
     total = sum(size for _, size in swept.removed) / 2**20
-    where = " and ".join(str(p) for p in parents)
+    where = ", ".join(str(p) for p in parents[:-1]) + f" and {parents[-1]}"
     click.echo(f"{verb} {len(swept.removed)} director{'y' if len(swept.removed) == 1 else 'ies'}"
                f" ({total:.1f} MiB) under {where}; kept {len(swept.kept)}")
