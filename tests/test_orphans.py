@@ -106,7 +106,11 @@ def test_sigkill_takes_grandchildren_and_orphans_along():
 @pytest.mark.nvcc
 def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache: Path,
                                                      nvcc: str):
-    proc = start(tmp_path, shared_cache)
+    """Nothing running; what is left on disk (the pool of compile slots, which nothing
+    could remove) goes with `wheelforge clean`."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = start(tmp_path, shared_cache, tmpdir=tmp)
     tree = wait_for_compiler(proc)
     sessions = {session(p) for p in tree if alive(p)} - {session(proc.pid)}
     assert sessions
@@ -119,8 +123,14 @@ def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache
         time.sleep(0.05)
     left = in_sessions(sessions) + [(p, _comm(p)) for p in tree if alive(p)]
     assert not left, f"still running 2 s after SIGKILL: {left} (the tree was {names})"
+    (pool,) = tmp.glob("wheelforge-jobs-*")
+    clean = subprocess.run([sys.executable, "-m", "wheelforge", "clean", "--cache-dir",
+                            str(tmp_path / "clean-cache")], env={**os.environ, "TMPDIR": str(tmp)},
+                           capture_output=True, text=True, timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert f"removed {pool} " in clean.stdout and not pool.exists()
 
-    again = start(tmp_path, shared_cache)  # the same build key: no stale lock in the way
+    again = start(tmp_path, shared_cache, tmpdir=tmp)  # the same key: no stale lock in the way
     _, err = again.communicate(timeout=900)
     assert again.returncode == 0, err[-3000:]
     assert list((tmp_path / "index" / "files").glob("tinyext-*.whl"))
