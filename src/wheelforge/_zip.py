@@ -18,6 +18,7 @@ Readers see an ordinary archive: :mod:`zipfile`, pip, uv and ``unzip -t`` read i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zipfile
@@ -70,7 +71,7 @@ def write(path: Path, entries: Sequence[tuple[zipfile.ZipInfo, bytes]]) -> None:
                 zf.writestr(zi, data)
         return
     big = any(len(data) > CHUNK for _, data in entries)
-    with ThreadPoolExecutor(os.cpu_count() or 1) if big else _NoPool() as pool, \
+    with ThreadPoolExecutor(os.cpu_count() or 1) if big else contextlib.nullcontext() as pool, \
             open(path, "wb") as f:
         central = []
         for zi, data in entries:
@@ -104,12 +105,3 @@ def write(path: Path, entries: Sequence[tuple[zipfile.ZipInfo, bytes]]) -> None:
         f.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(central), len(central),
                             f.tell() - start, start, 0))
 
-
-class _NoPool:
-    """No threads: an archive of small members is deflated on the calling thread."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_exc: object) -> None:
-        return None
