@@ -205,25 +205,26 @@ class Pool:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=_SHORT_DIR))
             self._address = self._dir / "slots.sock"
-        # held while the pool lives: `wheelforge clean` removes the directory of a command
-        # that was killed (SIGKILL: nothing ran to remove it), never a live one
-        self._claim = contextlib.ExitStack()
-        self._claim.enter_context(workdirs.claim(self._dir))
+        # what the pool holds, let go in reverse when it closes or cannot start (a full
+        # /tmp): its directory's run lock (`wheelforge clean` removes the directory of a
+        # command that was killed, SIGKILL: nothing ran to remove it; never a live one),
+        # the directory, its socket and its jobserver's pipe
+        self._owned = contextlib.ExitStack()
+        self._owned.enter_context(workdirs.claim(self._dir))
+        self._owned.callback(shutil.rmtree, self._dir, ignore_errors=True)
         self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for ptxas's threads
         self._gate = self._dir / "gate.py"
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._owned.callback(self._server.close)  # (its thread closes it first)
         try:
             os.mkfifo(self._fifo, 0o600)
             self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
+            self._owned.callback(os.close, self._tokens)
             self._gate.write_text(_GATE.replace("JOBSERVER_MAKEFLAGS", repr(self.makeflags())))
             self._server.bind(str(self._address))
             self._server.listen(1024)
-        except BaseException:  # (a full /tmp): nothing left behind, nothing held
-            self._server.close()
-            if hasattr(self, "_tokens"):
-                os.close(self._tokens)
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._claim.close()
+        except BaseException:
+            self._owned.close()
             raise
         self._wake_r, self._wake_w = os.pipe()
         self._lock = threading.Lock()
@@ -251,10 +252,9 @@ class Pool:
             self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join()
-        for fd in (self._wake_r, self._wake_w, self._tokens):
+        for fd in (self._wake_r, self._wake_w):
             os.close(fd)
-        shutil.rmtree(self._dir, ignore_errors=True)
-        self._claim.close()
+        self._owned.close()
 
     @property
     def directory(self) -> Path:
