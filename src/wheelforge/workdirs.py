@@ -48,16 +48,16 @@ def _size(path: Path) -> int:
     return total
 
 
-def sweep(parents: Iterable[Path], *, dry_run: bool = False,
-          now: float | None = None, match: str = "*") -> Swept:
-    """Remove every run directory under ``parents`` (those whose names match the glob
-    ``match``) whose run is gone: its lock is free, or it has no lock and was not touched
-    for :data:`UNLOCKED_GRACE_S`.  A directory whose lock another process holds is kept,
-    with its holder."""
+def sweep(places: Iterable[tuple[Path, str]], *, dry_run: bool = False,
+          now: float | None = None) -> Swept:
+    """Remove every run directory in ``places`` (a parent directory, and the glob its run
+    directories' names match) whose run is gone: its lock is free, or it has no lock and
+    was not touched for :data:`UNLOCKED_GRACE_S`.  A directory whose lock another process
+    holds is kept, with its holder."""
     removed: list[tuple[Path, int]] = []
     kept: list[tuple[Path, str]] = []
     now = time.time() if now is None else now
-    for parent in parents:
+    for parent, match in places:
         try:
             children = sorted(p for p in parent.glob(match)
                               if p.is_dir() and not p.is_symlink())

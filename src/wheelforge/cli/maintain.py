@@ -302,18 +302,16 @@ def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
     from ..builder.jobserver import DIR_PREFIX
 
     config = resolve(cache_dir=cache_dir, work_dir=work_dir)
-    parents = [config.work_dir, config.cache_dir / "stack"]
-    swept = workdirs.sweep(parents, dry_run=dry_run)
-    pools = workdirs.sweep([Path(tempfile.gettempdir())], dry_run=dry_run,
-                           match=f"{DIR_PREFIX}*")
-    swept = workdirs.Swept(removed=swept.removed + pools.removed, kept=swept.kept + pools.kept)
-    parents.append(Path(tempfile.gettempdir()) / f"{DIR_PREFIX}*")
+    places = [(config.work_dir, "*"), (config.cache_dir / "stack", "*"),
+              (Path(tempfile.gettempdir()), f"{DIR_PREFIX}*")]
+    swept = workdirs.sweep(places, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for path, size in swept.removed:
         click.echo(f"{verb} {path} ({size / 2**20:.1f} MiB)")
     for path, why in swept.kept:
         click.echo(f"kept {path}: {why}")
     total = sum(size for _, size in swept.removed) / 2**20
-    where = ", ".join(str(p) for p in parents[:-1]) + f" and {parents[-1]}"
+    named = [str(d if m == "*" else d / m) for d, m in places]
+    where = ", ".join(named[:-1]) + f" and {named[-1]}"
     click.echo(f"{verb} {len(swept.removed)} director{'y' if len(swept.removed) == 1 else 'ies'}"
                f" ({total:.1f} MiB) under {where}; kept {len(swept.kept)}")
