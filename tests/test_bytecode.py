@@ -80,3 +80,60 @@ def test_the_backend_puts_no_bytecode_in_the_wheel(tmp_path: Path) -> None:
                    cwd=tree, env=environ, check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "d").glob("*.whl")
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".pyc")]
+
+
+def _unpacked(tmp_path: Path) -> Path:
+    """An unpacked 'wheel' whose module imports the environment's torch."""
+    where = tmp_path / "wf-verify-x"
+    (where / "pkg").mkdir(parents=True)
+    (where / "pkg" / "__init__.py").write_text("import torch\nVALUE = torch.x\n")
+    return where
+
+
+def test_the_import_check_keeps_the_environments_bytecode_and_forgets_the_wheels(
+        env: Path, tmp_path: Path) -> None:
+    """A given environment's import check, cold and warm: torch's bytecode stays in the
+    cache for the next check; what the wheel's modules left in the mirror of their
+    temporary directory is removed; the user's environment gets nothing."""
+    from wheelforge.builder.importcheck import WarmImports, cold_problems
+
+    cache = tmp_path / "cache"
+    environ = bytecode.environ({**os.environ, **BASE}, python=env, managed=False,
+                               cache_dir=cache)
+    prefix = cache / bytecode.PYCACHE
+    where = _unpacked(tmp_path)
+    assert cold_problems(env, where, ("pkg",), False, None, environ) == []
+    assert list(prefix.rglob("torch/__init__*.pyc"))
+    mirror = prefix / str(where.resolve()).lstrip(os.sep)
+    assert list(mirror.rglob("*.pyc"))  # the wheel's, until forgotten
+    bytecode.forget(environ, where)
+    assert not mirror.exists() and list(prefix.rglob("torch/__init__*.pyc"))
+
+    for pyc in prefix.rglob("*.pyc"):
+        pyc.unlink()
+    with WarmImports(preload="torch") as warm:
+        warm.start(env, environ)
+        assert warm.problems(env, where, ("pkg",), None) == []
+    assert list(prefix.rglob("torch/__init__*.pyc"))  # the warm interpreter's import
+    bytecode.forget(environ, where)
+    assert not mirror.exists()
+    site = next(env.parent.parent.glob("lib/python*/site-packages"))
+    assert not (site / "torch" / "__pycache__").exists()
+    assert not (where / "pkg" / "__pycache__").exists()
+
+
+def test_forget_removes_only_the_mirror_of_its_directory(tmp_path: Path) -> None:
+    prefix = tmp_path / "prefix"
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    mirrors = [prefix / str(p).lstrip(os.sep) for p in (link, real)]
+    other = prefix / str(tmp_path / "other").lstrip(os.sep)
+    for d in (*mirrors, other):
+        d.mkdir(parents=True)
+        (d / "m.cpython-311.pyc").write_bytes(b"")
+    bytecode.forget({}, link)  # no prefix: nothing to do
+    assert all(d.exists() for d in mirrors)
+    bytecode.forget({"PYTHONPYCACHEPREFIX": str(prefix)}, link)
+    assert not any(d.exists() for d in mirrors) and other.exists()

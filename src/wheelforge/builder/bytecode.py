@@ -19,15 +19,23 @@ backend's process (setup.py), :func:`environ` lets the bytecode be written once:
 
 A caller's own ``PYTHONPYCACHEPREFIX`` is kept as it is.  A wheel never holds bytecode
 either way (bdist_wheel does not compile; tests/test_bytecode.py).
+
+The import check's interpreters (builder/importcheck.py) run under the same environment:
+``import mamba_ssm`` also imports triton and transformers, about 3 s of compiling from
+source at every verify where their bytecode is never kept (measured: docs/performance.md).
+The wheel's own modules are imported from a temporary directory; under a prefix their
+bytecode would be left in the mirror of that directory, and :func:`forget` removes it
+when the check is done.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PYCACHE", "environ"]
+__all__ = ["PYCACHE", "environ", "forget"]
 
 #: Where a given environment's bytecode goes, under the cache directory.
 PYCACHE = "pycache"
@@ -53,3 +61,18 @@ def environ(base: Mapping[str, str], *, python: Path, managed: bool,
         del out["PYTHONDONTWRITEBYTECODE"]
         out["PYTHONPYCACHEPREFIX"] = str(cache_dir / PYCACHE)
     return out
+
+
+def forget(environ: Mapping[str, str], directory: Path) -> None:
+    """Remove the bytecode that interpreters run under ``environ`` wrote for the modules
+    of ``directory`` (a temporary one) into the mirror under its ``PYTHONPYCACHEPREFIX``;
+    nothing without a prefix (the bytecode is then inside ``directory``).  The mirror of
+    both spellings of the path: an interpreter started in ``directory`` finds modules
+    through its working directory, the resolved path."""
+    prefix = environ.get("PYTHONPYCACHEPREFIX")
+    if not prefix:
+        return
+    for spelling in {os.path.abspath(directory), os.path.realpath(directory)}:
+        mirror = Path(prefix, spelling.lstrip(os.sep))
+        if mirror != Path(prefix) and mirror.is_dir() and not mirror.is_symlink():
+            shutil.rmtree(mirror, ignore_errors=True)

@@ -33,7 +33,7 @@ import signal
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from .. import _proc
@@ -140,8 +140,9 @@ def _problems(returncode: int, output: str) -> list[str]:
     return lines or [f"the import check exited with {returncode}: {output.strip()[-300:]}"]
 
 
-def _environ(where: Path | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _environ(where: Path | None, base: Mapping[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k != "PYTHONPATH"}
     env["PYTHONNOUSERSITE"] = "1"
     if where is not None:
         env["PYTHONPATH"] = str(where)
@@ -149,11 +150,13 @@ def _environ(where: Path | None) -> dict[str, str]:
 
 
 def cold_problems(python: Path, where: Path, modules: tuple[str, ...], extension: bool,
-                  log: Path | None) -> list[str]:
+                  log: Path | None, environ: Mapping[str, str] | None = None) -> list[str]:
     """A fresh ``python`` imports ``modules`` from the unpacked wheel at ``where``
-    (``PYTHONPATH``, the working directory); the problems, one line per failed import."""
+    (``PYTHONPATH``, the working directory); the problems, one line per failed import.
+    ``environ``: the interpreter's environment (default: this process's), as
+    builder/bytecode.py makes it."""
     result = _proc.run([str(python), "-c", _script(modules, extension)], cwd=where,
-                       env=_environ(where), check=False, log=log)
+                       env=_environ(where, environ), check=False, log=log)
     return _problems(result.returncode, result.output)
 
 
@@ -161,8 +164,9 @@ class _Server:
     """One warm interpreter: its thread (the one subprocess helper runs it), its socket,
     and what it said until it was ready."""
 
-    def __init__(self, python: Path, preload: str) -> None:
+    def __init__(self, python: Path, preload: str, environ: Mapping[str, str] | None) -> None:
         self.python = python
+        self._environ = environ
         self._dir = Path(tempfile.mkdtemp(prefix="wf-imports-"))
         self.socket = self._dir / "s"
         self.pid: int | None = None  # once serving
@@ -188,7 +192,7 @@ class _Server:
 
         try:
             _proc.run([str(self.python), "-c", _SERVER, str(self.socket), preload, MARK],
-                      cwd=self._dir, env=_environ(None), on_line=on_line,
+                      cwd=self._dir, env=_environ(None, self._environ), on_line=on_line,
                       check=False, keep_output=False)
         except BaseException:  # stopped with the command: the checks run cold
             pass
@@ -258,12 +262,14 @@ class WarmImports:
     def _key(self, python: Path) -> tuple[str, tuple[int, ...]]:
         return os.path.abspath(python), site_stamp(python)
 
-    def start(self, python: Path) -> None:
-        """Start ``python``'s warm interpreter unless it runs already; returns at once."""
+    def start(self, python: Path, environ: Mapping[str, str] | None = None) -> None:
+        """Start ``python``'s warm interpreter unless it runs already; returns at once.
+        ``environ``: its environment (default: this process's), as builder/bytecode.py
+        makes it; the checks' children inherit it."""
         key = self._key(python)
         with self._lock:
             if not self._closed and key not in self._servers:
-                self._servers[key] = _Server(python, self._preload)
+                self._servers[key] = _Server(python, self._preload, environ)
 
     def problems(self, python: Path, where: Path, modules: tuple[str, ...],
                  log: Path | None) -> list[str] | None:

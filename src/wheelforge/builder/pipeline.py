@@ -312,8 +312,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
+        # the import check's interpreters keep their bytecode as setup.py's does
+        checks = bytecode.environ(os.environ, python=env.python, managed=env.managed,
+                                  cache_dir=config.cache_dir)
         if warm is not None and extension and recipe.verify.imports:
-            warm.start(env.python)  # torch imported once, while the compile runs
+            warm.start(env.python, checks)  # torch imported once, while the compile runs
         with reporter.step(what):
             def on_line(line: str) -> None:
                 reporter.line(line)
@@ -410,7 +413,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 reporter.info(f"requires its companion {cname}=={cversion}")
         with reporter.step("verify"):
             verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log,
-                                    warm=warm)
+                                    warm=warm, environ=checks)
             for so, found in verified.archs:
                 reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
                               f"PTX {', '.join(sorted(found.ptx)) or 'none'}")

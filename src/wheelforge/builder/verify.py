@@ -5,7 +5,9 @@ Every check runs and every issue is collected; one VerifyError lists them all.
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from ..arch import Arch, expected_ptx, expected_sass
 from ..errors import VerifyError
 from ..recipe.model import Recipe
 from ..wheel import WheelInfo, inspect_wheel, integrity_problems, reading
+from . import bytecode
 from .buildenv import BuildEnv
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 from .importcheck import WarmImports, cold_problems
@@ -44,17 +47,22 @@ def shared_object_archs(wheel: Path) -> list[tuple[str, CudaArchs]]:
 
 
 def _import_problems(wheel: Path, env: BuildEnv, modules: tuple[str, ...], extension: bool,
-                     log: Path | None, warm: WarmImports | None) -> list[str]:
+                     log: Path | None, warm: WarmImports | None,
+                     environ: Mapping[str, str] | None) -> list[str]:
     if not modules:
         return []
     with tempfile.TemporaryDirectory(prefix="wf-verify-") as tmp:
-        with reading(wheel) as zf:
-            zf.extractall(tmp)
-        found = warm.problems(env.python, Path(tmp), modules, log) \
-            if warm is not None and extension else None
-        if found is None:
-            found = cold_problems(env.python, Path(tmp), modules, extension, log)
-        return found
+        try:
+            with reading(wheel) as zf:
+                zf.extractall(tmp)
+            found = warm.problems(env.python, Path(tmp), modules, log) \
+                if warm is not None and extension else None
+            if found is None:
+                found = cold_problems(env.python, Path(tmp), modules, extension, log,
+                                      environ)
+            return found
+        finally:
+            bytecode.forget(environ or os.environ, Path(tmp))
 
 
 def _code_problems(wheel: Path, info: WheelInfo, extension: bool, archs: tuple[Arch, ...],
@@ -141,10 +149,13 @@ def verify_wheel(
     env: BuildEnv | None,
     log: Path | None = None,
     warm: WarmImports | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Verified:
     """Run every check; raise one VerifyError with all issues, or return what was found.
     ``warm``: the command's warm interpreters, which serve an extension's import check
-    (builder/importcheck.py); without one, or when none can serve, it runs cold."""
+    (builder/importcheck.py); without one, or when none can serve, it runs cold.
+    ``environ``: the cold check's interpreter's environment (default: this process's;
+    a warm interpreter has the one it was started with)."""
     issues: list[str] = []
     info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
     if canonicalize_name(info.name) != recipe.name:
@@ -159,7 +170,8 @@ def verify_wheel(
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,
-                                       recipe.build.kind == "extension", log, warm))
+                                       recipe.build.kind == "extension", log, warm,
+                                       environ))
     if issues:
         raise VerifyError(
             f"{wheel.name} failed verification ({len(issues)} issue(s)); nothing was published",
