@@ -9,17 +9,17 @@ from __future__ import annotations
 import difflib
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .._yaml import read_yaml
 from ..errors import RecipeError
+from .fields import Problems, join, limit, requirements, section, string_field, string_list
 from .model import (
     BUILD_KINDS,
     DEFAULT_LOCAL_VERSION,
@@ -102,8 +102,6 @@ _SUBSET_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 _SUBSET_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.]*$")
 _SUBSET_LABEL = re.compile(r"^[A-Za-z0-9]*$")
 _EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
-_SIZE = re.compile(r"^(?P<n>[0-9]{1,15})\s*(?P<unit>|B|KiB|MiB|GiB|TiB)$")
-_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag", "release-tag", "release-commit")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires",
@@ -113,129 +111,63 @@ _TEST_KEYS = ("source-files", "files", "requires")
 _TEST_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
 
 
-class _Problems:
-    """Collects problems as ``file: key.path: message`` lines."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.items: list[str] = []
-
-    def add(self, where: str, message: str) -> None:
-        prefix = f"{self.path}: {where}" if where else str(self.path)
-        self.items.append(f"{prefix}: {message}")
-
-    def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:
-        for key in data:
-            if key in allowed:
-                continue
-            hint = difflib.get_close_matches(str(key), allowed, n=1)
-            suggestion = (f"; did you mean '{hint[0]}'?" if hint
-                          else f"; allowed: {', '.join(allowed)}")
-            self.add(_join(where, str(key)), f"unknown key{suggestion}")
-
-
-def _join(where: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{where}[{key}]"
-    return f"{where}.{key}" if where else key
-
-
-def _string(p: _Problems, data: Mapping[str, Any], key: str, where: str, *,
-            required: bool = True) -> str | None:
-    value = data.get(key)
-    if value is None:
-        if required:
-            p.add(_join(where, key), "is required")
-        return None
-    if not isinstance(value, str) or not value.strip():
-        p.add(_join(where, key), f"must be a non-empty string, got {value!r}")
-        return None
-    return value
-
-
-def _string_list(p: _Problems, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    value = data.get(key, [])
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        p.add(_join(where, key), f"must be a list of strings, got {type(value).__name__}")
-        return ()
-    out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, str) or not item.strip():
-            p.add(_join(_join(where, key), i), f"must be a non-empty string, got {item!r}")
-        else:
-            out.append(item)
-    return tuple(out)
-
-
-def _requirements(p: _Problems, data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    items = _string_list(p, data, key, where)
-    for i, item in enumerate(items):
-        try:
-            Requirement(item)
-        except InvalidRequirement as exc:
-            p.add(_join(_join(where, key), i), f"not a valid requirement: {exc}")
-    return items
-
-
-def _parse_source(p: _Problems, entry: Any, where: str) -> Source | None:
+def _parse_source(p: Problems, entry: Any, where: str) -> Source | None:
     if not isinstance(entry, dict) or len(entry) != 1:
         p.add(where, "each source is a mapping with exactly one key, 'sdist' or 'git'")
         return None
     ((kind, body),) = entry.items()
     if kind not in ("sdist", "git"):
         hint = difflib.get_close_matches(str(kind), ["sdist", "git"], n=1)
-        p.add(_join(where, str(kind)),
+        p.add(join(where, str(kind)),
               "unknown source kind" + (f"; did you mean '{hint[0]}'?" if hint else
                                        "; use 'sdist' or 'git'"))
         return None
-    where = _join(where, kind)
+    where = join(where, kind)
     if not isinstance(body, dict):
         p.add(where, "must be a mapping")
         return None
     if kind == "sdist":
         p.unknown_keys(where, body, _SDIST_KEYS)
-        filename = _string(p, body, "filename", where)
-        sha = _string(p, body, "sha256", where)
-        url = _string(p, body, "url", where, required=False)
+        filename = string_field(p, body, "filename", where)
+        sha = string_field(p, body, "sha256", where)
+        url = string_field(p, body, "url", where, required=False)
         if filename and not _SDIST_NAME.match(filename):
-            p.add(_join(where, "filename"),
+            p.add(join(where, "filename"),
                   f"{filename!r} is not a source archive name (.tar.gz, .zip, ...)")
         if url and filename and url.rsplit("/", 1)[-1].split("#")[0] != filename:
-            p.add(_join(where, "url"), f"does not end in the file name {filename!r}")
+            p.add(join(where, "url"), f"does not end in the file name {filename!r}")
         if sha is not None and not _HEX64.match(sha):
-            p.add(_join(where, "sha256"), "must be 64 lowercase hex digits")
+            p.add(join(where, "sha256"), "must be 64 lowercase hex digits")
             sha = None
         if filename and sha:
             return SdistSource(filename=filename, sha256=sha, url=url)
         return None
     p.unknown_keys(where, body, _GIT_KEYS)
-    url = _string(p, body, "url", where)
-    commit = _string(p, body, "commit", where)
-    tag = _string(p, body, "tag", where, required=False)
-    release_tag = _string(p, body, "release-tag", where, required=False)
-    release_commit = _string(p, body, "release-commit", where, required=False)
+    url = string_field(p, body, "url", where)
+    commit = string_field(p, body, "commit", where)
+    tag = string_field(p, body, "tag", where, required=False)
+    release_tag = string_field(p, body, "release-tag", where, required=False)
+    release_commit = string_field(p, body, "release-commit", where, required=False)
     if commit is not None and not _HEX40.match(commit):
-        p.add(_join(where, "commit"),
+        p.add(join(where, "commit"),
               "must be a full 40-hex commit id (a branch or tag can move; pin the commit "
               "and give the tag separately as 'tag')")
         commit = None
     if tag and (release_tag or release_commit):
-        p.add(_join(where, "release-tag"),
+        p.add(join(where, "release-tag"),
               "'tag' says the commit is the release, 'release-tag' that it comes after one: "
               "give one of them")
     if bool(release_tag) != bool(release_commit):
-        p.add(_join(where, "release-commit" if release_tag else "release-tag"),
+        p.add(join(where, "release-commit" if release_tag else "release-tag"),
               "is required with " + ("'release-tag'" if release_tag else "'release-commit'") +
               " (a tag can move: pin the release's commit beside its name)")
     if release_commit is not None and not _HEX40.match(release_commit):
-        p.add(_join(where, "release-commit"), "must be a full 40-hex commit id")
+        p.add(join(where, "release-commit"), "must be a full 40-hex commit id")
     elif release_commit is not None and release_commit == commit:
-        p.add(_join(where, "release-commit"),
+        p.add(join(where, "release-commit"),
               "is the pinned commit itself: a release is pinned with 'tag'")
     if url and (url.startswith("-") or any(c in url for c in "\0\n\r")):
-        p.add(_join(where, "url"), f"{url!r} is not a repository URL or path")
+        p.add(join(where, "url"), f"{url!r} is not a repository URL or path")
         url = None
     if url and commit:
         return GitSource(url=url, commit=commit, tag=tag, release_tag=release_tag,
@@ -243,7 +175,7 @@ def _parse_source(p: _Problems, entry: Any, where: str) -> Source | None:
     return None
 
 
-def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
+def _parse_build(p: Problems, data: Any) -> BuildSpec | None:
     where = "build"
     if not isinstance(data, dict):
         p.add(where, "is required and must be a mapping")
@@ -251,47 +183,47 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
     p.unknown_keys(where, data, _BUILD_KEYS)
     kind = data.get("kind")
     if kind not in BUILD_KINDS:
-        p.add(_join(where, "kind"), f"must be one of {', '.join(BUILD_KINDS)}, got {kind!r}")
+        p.add(join(where, "kind"), f"must be one of {', '.join(BUILD_KINDS)}, got {kind!r}")
         return None
     kind = cast(BuildKind, kind)
     env_raw = data.get("env", {}) or {}
     env: list[tuple[str, str]] = []
     if not isinstance(env_raw, dict):
-        p.add(_join(where, "env"), "must be a mapping of variable names to strings")
+        p.add(join(where, "env"), "must be a mapping of variable names to strings")
     else:
         for k, v in env_raw.items():
             if not isinstance(k, str) or not _ENV_NAME.match(k):
-                p.add(_join(_join(where, "env"), str(k)),
+                p.add(join(join(where, "env"), str(k)),
                       "is not a valid environment variable name")
             elif (why := refused_env(k)) is not None:
-                p.add(_join(_join(where, "env"), k),
+                p.add(join(join(where, "env"), k),
                       f"may not be set by a recipe: {why}; change the build with a patch "
                       "instead (docs/recipe-format.md, 'Build environment')")
             elif not isinstance(v, str):
-                p.add(_join(_join(where, "env"), k),
+                p.add(join(join(where, "env"), k),
                       f"must be a string (quote it in YAML), got {v!r}")
             else:
                 env.append((k, v))
     local_version = data.get("local-version", DEFAULT_LOCAL_VERSION[kind])
     if not isinstance(local_version, str):
-        p.add(_join(where, "local-version"), "must be a string template")
+        p.add(join(where, "local-version"), "must be a string template")
         local_version = ""
     else:
         try:
             fields = {f for _, f, _, _ in string.Formatter().parse(local_version) if f is not None}
         except ValueError as exc:
-            p.add(_join(where, "local-version"), f"bad template: {exc}")
+            p.add(join(where, "local-version"), f"bad template: {exc}")
             fields = set()
         unknown = sorted(fields - set(LOCAL_VERSION_FIELDS))
         if unknown:
-            p.add(_join(where, "local-version"),
+            p.add(join(where, "local-version"),
                   f"unknown field(s) {', '.join(unknown)}; use {{cuda}}, {{torch}}, {{sm}}")
         literal = re.sub(r"\{[^}]*\}", "", local_version)
         if literal and not re.fullmatch(r"[A-Za-z0-9.]*", literal):
-            p.add(_join(where, "local-version"), "may hold only letters, digits and '.'")
+            p.add(join(where, "local-version"), "may hold only letters, digits and '.'")
     pin_torch = data.get("pin-torch", kind == "extension")
     if not isinstance(pin_torch, bool):
-        p.add(_join(where, "pin-torch"), "must be true or false")
+        p.add(join(where, "pin-torch"), "must be true or false")
         pin_torch = False
     job_memory: float | None = None
     raw_memory = data.get("job-memory")
@@ -299,62 +231,49 @@ def _parse_build(p: _Problems, data: Any) -> BuildSpec | None:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*GiB\s*", str(raw_memory)) \
             if isinstance(raw_memory, str) else None
         if m is None or not 0 < float(m.group(1)) <= 1024:
-            p.add(_join(where, "job-memory"), "must be the peak memory of one compile job in "
+            p.add(join(where, "job-memory"), "must be the peak memory of one compile job in "
                   f"GiB, e.g. '7GiB' or '6.5GiB', got {raw_memory!r}")
         else:
             job_memory = float(m.group(1))
     return BuildSpec(
         kind=kind,
-        requires=_requirements(p, data, "requires", where),
+        requires=requirements(p, data, "requires", where),
         env=tuple(env),
         local_version=local_version,
         pin_torch=pin_torch,
         drop_requires=tuple(str(canonicalize_name(n)) for n in
-                            _string_list(p, data, "drop-requires", where)),
+                            string_list(p, data, "drop-requires", where)),
         job_memory_gib=job_memory,
     )
 
 
-def _section(p: _Problems, data: Any, where: str,
-             keys: Sequence[str]) -> dict[str, Any] | None:
-    """An optional mapping section: None when absent or not a mapping (said in ``p``),
-    its unknown keys said too."""
-    if data is None:
-        return None
-    if not isinstance(data, dict):
-        p.add(where, "must be a mapping")
-        return None
-    p.unknown_keys(where, data, keys)
-    return data
-
-
-def _parse_verify(p: _Problems, data: Any) -> VerifySpec:
+def _parse_verify(p: Problems, data: Any) -> VerifySpec:
     where = "verify"
-    data = _section(p, data, where, _VERIFY_KEYS)
+    data = section(p, data, where, _VERIFY_KEYS)
     if data is None:
         return VerifySpec()
-    imports = _string_list(p, data, "imports", where)
-    stack_imports = _string_list(p, data, "stack-imports", where)
+    imports = string_list(p, data, "imports", where)
+    stack_imports = string_list(p, data, "stack-imports", where)
     for key, mods in (("imports", imports), ("stack-imports", stack_imports)):
         for i, mod in enumerate(mods):
             if not _MODULE.match(mod):
-                p.add(_join(_join(where, key), i), f"{mod!r} is not a module name")
-    top_level = _string_list(p, data, "top-level", where)
+                p.add(join(join(where, key), i), f"{mod!r} is not a module name")
+    top_level = string_list(p, data, "top-level", where)
     for i, mod in enumerate(top_level):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", mod):
-            p.add(_join(_join(where, "top-level"), i),
+            p.add(join(join(where, "top-level"), i),
                   f"{mod!r} is not a top-level module or package name")
-    excluded = _string_list(p, data, "excluded", where)
+    excluded = string_list(p, data, "excluded", where)
     for i, path in enumerate(excluded):
         if path.startswith("/") or ".." in path.split("/") or "\\" in path:
-            p.add(_join(_join(where, "excluded"), i),
+            p.add(join(join(where, "excluded"), i),
                   f"{path!r} must be a relative path inside the wheel (e.g. flash_attn/cute)")
-    return VerifySpec(imports=imports, requires=_requirements(p, data, "requires", where),
+    return VerifySpec(imports=imports, requires=requirements(p, data, "requires", where),
                       stack_imports=stack_imports, top_level=top_level,
                       excluded=tuple(e.rstrip("/") for e in excluded))
 
 
-def _parse_subsets(p: _Problems, data: Any) -> tuple[SubsetDimension, ...]:
+def _parse_subsets(p: Problems, data: Any) -> tuple[SubsetDimension, ...]:
     where = "subsets"
     if data is None:
         return ()
@@ -363,7 +282,7 @@ def _parse_subsets(p: _Problems, data: Any) -> tuple[SubsetDimension, ...]:
         return ()
     out = []
     for name, body in data.items():
-        at = _join(where, str(name))
+        at = join(where, str(name))
         if not isinstance(name, str) or not _SUBSET_NAME.match(name):
             p.add(at, "a dimension name is lowercase letters, digits and '-' (e.g. hdim)")
             continue
@@ -371,39 +290,39 @@ def _parse_subsets(p: _Problems, data: Any) -> tuple[SubsetDimension, ...]:
             p.add(at, "must be a mapping with env and values")
             continue
         p.unknown_keys(at, body, _SUBSET_KEYS)
-        env = _string(p, body, "env", at)
+        env = string_field(p, body, "env", at)
         if env is not None and (not _ENV_NAME.match(env) or refused_env(env) is not None):
-            p.add(_join(at, "env"), f"{env!r} is not a project switch a recipe may set "
+            p.add(join(at, "env"), f"{env!r} is not a project switch a recipe may set "
                   "(docs/recipe-format.md, 'Build environment')")
             env = None
-        values = _string_list(p, body, "values", at)
+        values = string_list(p, body, "values", at)
         if not values:
-            p.add(_join(at, "values"), "is required: the values a build may hold")
+            p.add(join(at, "values"), "is required: the values a build may hold")
         for i, v in enumerate(values):
             if not _SUBSET_VALUE.match(v):
-                p.add(_join(_join(at, "values"), i), f"{v!r}: letters, digits and '.' only")
+                p.add(join(join(at, "values"), i), f"{v!r}: letters, digits and '.' only")
         if len(set(values)) != len(values):
-            p.add(_join(at, "values"), "lists a value twice")
+            p.add(join(at, "values"), "lists a value twice")
         raw_labels = body.get("labels", {}) or {}
         labels: list[tuple[str, str]] = []
         if not isinstance(raw_labels, dict):
-            p.add(_join(at, "labels"), "must map values to label fragments")
+            p.add(join(at, "labels"), "must map values to label fragments")
         else:
             for v, lab in raw_labels.items():
                 if str(v) not in values:
-                    p.add(_join(_join(at, "labels"), str(v)), "is not one of the values")
+                    p.add(join(join(at, "labels"), str(v)), "is not one of the values")
                 elif not isinstance(lab, str) or not _SUBSET_LABEL.match(lab):
-                    p.add(_join(_join(at, "labels"), str(v)),
+                    p.add(join(join(at, "labels"), str(v)),
                           "must be letters and digits (it goes into the local version)")
                 else:
                     labels.append((str(v), lab))
         multiple = body.get("multiple", True)
         if not isinstance(multiple, bool):
-            p.add(_join(at, "multiple"), "must be true or false")
+            p.add(join(at, "multiple"), "must be true or false")
             multiple = True
         help_text = body.get("help", "")
         if not isinstance(help_text, str):
-            p.add(_join(at, "help"), "must be a string")
+            p.add(join(at, "help"), "must be a string")
             help_text = ""
         if env and values:
             out.append(SubsetDimension(name=name, env=env, values=values, labels=tuple(labels),
@@ -411,20 +330,9 @@ def _parse_subsets(p: _Problems, data: Any) -> tuple[SubsetDimension, ...]:
     return tuple(out)
 
 
-def _limit(raw: Any, count: bool) -> int | None:
-    """A positive count, or a size: an integer (bytes) or ``N KiB|MiB|GiB|TiB``."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw if raw > 0 else None
-    m = _SIZE.match(raw.strip()) if isinstance(raw, str) and not count else None
-    if m is None:
-        return None
-    value = int(m.group("n")) * _UNITS[m.group("unit")]
-    return value if value > 0 else None
-
-
-def _parse_extract(p: _Problems, data: Any) -> ExtractLimits:
+def _parse_extract(p: Problems, data: Any) -> ExtractLimits:
     where = "extract"
-    data = _section(p, data, where, _EXTRACT_KEYS)
+    data = section(p, data, where, _EXTRACT_KEYS)
     if data is None:
         return ExtractLimits()
     values: dict[str, int] = {}
@@ -432,41 +340,41 @@ def _parse_extract(p: _Problems, data: Any) -> ExtractLimits:
         if data.get(key) is None:
             continue
         count = key == "max-members"
-        value = _limit(data[key], count)
+        value = limit(data[key], count)
         if value is None:
-            p.add(_join(where, key), "must be a positive integer" + (
+            p.add(join(where, key), "must be a positive integer" + (
                 "" if count else " (bytes) or a size such as '4GiB'") + f", got {data[key]!r}")
         else:
             values[key.replace("-", "_")] = value
     return ExtractLimits(**values)
 
 
-def _parse_test(p: _Problems, data: Any, tests_dir: Path) -> TestSpec:
+def _parse_test(p: Problems, data: Any, tests_dir: Path) -> TestSpec:
     where = "test"
-    data = _section(p, data, where, _TEST_KEYS)
+    data = section(p, data, where, _TEST_KEYS)
     if data is None:
         return TestSpec()
-    source_files = _string_list(p, data, "source-files", where)
+    source_files = string_list(p, data, "source-files", where)
     for i, f in enumerate(source_files):
         if not _TEST_FILE.match(f) or ".." in f.split("/"):
-            p.add(_join(_join(where, "source-files"), i),
+            p.add(join(join(where, "source-files"), i),
                   f"{f!r} must be a relative path to a .py file in the source tree")
     files = []
-    for i, f in enumerate(_string_list(p, data, "files", where)):
+    for i, f in enumerate(string_list(p, data, "files", where)):
         fpath = tests_dir / f
         if not _TEST_FILE.match(f) or ".." in f.split("/"):
-            p.add(_join(_join(where, "files"), i), f"{f!r} must be a relative path to a .py file")
+            p.add(join(join(where, "files"), i), f"{f!r} must be a relative path to a .py file")
         # a missing file is wheelforge test's error, not the recipe's: a copy of recipes/
         # and patches/ without gputests/ still lists, checks and builds
         files.append(fpath)
     return TestSpec(source_files=source_files, files=tuple(files),
-                    requires=_requirements(p, data, "requires", where))
+                    requires=requirements(p, data, "requires", where))
 
 
 def parse_recipe(data: Any, path: Path, patches_dir: Path,
                  tests_dir: Path | None = None) -> Recipe:
     """Validate raw YAML data; raise :class:`RecipeError` listing every problem."""
-    p = _Problems(path)
+    p = Problems(path)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a YAML mapping",
                           fix="see docs/recipe-format.md for the format")
@@ -474,7 +382,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     fmt = data.get("format")
     if fmt != FORMAT_VERSION:
         p.add("format", f"must be {FORMAT_VERSION} (the recipe format version), got {fmt!r}")
-    name = _string(p, data, "name", "")
+    name = string_field(p, data, "name", "")
     if name and not _PROJECT_NAME.fullmatch(name):
         p.add("name", f"{name!r} is not a project name")
         name = None
@@ -496,8 +404,8 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
         else:
             if version.local:
                 p.add("version", "must not carry a local label; wheelforge adds one")
-    summary = _string(p, data, "summary", "", required=False) or ""
-    homepage = _string(p, data, "homepage", "", required=False)
+    summary = string_field(p, data, "summary", "", required=False) or ""
+    homepage = string_field(p, data, "homepage", "", required=False)
 
     sources: list[Source] = []
     raw_sources = data.get("sources")
@@ -505,22 +413,22 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
         p.add("sources", "is required: a list of one or more pinned sources (mirrors)")
     else:
         for i, entry in enumerate(raw_sources):
-            src = _parse_source(p, entry, _join("sources", i))
+            src = _parse_source(p, entry, join("sources", i))
             if src is not None:
                 sources.append(src)
         if version is not None:
             for i, src in enumerate(sources):
                 if isinstance(src, SdistSource) and str(version) not in src.filename:
-                    p.add(_join(_join("sources", i), "sdist.filename"),
+                    p.add(join(join("sources", i), "sdist.filename"),
                           f"{src.filename!r} does not carry the recipe version {version}")
                 if isinstance(src, GitSource) and src.release_tag:
-                    _check_release_version(p, _join(_join("sources", i), "git.release-tag"),
+                    _check_release_version(p, join(join("sources", i), "git.release-tag"),
                                            src.release_tag, version)
         _check_untagged_mirrors(p, sources)
 
     patches: list[Path] = []
-    for i, pname in enumerate(_string_list(p, data, "patches", "")):
-        where = _join("patches", i)
+    for i, pname in enumerate(string_list(p, data, "patches", "")):
+        where = join("patches", i)
         if not _PATCH_NAME.match(pname):
             p.add(where, f"{pname!r} is not a patch file name (NAME.patch, no directories)")
             continue
@@ -532,14 +440,14 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
         p.add("patches", "lists a patch twice")
 
     companions: list[NormalizedName] = []
-    for i, cname in enumerate(_string_list(p, data, "companions", "")):
+    for i, cname in enumerate(string_list(p, data, "companions", "")):
         if canonicalize_name(cname) != cname:
-            p.add(_join("companions", i),
+            p.add(join("companions", i),
                   f"must be the normalized recipe name {canonicalize_name(cname)!r}")
         elif cname == name:
-            p.add(_join("companions", i), "a recipe cannot be its own companion")
+            p.add(join("companions", i), "a recipe cannot be its own companion")
         elif not (path.parent / f"{cname}.yaml").is_file():
-            p.add(_join("companions", i), f"no recipe {cname}.yaml beside this one")
+            p.add(join("companions", i), f"no recipe {cname}.yaml beside this one")
         else:
             companions.append(NormalizedName(cname))
     if len(set(companions)) != len(companions):
@@ -568,7 +476,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     )
 
 
-def _check_release_version(p: _Problems, where: str, tag: str, version: Version) -> None:
+def _check_release_version(p: Problems, where: str, tag: str, version: Version) -> None:
     """The recipe's version is the release the commit descends from: its tag's version."""
     try:
         tagged = Version(tag[1:] if tag[:1] in "vV" else tag)
@@ -581,7 +489,7 @@ def _check_release_version(p: _Problems, where: str, tag: str, version: Version)
                      "the recipe version of a commit after a release is that release's")
 
 
-def _check_untagged_mirrors(p: _Problems, sources: Sequence[Source]) -> None:
+def _check_untagged_mirrors(p: Problems, sources: Sequence[Source]) -> None:
     """Mirrors carry the same bytes: a commit after a release has no sdist, and every
     git mirror pins the same commit."""
     untagged = [s for s in sources if isinstance(s, GitSource) and s.release_tag]
@@ -589,11 +497,11 @@ def _check_untagged_mirrors(p: _Problems, sources: Sequence[Source]) -> None:
         return
     for i, src in enumerate(sources):
         if isinstance(src, SdistSource):
-            p.add(_join(_join("sources", i), "sdist"),
+            p.add(join(join("sources", i), "sdist"),
                   "an sdist is a release's bytes, not those of the commit after it; mirrors "
                   "of an untagged commit are git repositories only")
         elif src.commit != untagged[0].commit:
-            p.add(_join(_join("sources", i), "git.commit"),
+            p.add(join(join("sources", i), "git.commit"),
                   "every mirror must pin the same commit")
 
 
