@@ -67,7 +67,7 @@ class BuildConfig:
     git_mirrors: tuple[tuple[str, Path], ...] = ()
     compile_cache: compilecache.Settings = compilecache.Settings()
     #: ``--subset``: (dimension, values) asked for; applied to the recipes named on the
-    #: command line that declare kernel subsets (recipe.format.select_subset); () = full
+    #: command line that declare kernel subsets (recipe.subsets.select_subset); () = full
     subset: Choice = ()
     #: the requirements of every recipe built beside this one into the same managed
     #: environment: whichever build prepares the environment first installs them all,

@@ -30,7 +30,7 @@ class Problems:
         prefix = f"{self.path}: {where}" if where else str(self.path)
         self.items.append(f"{prefix}: {message}")
 
-    def unknown_keys(self, where: str, data: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    def unknown_keys(self, where: str, data: Mapping[Any, Any], allowed: Sequence[str]) -> None:
         for key in data:
             if key in allowed:
                 continue

@@ -41,6 +41,7 @@ from packaging.utils import canonicalize_name
 from .._yaml import read_yaml
 from ..arch import parse_arch_list, torch_arch_list
 from ..errors import ConfigError, WheelforgeError
+from .fields import Problems, join
 from .model import Choice, Recipe
 from .subsets import choice_text, select_subset, subset_choice, subset_problems
 
@@ -127,37 +128,11 @@ class Cell:
         return " | ".join(parts) + (f" [{self.subset_text}]" if self.subset else "")
 
 
-class _Problems:
-    """Collects ``file: key.path: message`` lines."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.items: list[str] = []
-
-    def add(self, where: str, message: str) -> None:
-        self.items.append(f"{self.path}: {where}: {message}" if where
-                          else f"{self.path}: {message}")
-
-    def unknown_keys(self, where: str, data: Mapping[Any, Any], allowed: Sequence[str]) -> None:
-        for key in data:
-            if key in allowed:
-                continue
-            hint = difflib.get_close_matches(str(key), allowed, n=1)
-            self.add(_join(where, str(key)), "unknown key" + (
-                f"; did you mean '{hint[0]}'?" if hint else f"; allowed: {', '.join(allowed)}"))
-
-
-def _join(where: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{where}[{key}]"
-    return f"{where}.{key}" if where else key
-
-
-def _strings(p: _Problems, data: Mapping[str, Any], key: str, where: str, *,
+def _strings(p: Problems, data: Mapping[str, Any], key: str, where: str, *,
              required: bool) -> list[tuple[int, str]]:
     """A list of non-empty strings (a lone string is a list of one)."""
     value = data.get(key)
-    at = _join(where, key)
+    at = join(where, key)
     if value is None:
         if required:
             p.add(at, "is required: a list")
@@ -172,14 +147,14 @@ def _strings(p: _Problems, data: Mapping[str, Any], key: str, where: str, *,
     out = []
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            p.add(_join(at, i), f"must be a non-empty string, got {item!r} (quote numbers in "
+            p.add(join(at, i), f"must be a non-empty string, got {item!r} (quote numbers in "
                                 "YAML: \"12.0\")")
         else:
             out.append((i, item.strip()))
     return out
 
 
-def _torch(p: _Problems, entry: Any, where: str) -> TorchPin | None:
+def _torch(p: Problems, entry: Any, where: str) -> TorchPin | None:
     if isinstance(entry, str):
         p.add(where, f"must be a mapping such as {{spec: {entry!r}, cuda: \"13.0\"}}: the CUDA "
                      "flavour is part of the pin")
@@ -191,23 +166,23 @@ def _torch(p: _Problems, entry: Any, where: str) -> TorchPin | None:
     ok = True
     spec = entry.get("spec")
     if not isinstance(spec, str) or not spec.strip():
-        p.add(_join(where, "spec"), "is required: a torch requirement, e.g. \"torch==2.14.1\"")
+        p.add(join(where, "spec"), "is required: a torch requirement, e.g. \"torch==2.14.1\"")
         ok = False
     else:
         try:
             if Requirement(spec).name != "torch":
-                p.add(_join(where, "spec"), f"{spec!r} is not a requirement on torch")
+                p.add(join(where, "spec"), f"{spec!r} is not a requirement on torch")
                 ok = False
         except InvalidRequirement as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            p.add(_join(where, "spec"), f"{spec!r} is not a valid requirement: {first}")
+            p.add(join(where, "spec"), f"{spec!r} is not a valid requirement: {first}")
             ok = False
     cuda = entry.get("cuda")
     if isinstance(cuda, float):
-        p.add(_join(where, "cuda"), f"must be a string (quote it in YAML: \"{cuda}\")")
+        p.add(join(where, "cuda"), f"must be a string (quote it in YAML: \"{cuda}\")")
         ok = False
     elif not isinstance(cuda, str) or not _CUDA.match(cuda):
-        p.add(_join(where, "cuda"), f"is required: the CUDA version of that torch build as "
+        p.add(join(where, "cuda"), f"is required: the CUDA version of that torch build as "
                                     f"MAJOR.MINOR, e.g. \"13.0\"; got {cuda!r}")
         ok = False
     pip_args = _strings(p, entry, "pip-args", where, required=False)
@@ -217,7 +192,7 @@ def _torch(p: _Problems, entry: Any, where: str) -> TorchPin | None:
     return TorchPin(spec=spec.strip(), cuda=cuda, pip_args=tuple(a for _, a in pip_args))
 
 
-def _choice(p: _Problems, entry: Any, where: str) -> Choice | None:
+def _choice(p: Problems, entry: Any, where: str) -> Choice | None:
     """One entry of ``matrix.subsets.NAME``: ``full``, ``{}``, or {dimension: values}, the
     values a string (``"64,128"`` for several) or a list of strings."""
     if entry == FULL or entry == {}:
@@ -229,7 +204,7 @@ def _choice(p: _Problems, entry: Any, where: str) -> Choice | None:
     out: list[tuple[str, tuple[str, ...]]] = []
     ok = True
     for key, raw in entry.items():
-        at = _join(where, str(key))
+        at = join(where, str(key))
         items = raw if isinstance(raw, list) else [raw]
         values: list[str] = []
         for item in items:
@@ -247,7 +222,7 @@ def _choice(p: _Problems, entry: Any, where: str) -> Choice | None:
     return tuple(out) if ok else None
 
 
-def _subsets(p: _Problems, raw: Any, recipes: Sequence[str],
+def _subsets(p: Problems, raw: Any, recipes: Sequence[str],
              load: Callable[[str], Recipe] | None) -> tuple[tuple[str, tuple[Choice, ...]], ...]:
     """``matrix.subsets``: recipe -> entries, each checked against the recipe's declared
     subsets when ``load`` gives the recipe (a recipe that does not load is left to its
@@ -260,7 +235,7 @@ def _subsets(p: _Problems, raw: Any, recipes: Sequence[str],
         return ()
     out: list[tuple[str, tuple[Choice, ...]]] = []
     for name, entries in raw.items():
-        where = _join("matrix.subsets", str(name))
+        where = join("matrix.subsets", str(name))
         normal = str(canonicalize_name(str(name)))
         if normal not in recipes:
             hint = difflib.get_close_matches(normal, recipes, n=1)
@@ -283,7 +258,7 @@ def _subsets(p: _Problems, raw: Any, recipes: Sequence[str],
                 continue
         choices: dict[Choice, int] = {}  # -> the entry's index
         for i, entry in enumerate(entries):
-            at = _join(where, i)
+            at = join(where, i)
             choice = _choice(p, entry, at)
             if choice is None:
                 continue
@@ -315,7 +290,7 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
 
     ``recipes`` loads a recipe by name (RecipeBook.load): with it, ``matrix.subsets`` is
     checked against the subsets each recipe declares."""
-    p = _Problems(path)
+    p = Problems(path)
     fix = "correct the keys above; the matrix is described in docs/nightly.md"
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a mapping", fix=fix)
@@ -331,7 +306,7 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
     names: list[str] = []
     for i, name in _strings(p, raw, "recipes", "matrix", required=True):
         normal = str(canonicalize_name(name))
-        where = _join("matrix.recipes", i)
+        where = join("matrix.recipes", i)
         if known_recipes is not None and normal not in known_recipes:
             hint = difflib.get_close_matches(normal, sorted(known_recipes), n=1)
             p.add(where, f"no recipe named {name!r}" + (
@@ -346,7 +321,7 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
     pythons: list[str] = []
     for i, py in _strings(p, raw, "python", "matrix", required=False):
         if py in pythons:
-            p.add(_join("matrix.python", i), f"{py!r} is listed twice")
+            p.add(join("matrix.python", i), f"{py!r} is listed twice")
         pythons.append(py)
 
     torches: list[TorchPin] = []
@@ -357,9 +332,9 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
         p.add("matrix.torch", "must be a non-empty list of {spec, cuda[, pip-args]}")
     else:
         for i, entry in enumerate(raw_torch):
-            pin = _torch(p, entry, _join("matrix.torch", i))
+            pin = _torch(p, entry, join("matrix.torch", i))
             if pin is not None and pin in torches:
-                p.add(_join("matrix.torch", i), "repeats an earlier entry")
+                p.add(join("matrix.torch", i), "repeats an earlier entry")
             elif pin is not None:
                 torches.append(pin)
 
@@ -368,10 +343,10 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
         try:
             canonical = torch_arch_list(parse_arch_list(text))
         except WheelforgeError as exc:
-            p.add(_join("matrix.archs", i), exc.what + (f" ({exc.why})" if exc.why else ""))
+            p.add(join("matrix.archs", i), exc.what + (f" ({exc.why})" if exc.why else ""))
             continue
         if canonical in arch_sets:
-            p.add(_join("matrix.archs", i), f"{text!r} is the same arch set as an earlier entry")
+            p.add(join("matrix.archs", i), f"{text!r} is the same arch set as an earlier entry")
         else:
             arch_sets.append(canonical)
 
@@ -398,7 +373,7 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
                   subsets=subsets, canary=canary)
 
 
-def _canary(p: _Problems, raw: Any, matrix_recipes: Sequence[str],
+def _canary(p: Problems, raw: Any, matrix_recipes: Sequence[str],
             known_recipes: Collection[str] | None) -> Canary | None:
     """``canary: [names]`` or ``canary: {recipes: [names], index-url: URL, timeout: S}``;
     every name is a recipe of ``matrix.recipes`` (the canary sits beside its pinned cell)."""
@@ -411,7 +386,7 @@ def _canary(p: _Problems, raw: Any, matrix_recipes: Sequence[str],
         entries = _strings(p, {"canary": raw}, "canary", "matrix", required=True)
     elif isinstance(raw, dict):
         p.unknown_keys(where, raw, _CANARY_KEYS)
-        data, at = raw, _join(where, "recipes")
+        data, at = raw, join(where, "recipes")
         entries = _strings(p, raw, "recipes", where, required=True)
     else:
         p.add(where, f"must be a list of recipe names or a mapping with recipes, got "
@@ -420,7 +395,7 @@ def _canary(p: _Problems, raw: Any, matrix_recipes: Sequence[str],
     names: list[str] = []
     for i, name in entries:
         normal = str(canonicalize_name(name))
-        item = _join(at, i)
+        item = join(at, i)
         if normal not in matrix_recipes:
             pool = sorted(matrix_recipes)
             hint = difflib.get_close_matches(normal, pool, n=1)
@@ -434,12 +409,12 @@ def _canary(p: _Problems, raw: Any, matrix_recipes: Sequence[str],
             names.append(normal)
     index_url = data.get("index-url", DEFAULT_CANARY_INDEX)
     if not isinstance(index_url, str) or not re.match(r"^https?://[^/\s]+", index_url):
-        p.add(_join(where, "index-url"), f"must be an http(s) URL of an index with the PyPI "
+        p.add(join(where, "index-url"), f"must be an http(s) URL of an index with the PyPI "
                                          f"JSON API (e.g. {DEFAULT_CANARY_INDEX}), got "
                                          f"{index_url!r}")
     timeout = data.get("timeout", DEFAULT_CANARY_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        p.add(_join(where, "timeout"), f"must be a positive number of seconds, got {timeout!r}")
+        p.add(join(where, "timeout"), f"must be a positive number of seconds, got {timeout!r}")
     if not names:
         return None
     return Canary(recipes=tuple(names), index_url=str(index_url).rstrip("/"),
