@@ -339,3 +339,37 @@ def test_recording_a_status_refreshes_the_landing_page_alone(tmp_path: Path) -> 
                               pins=("demo==1.0",))
     assert index.record_stack(root, good) == status
     assert not (root / ".records" / "_writing").exists()
+
+
+def test_a_venv_made_while_the_builds_ran_serves_the_check_and_goes_after(
+        tmp_path: Path) -> None:
+    """`wheelforge build` makes the check's venv beside its builds (stack.EarlyVenv): the
+    check takes it (said on the console and in the log), pip check's output still reaches
+    the log (it runs beside the imports), and nothing is left under the work directory.
+    One made from another interpreter is not taken: the check makes its own, and closing
+    the unused one removes it."""
+    root, deps = fixture_stack(tmp_path, spoiler_breaks=False)
+    work = tmp_path / "cache" / "stack"
+    options = stack.StackOptions(python=Path(sys.executable), work_dir=work,
+                                 log_dir=tmp_path / "logs", deps_dir=deps)
+    said: list[str] = []
+    with stack.EarlyVenv(Path(sys.executable), work) as early:
+        status = stack.check(root, None, None, options, say=said.append, early=early)
+    assert status.state == "good", status.reason
+    assert any("a fresh venv from" in s and "made while the builds ran" in s for s in said)
+    (log,) = (tmp_path / "logs").glob("stack-*.log")
+    text = log.read_text()
+    assert "-m venv" in text and "(made while the builds ran)" in text
+    assert "pip check --disable-pip-version-check  (beside the imports)" in text
+    assert "No broken requirements found" in text
+    assert not any(work.iterdir())
+
+    other = tmp_path / "other-python"
+    other.symlink_to(sys.executable)
+    said.clear()
+    with stack.EarlyVenv(other, work) as early:
+        status = stack.check(root, None, None, options, say=said.append, early=early)
+        assert status.state == "good", status.reason
+        assert not any("made while the builds ran" in s for s in said)
+        assert len(list(work.iterdir())) == 1  # the unused one, until closed
+    assert not any(work.iterdir())

@@ -6,6 +6,7 @@ message and an exit status.  Results go to stdout, progress to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -151,26 +152,32 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     reporter.header(f"wheelforge {__version__}: building {', '.join(r.name for r in loaded)}")
     for line in config.summary():
         reporter.info(line)
-    results = build_with_companions(loaded, book, config, reporter)
-    clear_live()
-    for res in results:
-        state = "already published" if res.skipped else "published"
-        archs = ", ".join(res.sass) if res.sass else "pure Python"
-        click.echo(f"{state}: {res.wheel.name}  [{archs}]")
-    built = {r.channel for r in results if r.channel is not None}
-    statuses = []
     off = gate_disabled() or (None if stack_check else "--no-stack-check")
-    if off:
-        click.echo(f"stack: not checked ({off})")
-    else:
-        from .. import index
+    gate_python = config.python or config.base_python
+    with contextlib.ExitStack() as held:
+        early = None
+        if not off:  # the stack check's venv is made while the builds run
+            from ..consume.stack import EarlyVenv
 
-        known = {r.channel for r in index.load_records(config.index_dir) if r.channel}
-        channels: list[str | None] = [*sorted(built or known)] or [None]
-        statuses = run_gate(config.index_dir, channels,
-                            python=config.python or config.base_python,
-                            cache_dir=config.cache_dir, recipes_dir=book.recipes_dir,
-                            deps_dir=deps_dir, reporter=reporter)
+            early = held.enter_context(EarlyVenv(gate_python, config.cache_dir / "stack"))
+        results = build_with_companions(loaded, book, config, reporter)
+        clear_live()
+        for res in results:
+            state = "already published" if res.skipped else "published"
+            archs = ", ".join(res.sass) if res.sass else "pure Python"
+            click.echo(f"{state}: {res.wheel.name}  [{archs}]")
+        built = {r.channel for r in results if r.channel is not None}
+        statuses = []
+        if off:
+            click.echo(f"stack: not checked ({off})")
+        else:
+            from .. import index
+
+            known = {r.channel for r in index.load_records(config.index_dir) if r.channel}
+            channels: list[str | None] = [*sorted(built or known)] or [None]
+            statuses = run_gate(config.index_dir, channels, python=gate_python,
+                                cache_dir=config.cache_dir, recipes_dir=book.recipes_dir,
+                                deps_dir=deps_dir, reporter=reporter, early=early)
     channel = built.pop() if len(built) == 1 else None
     click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}), "
                "from any directory:")

@@ -15,6 +15,7 @@ from ..errors import ConfigError, StackError
 from ._options import EPILOG_SHORT, existing_index, recipes_option
 
 if TYPE_CHECKING:
+    from ..consume.stack import EarlyVenv
     from ..index.health import StackStatus
 
 #: WHEELFORGE_STACK_CHECK=off skips the gate after a build or a nightly (said on the console)
@@ -36,9 +37,10 @@ def gate_disabled(environ: Mapping[str, str] | None = None) -> str | None:
 
 def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
              cache_dir: Path, recipes_dir: Path | None, deps_dir: Path | None,
-             reporter: Reporter) -> list[StackStatus]:
+             reporter: Reporter, early: EarlyVenv | None = None) -> list[StackStatus]:
     """Check and record each channel's stack; print one line per channel; return the
-    statuses.  Never raises for a broken stack (the caller decides)."""
+    statuses.  Never raises for a broken stack (the caller decides).  ``early``: a venv
+    made while the builds ran (its first check takes it)."""
     from ..consume import stack
     from ..index import health
     from ..recipe.format import RecipeBook
@@ -51,7 +53,8 @@ def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
         name = channel or "simple/"
         with reporter.step(f"stack check of {name}: every wheel with its dependencies, "
                            "in one venv"):
-            status = stack.check(index_dir, channel, book, options, say=reporter.info)
+            status = stack.check(index_dir, channel, book, options, say=reporter.info,
+                                 early=early)
             before = stack.record(index_dir, status)
         clear_live()
         click.echo(f"stack {name}: {health.summary_line(status)}")

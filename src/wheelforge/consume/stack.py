@@ -25,6 +25,7 @@ import contextlib
 import json
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -173,10 +174,68 @@ def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+class EarlyVenv:
+    """A check's fresh venv, made before the check is asked for: a command that builds and
+    then checks its stack starts one with its builds, so that ``python -m venv`` (3-5 s of
+    one core, most of it ensurepip installing pip) runs beside the compiles instead of at
+    the end.  The venv is the one :func:`check` would make (the same command, in a
+    directory under the same work directory, claimed for this run); a check that takes it
+    owns it from then on, and :meth:`close` removes one nobody took.  Where it could not
+    be made the check makes its own, and says why it failed.  Owns a thread and a
+    directory, hence a class."""
+
+    def __init__(self, python: Path, work_dir: Path,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.python = python
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self._work = Path(tempfile.mkdtemp(prefix="stack-", dir=work_dir))
+        self._claimed: contextlib.ExitStack | None = contextlib.ExitStack()
+        self._claimed.enter_context(workdirs.claim(self._work))
+        self._made: _proc.Completed | BaseException | None = None
+        self._thread = threading.Thread(target=self._make, args=(into.child_env(environ),),
+                                        daemon=True, name="wheelforge-stack-venv")
+        self._thread.start()
+
+    def _make(self, env: Mapping[str, str]) -> None:
+        try:
+            self._made = _proc.run([str(self.python), "-m", "venv", str(self._work / "venv")],
+                                   env=env, check=False, timeout=300)
+        except BaseException as exc:  # the command stops: the check is not asked for
+            self._made = exc
+
+    def __enter__(self) -> EarlyVenv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def take(self, python: Path) -> tuple[Path, contextlib.ExitStack, str] | None:
+        """Wait for the venv; its directory (with the venv in ``venv``), what holds it (the
+        caller closes that, then removes the directory) and what ``python -m venv`` said;
+        None when it was made from another interpreter, failed or was taken."""
+        self._thread.join()
+        made, claimed = self._made, self._claimed
+        if claimed is None or python != self.python or not isinstance(made, _proc.Completed) \
+                or made.returncode != 0:
+            return None
+        self._claimed = None
+        return self._work, claimed, made.output
+
+    def close(self) -> None:
+        """Remove the venv unless a check took it."""
+        self._thread.join()
+        if self._claimed is not None:
+            self._claimed.close()
+            self._claimed = None
+            shutil.rmtree(self._work, ignore_errors=True)
+
+
 def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
-          options: StackOptions, *, say: Progress = lambda _: None) -> StackStatus:
+          options: StackOptions, *, say: Progress = lambda _: None,
+          early: EarlyVenv | None = None) -> StackStatus:
     """Install the channel's newest wheels together into a fresh venv and import them;
-    the status is returned, not recorded (:func:`record`)."""
+    the status is returned, not recorded (:func:`record`).  ``early``: a venv made
+    beforehand from ``options.python`` (:class:`EarlyVenv`), used when it is ready."""
     records = index.load_records(index_dir)
     p = install_plan(records, index_dir=index_dir, url=None, channel=channel)
     pinned = {str(canonicalize_name(x.split("==", 1)[0])) for x in p.pins}
@@ -202,16 +261,28 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
                            f"{options.python} is {tag}: pass --python for a matching one")
 
     log = options.log_dir / f"stack-{channel or 'simple'}-{_now().replace(':', '')}.log"
-    options.work_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="stack-", dir=options.work_dir))
     env = into.child_env(options.environ)
-    claimed = contextlib.ExitStack()  # a killed check's venv: `wheelforge clean` removes it
-    claimed.enter_context(workdirs.claim(work))
+    ready = early.take(options.python) if early is not None else None
+    if ready is not None:
+        work, claimed, said = ready
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8", errors="replace") as f:
+            f.write(f"$ {options.python} -m venv {work / 'venv'}  (made while the builds ran)\n"
+                    + said)
+    else:
+        options.work_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="stack-", dir=options.work_dir))
+        claimed = contextlib.ExitStack()  # a killed check's venv: `wheelforge clean` removes it
+        claimed.enter_context(workdirs.claim(work))
     try:
-        say(f"stack {channel or 'simple/'}: a fresh venv from {options.python}")
         venv = work / "venv"
-        _proc.run([str(options.python), "-m", "venv", str(venv)], env=env, log=log,
-                  timeout=300)
+        if ready is not None:
+            say(f"stack {channel or 'simple/'}: a fresh venv from {options.python} "
+                "(made while the builds ran)")
+        else:
+            say(f"stack {channel or 'simple/'}: a fresh venv from {options.python}")
+            _proc.run([str(options.python), "-m", "venv", str(venv)], env=env, log=log,
+                      timeout=300)
         vpy = venv / "bin" / "python"
         # the steps of `wheelforge install`: the venv's pip.conf, the local wheels from the
         # local index alone, then their dependencies resolved by pip (written by uv from
@@ -228,13 +299,27 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
                 return not_checked(f"the dependencies could not be reached ({exc.why}); "
                                    "pass --deps-dir with their wheels to check offline")
             return make.status("broken", f"pip could not install the dependencies: {exc.why}")
-        pip_check = _proc.run([str(vpy), "-m", "pip", "check", "--disable-pip-version-check"],
-                              env=env, log=log, check=False, timeout=300)
         wheels = [index_dir / index.FILES_DIR / r.filename for r in chosen]
         modules = modules_to_import(book, wheels)
-        say(f"stack {channel or 'simple/'}: importing {', '.join(modules)} in one interpreter")
-        imported = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env,
-                             log=log, check=False, timeout=900, cwd=work)
+        say(f"stack {channel or 'simple/'}: importing {', '.join(modules)} in one interpreter"
+            ", pip check beside it")
+        # both only read the venv: pip check (1-2 s) runs while the imports do; its output
+        # goes to the log after theirs
+        checked: list[_proc.Completed | BaseException] = []
+        checking = threading.Thread(target=_pip_check, args=(vpy, env, checked), daemon=True,
+                                    name="wheelforge-pip-check")
+        checking.start()
+        try:
+            imported = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env,
+                                 log=log, check=False, timeout=900, cwd=work)
+        finally:
+            checking.join()
+        if isinstance(checked[0], BaseException):
+            raise checked[0]
+        pip_check = checked[0]
+        with open(log, "a", encoding="utf-8", errors="replace") as f:
+            f.write(f"$ {vpy} -m pip check --disable-pip-version-check  (beside the imports)\n"
+                    + pip_check.output)
         data = _proc.marked(imported.output, MARK)
         if not isinstance(data, dict):
             return make.status("broken", "the import check did not finish: "
@@ -245,6 +330,15 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
     finally:
         claimed.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _pip_check(python: Path, env: Mapping[str, str],
+               out: list[_proc.Completed | BaseException]) -> None:
+    try:
+        out.append(_proc.run([str(python), "-m", "pip", "check", "--disable-pip-version-check"],
+                             env=env, check=False, timeout=300))
+    except BaseException as exc:  # the caller raises it
+        out.append(exc)
 
 
 @dataclass(frozen=True, kw_only=True)
