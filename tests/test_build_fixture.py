@@ -88,6 +88,14 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
                        cwd=project)
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"already published: {ext}" in again.stdout
+    # a forced rebuild builds again (here from the compile cache) and gives the same bytes:
+    # that wheel, nothing new
+    forced = wheelforge("build", "tinyext", "--arch", "12.0", "--force",
+                        *common(project, shared_cache), cwd=project)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert f"reproduced (already published): {ext}" in forced.stdout
+    assert f"rebuilt byte for byte: {ext} (same build key)" in forced.stderr
+    assert sorted(p.name for p in (project / "index" / "files").glob("tinyext-*.whl")) == [ext]
 
     # real pip installs it from the index (no deps: torch is the build env's)
     target = project / "site"

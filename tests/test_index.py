@@ -991,3 +991,33 @@ def test_pip_downloads_over_http(server: tuple[str, Path, bytes], tmp_path: Path
     base, root, _ = server
     wheel = pip_download(base + "/simple/", "helper", tmp_path / "dl")
     assert wheel.read_bytes() == (root / "files" / wheel.name).read_bytes()
+
+
+def test_a_forced_rebuild_that_reproduces_its_wheel_publishes_nothing_new(
+        root: Path, dist: Path) -> None:
+    """`wheelforge build --force` of a published build key: the same bytes (under the
+    published wheel's build number) are that wheel, and nothing is written; different
+    bytes go under the next build number, naming the wheel they did not reproduce."""
+    from wheelforge.wheel import retag
+
+    def relabel_of(raw: Path):  # as the pipeline's: one build's wheel under any number
+        return lambda tag: retag(raw, raw.parent / f"build-{tag}", tag)
+
+    first = relabel_of(make_wheel(dist / "a", tag=LINUX))(None)
+    store.publish_build(root, first, build_key="k1", archs=["sm_120"], **CU130)
+    before = sorted(p.name for p in (root / "files").iterdir())
+
+    again = relabel_of(make_wheel(dist / "b", tag=LINUX))
+    res = store.publish_build(root, again("1"), build_key="k1", archs=["sm_120"],
+                              relabel=again, force=True, **CU130)
+    assert (res.published, res.reproduced, res.path.name) == (False, True, first.name)
+    assert sorted(p.name for p in (root / "files").iterdir()) == before
+
+    other = relabel_of(make_wheel(dist / "c", tag=LINUX, payload=b"VALUE = 2\n"))
+    res = store.publish_build(root, other("1"), build_key="k1", archs=["sm_120"],
+                              relabel=other, force=True, **CU130)
+    assert res.published and not res.reproduced and res.differs_from == first.name
+    assert res.path.name == first.name.replace("-1.0-", "-1.0-1-")
+    # without --force the key is found published: nothing is written
+    res = store.publish_build(root, other("2"), build_key="k1", archs=["sm_120"], **CU130)
+    assert not res.published and not res.reproduced

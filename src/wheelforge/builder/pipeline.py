@@ -75,6 +75,7 @@ class BuildResult:
     channel: str | None
     build_key: str
     skipped: bool = False
+    reproduced: bool = False  # a --force rebuild that gave the published wheel's bytes
     log: Path | None = None
     cache: CacheStats | None = None
     platform: PlatformTag | None = None  # the manylinux analysis (extensions built here)
@@ -429,12 +430,20 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 torch=env.torch_version if extension else None,
                 archs=verified.sass + verified.ptx, force=config.force)
             if not published.published:
-                reporter.info(f"already published by another run: {published.path.name} "
-                              "(same build key); nothing written")
+                reporter.info(
+                    f"rebuilt byte for byte: {published.path.name} (same build key) is "
+                    "this build's wheel; nothing written" if published.reproduced else
+                    f"already published by another run: {published.path.name} "
+                    "(same build key); nothing written")
                 shutil.rmtree(work, ignore_errors=True)
                 return BuildResult(recipe, published.path, tuple(published.record.archs),
-                                   published.record.channel, key, skipped=True, log=log,
+                                   published.record.channel, key, skipped=True,
+                                   reproduced=published.reproduced, log=log,
                                    cache=stats)
+            if published.differs_from:
+                reporter.info(f"this rebuild differs from {published.differs_from}, published "
+                              "with the same build key: not reproduced byte for byte here "
+                              "(docs/reproducible.md); published under the next build number")
             if published.noop:
                 reporter.info("identical file already published")
             elif published.path.name != final.name:

@@ -265,8 +265,9 @@ def _outcome(builds: list[_Build], reporter: Reporter) -> list[BuildResult]:
         exc = b.result.exception()
         if exc is None:
             r = b.result.result()
-            reporter.info(f"{b.name}: {'already published' if r.skipped else 'published'}: "
-                          f"{r.wheel.name}")
+            state = ("reproduced (already published)" if r.reproduced else
+                     "already published" if r.skipped else "published")
+            reporter.info(f"{b.name}: {state}: {r.wheel.name}")
         elif isinstance(exc, KeyboardInterrupt):
             reporter.info(f"{b.name}: stopped")
         elif b.blocked_by is not None:

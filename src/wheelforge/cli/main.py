@@ -89,7 +89,9 @@ def cli() -> None:
 @click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False),
               help="Where sources are unpacked and built (default: CACHE/work).")
 @click.option("--force", is_flag=True, help="Build even if a wheel with the same build key is "
-                                            "already published.")
+                                            "already published; the same bytes publish "
+                                            "nothing new (reproduced), other bytes go "
+                                            "under the next build number.")
 @click.option("--config", "project_file", type=click.Path(path_type=Path, dir_okay=False,
                                                           exists=True),
               help="Project file with defaults (default ./wheelforge.yaml if present).")
@@ -163,7 +165,8 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
         results = build_with_companions(loaded, book, config, reporter)
         clear_live()
         for res in results:
-            state = "already published" if res.skipped else "published"
+            state = ("reproduced (already published)" if res.reproduced else
+                     "already published" if res.skipped else "published")
             archs = ", ".join(res.sass) if res.sass else "pure Python"
             click.echo(f"{state}: {res.wheel.name}  [{archs}]")
         built = {r.channel for r in results if r.channel is not None}

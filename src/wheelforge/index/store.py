@@ -244,14 +244,18 @@ class BuildPublishResult:
 
     ``published`` is False when the build key was found already published (by another
     run, or by an earlier build): nothing was written and ``path``/``record`` describe
-    that earlier wheel.  Else ``path`` is the wheel now in ``files/`` (``noop`` when the
-    same bytes with the same target were there already).
+    that earlier wheel; ``reproduced`` when a forced rebuild of that key gave the same
+    bytes under that wheel's name.  Else ``path`` is the wheel now in ``files/`` (``noop``
+    when the same bytes with the same target were there already); ``differs_from``: the
+    wheel of the same build key that a forced rebuild did not reproduce byte for byte.
     """
 
     path: Path
     record: WheelRecord
     published: bool
     noop: bool = False
+    reproduced: bool = False
+    differs_from: str | None = None
 
 
 Relabel = Callable[[str | None], Path]
@@ -280,8 +284,10 @@ def publish_build(
     with any build number; when the number chosen is another, ``relabel(build_tag)``
     must return the same wheel under that build number (default:
     :func:`wheelforge.wheel.retag` into a directory beside ``wheel``).  ``force`` (a
-    ``wheelforge build --force``) publishes even when the key is published: under the
-    next build number, unless the same bytes are there.
+    ``wheelforge build --force``) builds even when the key is published: the rebuild,
+    under the published wheel's build number, holding the same bytes is that wheel
+    (``reproduced``, nothing written); else it is published under the next build number
+    (``differs_from`` names the one it did not reproduce).
 
     N concurrent calls with one build key publish one file; calls with different keys
     for the same version publish distinct build numbers.
@@ -294,8 +300,13 @@ def publish_build(
     with locked(index_dir / LOCK_FILE):
         _recover(index_dir)
         listing = _scan(files, strict=False, sweep=False)
-        found = None if force else _find_build_key(files, listing.groups.get(info.project, []),
-                                                    build_key)
+        found = _find_build_key(files, listing.groups.get(info.project, []), build_key)
+        differs_from = None
+        if found is not None and force:
+            if _same_build(files / found.filename, wheel, relabel):
+                return BuildPublishResult(path=files / found.filename, record=found,
+                                          published=False, reproduced=True)
+            differs_from, found = found.filename, None
         if found is not None:
             return BuildPublishResult(path=files / found.filename, record=found, published=False)
         tag = _build_tag(files, listing.groups.get(info.project, []), wheel, sha256)
@@ -308,7 +319,19 @@ def publish_build(
             info, sha256 = _prepare(wheel)
         result = _publish_locked(index_dir, wheel, info, sha256, target)
     return BuildPublishResult(path=result.path, record=result.record, published=True,
-                              noop=result.noop)
+                              noop=result.noop, differs_from=differs_from)
+
+
+def _same_build(published: Path, wheel: Path, relabel: Relabel | None) -> bool:
+    """Whether ``wheel``, under ``published``'s build number, is ``published`` byte for
+    byte (a rebuild of the same build key that reproduced it)."""
+    try:
+        tag = _tag_of(published.name)
+        if tag != _tag_of(wheel.name):
+            wheel = (relabel or _default_relabel(wheel))(tag)
+        return wheel.name == published.name and sha256_file(wheel) == sha256_file(published)
+    except (OSError, InvalidWheelFilename):
+        return False
 
 
 def _tag_of(filename: str) -> str | None:
