@@ -181,8 +181,8 @@ class EarlyVenv:
     the end.  The venv is the one :func:`check` would make (the same command, in a
     directory under the same work directory, claimed for this run); a check that takes it
     owns it from then on, and :meth:`close` removes one nobody took.  Where it could not
-    be made the check makes its own, and says why it failed.  Owns a thread and a
-    directory, hence a class."""
+    be made (or from another interpreter) the check makes its own as before, and a
+    failure is reported from there.  Owns a thread and a directory, hence a class."""
 
     def __init__(self, python: Path, work_dir: Path,
                  environ: Mapping[str, str] | None = None) -> None:
