@@ -16,6 +16,11 @@
      as many threads as the pool's jobserver lends it); setuptools' wheel stored, then
      relabelled (wheel.relabel: the extension deflated once, on every core).
      --builds DC runs both, D first; CD, C first
+  E  D with the units packed by recorded costs, as `wheelforge build` packs them once an
+     earlier build has recorded them: the split patch gets the record
+     (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of the latest D or E build of this run
+     (E needs one before it).  A letter may repeat (--builds DEED: the model, the record,
+     the record of a recorded build, the model again); each build has a tree of its own
 
 Each is a bare build without isolation in wheelforge's managed build environment with
 the same MAX_JOBS and the recipe's build.env: pypa/build's build_wheel hook, as
@@ -33,9 +38,10 @@ hour (mamba-ssm).
 --python builds with an existing interpreter that has torch (as `wheelforge build
 --python` does) instead of the managed environment; --sources takes the sdist from a
 directory and --git-mirror a git source from a bundle or repository (as `wheelforge
-build` does): together they run on a machine without network.  --keep copies the three
-wheels to DIR (to test or inspect them afterwards), with each build's .ninja_log
-(DIR/<build>/ninja_log.txt: every compile step's start and end).
+build` does): together they run on a machine without network.  --keep copies the
+wheels to DIR (DIR/<letter>/, the last of a repeated letter; to test or inspect them
+afterwards), with each build's .ninja_log (DIR/<letter>/ninja_log.txt, and
+ninja_log-<place><letter>.txt for each build: every compile step's start and end).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from wheelforge.builder import (  # noqa: E402
     jobserver,
     reproducible,
     toolchain,
+    unitcosts,
 )
 from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
 from wheelforge.builder.patch import apply_series  # noqa: E402
@@ -153,7 +160,7 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
           keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0, w0 = children_cpu(), time.monotonic(), time.time()
-    run_frontend(frontend, tree, env, environ, out, packed=name[0] == "D")
+    run_frontend(frontend, tree, env, environ, out, packed=name[0] in "DE")
     wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
@@ -170,9 +177,11 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
               flush=True)
         res.ninja = split["ninja"]
     if keep:
-        (keep / name[0]).mkdir(parents=True, exist_ok=True)
+        (keep / name[0]).mkdir(parents=True, exist_ok=True)  # a repeated letter: the last
         for log in tree.glob("build/*/.ninja_log"):  # every step's start and end, in ms
             shutil.copy2(log, keep / name[0] / "ninja_log.txt")
+            # and by the build's place in --builds (0D, 1E, ...), for a repeated letter
+            shutil.copy2(log, keep / name[0] / f"ninja_log-{out.parent.name}.txt")
         part = keep / name[0] / (wheel.name + ".part")  # appears whole, or not at all
         shutil.copy2(wheel, part)
         os.replace(part, keep / name[0] / wheel.name)
@@ -185,8 +194,9 @@ def main() -> None:
     ap.add_argument("--arch", default="12.0")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--builds", default="CBA",
-                    help="which builds, in the order given (default CBA; CB leaves out "
-                         "upstream's; DC and CD: the pool's jobserver against none)")
+                    help="which builds, in the order given, a letter may repeat (default "
+                         "CBA; CB leaves out upstream's; DC and CD: the pool's jobserver "
+                         "against none; DE: packed by the model against by the record)")
     ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
     ap.add_argument("--frontend", choices=("build", "pip"), default="build",
                     help="pypa/build's build_wheel hook (default: setup.py runs once, as "
@@ -235,17 +245,18 @@ def main() -> None:
                             cache_dir=config.cache_dir)
     print(f"{recipe.name} {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
+    builds = "CB" if args.skip_upstream else args.builds.upper()
+    names = {"A": "A upstream", "B": "B one arch", "C": "C split", "D": "D split, pool",
+             "E": "E split, pool, recorded"}
+    if set(builds) - set(names) or not builds:
+        ap.error(f"--builds {builds!r}: letters of ABCDE")
+    if "E" in builds and "D" not in builds[:builds.index("E")]:
+        ap.error("--builds: E packs by an earlier D's record: put a D before it")
+    series = {"A": upstream, "B": unsplit}
     results = []
     with tempfile.TemporaryDirectory(prefix="wf-speed-") as tmp:
         t = Path(tmp)
-        trees = {}
-        for name, patches in (("D split, pool", recipe.patches), ("C split", recipe.patches),
-                              ("B one arch", unsplit), ("A upstream", upstream)):
-            tree = extract(archive, t / name.split()[0] / "src")
-            apply_series(tree, patches, project=recipe.name)
-            trees[name] = tree
         one_arch = dict(base, TORCH_CUDA_ARCH_LIST=config.arch_list)
-        builds = "CB" if args.skip_upstream else args.builds.upper()
         flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.nvcc_flags(cuda.nvcc)
         # the first build does not pay for what the others find ready: torch's files in
         # the page cache and, under PYTHONDONTWRITEBYTECODE, its bytecode (bytecode.py)
@@ -254,23 +265,34 @@ def main() -> None:
                        env=base, check=True, capture_output=True)
         print(f"warm-up: setup.py's imports in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"load average before: {load()}", flush=True)
-        names = ("D split, pool", "C split", "B one arch", "A upstream")
-        for name in sorted((n for n in names if n[0] in builds), key=lambda n: builds.index(n[0])):
-            environ = base if name[0] == "A" else one_arch
+        record = None  # the unit costs of the latest D or E build
+        for i, letter in enumerate(builds):
+            name, work = names[letter], t / f"{i}{letter}"
+            tree = extract(archive, work / "src")
+            apply_series(tree, series.get(letter, recipe.patches), project=recipe.name)
+            environ = base if letter == "A" else one_arch
             with jobserver.Pool(config.jobs) as pool:
-                if name[0] == "D":
+                if letter in "DE":
                     environ = dict(environ, PYTORCH_NVCC=pool.gate(
                         " ".join([str(cuda.nvcc), *flags]),
                         1, 0.0))
-                    print(f"  D: nvcc {' '.join(flags)}, a pool of {pool.size}", flush=True)
-                results.append(build(name, trees[name], env, environ, t / name[0],
+                    print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"
+                          + (", units packed by the record of the build before" if
+                             letter == "E" else ""), flush=True)
+                if letter == "E" and record is not None:
+                    environ = dict(environ, **{unitcosts.ENV: str(record)})
+                results.append(build(name, tree, env, environ, work / "out",
                                      args.keep, args.frontend))
-    by = {r.name[0]: r for r in results}
+            if letter in "DE":  # as the pipeline records a cold compile's units
+                record = unitcosts.record(work, recipe.name, arch_list=config.arch_list,
+                                          jobs=config.jobs, threads=1,
+                                          costs=unitcosts.read_ninja_costs(tree))
+    by = {r.name[0]: r for r in results}  # a repeated letter: its last build
     print(f"load average after: {load()}")
     print()
-    print(f"{'build':14} {'wall s':>8} {'cpu s':>8} {'wheel MiB':>10}")
+    print(f"{'build':24} {'wall s':>8} {'cpu s':>8} {'wheel MiB':>10}")
     for r in results:
-        print(f"{r.name:14} {r.wall:8.0f} {r.cpu:8.0f} {r.size / 2**20:10.1f}")
+        print(f"{r.name:24} {r.wall:8.0f} {r.cpu:8.0f} {r.size / 2**20:10.1f}")
     print()
     if "A" in by and "B" in by:
         print(f"A/B wall ratio (one arch vs upstream default): {by['A'].wall / by['B'].wall:6.2f}x")
@@ -284,7 +306,10 @@ def main() -> None:
     if "C" in by and "D" in by:
         print(f"C/D wall ratio (the pool's jobserver vs none): "
               f"{by['C'].wall / by['D'].wall:6.2f}x")
-    for c in (by[k] for k in "CD" if k in by):
+    if "D" in by and "E" in by:
+        print(f"D/E wall ratio (packed by the record vs the model): "
+              f"{by['D'].wall / by['E'].wall:6.2f}x")
+    for c in (r for r in results if r.name[0] in "CDE"):
         k = c.name[0]
         print(f"{k} wall / ({k} cpu / {cpu_count()} cores):              "
               f"{c.wall / (c.cpu / cpu_count()):6.2f}  (1.0 = every core busy the whole build)")

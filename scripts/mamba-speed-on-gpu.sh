@@ -5,6 +5,7 @@
 #   1. bench/build_speed.py --recipe mamba-ssm: split (C), unsplit (B) and upstream's
 #      default build (A), side by side in that order, with this machine's python/torch;
 #   2. after the benchmark: scripts/compare-wheels.py on the unsplit and split wheels
+#      (or, where built, D and E: the split packed by the model and by the record)
 #      (exported symbols, archs, every kernel's SASS), and upstream's
 #      tests/ops/test_selective_scan.py (test_selective_scan; test_mamba_inner_fn needs
 #      causal-conv1d) from the pinned commit against the split wheel.
@@ -14,7 +15,8 @@
 #       ARCH default: this GPU's; PYTHON default: python3 on PATH (must have torch)
 # The work runs detached (setsid) from a copy of this checkout; the script waits up to
 # $BUDGET seconds (default 540) and exits 3 while it runs: run it again to collect.
-# Logs: OUT_DIR/speed.log, OUT_DIR/compare.log, OUT_DIR/test.log, the ninja logs.
+# Logs: OUT_DIR/speed.log, OUT_DIR/compare.log, OUT_DIR/test.log, the ninja logs
+# (ninja-<letter>.txt, the last build of a letter; ninja-<place><letter>.txt, each build).
 set -uo pipefail
 bundle=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 py=${4:-$(command -v python3)}
@@ -36,16 +38,20 @@ if [ ! -e "$st/started" ]; then
       --git-mirror 'https://github.com/state-spaces/mamba=$bundle' --keep '$st/wheels' \
       --builds '${BUILDS:-CBA}' > '$st/speed.log' 2>&1
     echo \$? > '$st/speed.rc'
-    if ls '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl > /dev/null 2>&1; then
+    if ls '$st'/wheels/D/*.whl '$st'/wheels/E/*.whl > /dev/null 2>&1; then
+      '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/D/*.whl '$st'/wheels/E/*.whl \
+        > '$st/compare.log' 2>&1
+    elif ls '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl > /dev/null 2>&1; then
       '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl \
         > '$st/compare.log' 2>&1
     elif ls '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl > /dev/null 2>&1; then
       '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/B/*.whl '$st'/wheels/C/*.whl \
         > '$st/compare.log' 2>&1
     else
-      echo 'no comparison: neither C and D nor B and C were built (BUILDS)' > '$st/compare.log'
+      echo 'no comparison: neither D and E, C and D nor B and C were built (BUILDS)' > '$st/compare.log'
     fi
     tested=C; ls '$st'/wheels/D/*.whl > /dev/null 2>&1 && tested=D
+    ls '$st'/wheels/E/*.whl > /dev/null 2>&1 && tested=E
     git init -q '$st/up' && git -C '$st/up' fetch -q '$bundle' '+refs/heads/*:refs/heads/*' \
       && mkdir -p '$st/run' && git -C '$st/up' show '$commit:tests/ops/test_selective_scan.py' \
       > '$st/run/test_selective_scan.py'
@@ -59,7 +65,10 @@ if [ ! -e "$st/started" ]; then
 fi
 while [ ! -e "$st/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
 cp "$st"/*.log "$out"/ 2>/dev/null
-for b in A B C D; do cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null; done
+for b in A B C D E; do
+  cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null
+  for f in "$st/wheels/$b"/ninja_log-*.txt; do [ -e "$f" ] && cp "$f" "$out/ninja-${f##*ninja_log-}"; done
+done
 cat "$st/speed.log"
 if [ ! -e "$st/done" ]; then echo "(still running)"; exit 3; fi
 echo "== compare"; tail -20 "$st/compare.log"
