@@ -117,13 +117,18 @@ def assert_clean_stop(proc: subprocess.Popen[str], tree: list[int], tmp_path: Pa
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_mid_compile(tmp_path: Path, shared_cache: Path, nvcc: str,
                             sig: signal.Signals, code: int) -> None:
-    proc = start(tmp_path, shared_cache)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc = start(tmp_path, shared_cache, tmpdir=tmpdir)
     tree = wait_for_compiler(proc)
     proc.send_signal(sig)
     err = assert_clean_stop(proc, tree, tmp_path, code)
     assert "interrupted (" in err
     # the step says it was stopped, not that it failed
     assert "stopped compile" in err and "failed compile" not in err
+    # a stopped nvcc leaves its temporary files (tmpxft_*) behind: they went to the build's
+    # own TMPDIR under its fixed path, which the stop removed, not to the user's
+    assert not list(tmpdir.glob("tmpxft_*"))
 
 
 def test_timeout_mid_compile(tmp_path: Path, shared_cache: Path, nvcc: str) -> None:

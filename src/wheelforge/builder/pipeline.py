@@ -332,6 +332,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                                        reporter)
                 stack.enter_context(reproducible.umask())
                 environ = _environment(recipe, config, fixed_env, cuda, cache, epoch)
+                environ["TMPDIR"] = str(fixed.tmp)  # what a stopped nvcc leaves goes with it
                 costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list) \
                     if extension else None
                 if costs is not None:

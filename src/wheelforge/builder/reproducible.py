@@ -155,6 +155,13 @@ class FixedPaths:
     def env(self) -> Path:
         return self.root / "env"
 
+    @property
+    def tmp(self) -> Path:
+        """The build's TMPDIR (made by :func:`fixed_paths`): nvcc's temporary files, which a
+        stopped nvcc leaves behind, go with the fixed path instead of into the user's
+        TMPDIR, and under a path that is the same for every build."""
+        return self.root / "tmp"
+
     def link_env(self, python: Path) -> Path:
         """The interpreter ``python`` of a venv, started through the fixed link to its
         venv; ``python`` itself when it is not in a venv (its paths are then its own)."""
@@ -233,6 +240,7 @@ def fixed_paths(slot: str, root: Path = BUILD_ROOT,
             shutil.rmtree(here.root)
         _own_directory(here.root, 0o755)
         try:
+            here.tmp.mkdir()
             yield here
         finally:
             shutil.rmtree(here.root, ignore_errors=True)
