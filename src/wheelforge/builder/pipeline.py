@@ -84,10 +84,12 @@ class BuildResult:
 def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
                  cuda: toolchain.Cuda | None,
                  cache: compilecache.CompileCache | None = None,
-                 epoch: int | None = None) -> dict[str, str]:
+                 epoch: int | None = None, tmpdir: Path | None = None) -> dict[str, str]:
     environ = dict(os.environ)
     if epoch is not None:  # the source's, whatever the caller's environment says
         environ["SOURCE_DATE_EPOCH"] = str(epoch)
+    if tmpdir is not None:  # the fixed path's: what a stopped nvcc leaves goes with it
+        environ["TMPDIR"] = str(tmpdir)
     path = [str(env.bin_dir)]
     if cuda is not None:
         path.append(str(cuda.home / "bin"))
@@ -331,8 +333,8 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 cache = _compile_cache(stack, extension, fixed_env, config, cuda, log,
                                        reporter)
                 stack.enter_context(reproducible.umask())
-                environ = _environment(recipe, config, fixed_env, cuda, cache, epoch)
-                environ["TMPDIR"] = str(fixed.tmp)  # what a stopped nvcc leaves goes with it
+                environ = _environment(recipe, config, fixed_env, cuda, cache, epoch,
+                                       fixed.tmp)
                 costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list) \
                     if extension else None
                 if costs is not None:
