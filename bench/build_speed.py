@@ -279,7 +279,10 @@ def main() -> None:
                     print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"
                           + (", units packed by the record of the build before" if
                              letter == "E" else ""), flush=True)
-                if letter == "E" and record is not None:
+                if letter == "E":
+                    if record is None:  # not packed by a record: it would be D under E's name
+                        raise SystemExit("E: the build before it recorded no units (no "
+                                         ".ninja_log in its tree)")
                     environ = dict(environ, **{unitcosts.ENV: str(record)})
                 results.append(build(name, tree, env, environ, work / "out",
                                      args.keep, args.frontend))
