@@ -640,6 +640,60 @@ def test_a_waiting_unit_keeps_the_free_slots_from_the_threads(
         _until(lambda: pool.free() == 2)
 
 
+def test_a_slot_a_last_unit_frees_goes_to_the_threads_without_waiting_for_quiet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build's last units end one after another, often less than a second apart: the
+    slot each frees goes to the threads of the units still running LEND_AFTER_END_S
+    after it ends, not once no gate has ended for LEND_AFTER_S.  Unit a's threads want
+    a token, unit b holds the pool's other slot; b's slot reaches a's threads well
+    before LEND_AFTER_S (made long here) has passed since b ended."""
+    client, release, got = tmp_path / "client.py", tmp_path / "release", tmp_path / "got"
+    client.write_text(_TOKEN_CLIENT)
+    monkeypatch.setattr(jobserver, "LEND_AFTER_S", 3.0)
+    ended = tmp_path / "ended"
+    with jobserver.Pool(2, tmp_path) as pool:
+        gate = shlex.split(pool.gate(shlex.quote(sys.executable)))
+        a = subprocess.Popen([*gate, str(client), "1", str(release), str(got), "30"])
+        b = subprocess.Popen([*gate, "-c", "import time; time.sleep(4)"])
+        _until(lambda: pool.free() == 0)
+        assert b.wait(20) == 0
+        ended.touch()
+        _until(lambda: got.exists() and got.read_text() != "")
+        lent_after = got.stat().st_mtime - ended.stat().st_mtime
+        assert got.read_text() == "1"
+        assert lent_after < jobserver.LEND_AFTER_S - 1.0, lent_after
+        release.touch()
+        assert a.wait(20) == 0
+        _until(lambda: pool.free() == 2)
+
+
+def test_a_slot_an_ending_unit_frees_goes_to_the_next_unit_its_ninja_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ninja starts its next unit a few milliseconds after one ends: the slot goes to
+    that unit, not to the threads of a unit still running, which would keep it until
+    their parts end.  Unit a's threads want a token; b ends and c, started right after
+    it as ninja starts it (the same shell), runs at once; a's threads get the slot once
+    c has ended."""
+    client, release, got = tmp_path / "client.py", tmp_path / "release", tmp_path / "got"
+    client.write_text(_TOKEN_CLIENT)
+    monkeypatch.setattr(jobserver, "LEND_AFTER_S", 0.5)
+    ran = tmp_path / "ran"
+    with jobserver.Pool(2, tmp_path) as pool:
+        gate = pool.gate(shlex.quote(sys.executable))
+        a = subprocess.Popen([*shlex.split(gate), str(client), "1", str(release), str(got),
+                              "30"])
+        touch = f"-c 'import sys; open(sys.argv[1], \"w\")' {shlex.quote(str(ran))}"
+        bc = subprocess.Popen(["sh", "-c", f"{gate} -c 'import time; time.sleep(3)' && "
+                               f"{gate} {touch}"])
+        # had a's threads taken b's slot, c would wait for them (30 s) and so would this
+        assert bc.wait(20) == 0 and ran.exists()
+        _until(lambda: got.exists() and got.read_text() != "")  # c's slot, once c ended
+        assert got.read_text() == "1"
+        release.touch()
+        assert a.wait(20) == 0
+        _until(lambda: pool.free() == 2)
+
+
 _NVCC_UNIT = """\
 #include <cuda/std/array>
 #include <cuda/std/iterator>

@@ -39,7 +39,8 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   by each gate for its own nvcc and the ptxas it runs, never for ninja, which would join
   it too) and torch's nvcc command gets ``--ptxas-options=--split-compile=8,--jobserver``
   (:func:`nvcc_flags`).  The pool puts its free slots in the pipe once no gate has
-  started or ended for :data:`LEND_AFTER_S` and none is waiting (:meth:`Pool._lend_idle`),
+  asked for :data:`LEND_AFTER_S` nor ended for :data:`LEND_AFTER_END_S` and none is
+  waiting (:meth:`Pool._lend_idle`),
   and takes them back, as the threads give them back, when a gate waits
   (:meth:`Pool._reclaim`).  So the cores a build's last units leave free compile the
   ptxas phase of the units still running, and a busy machine compiles each unit as
@@ -88,10 +89,15 @@ TICK_S = 0.2
 RESERVE_S = 30.0
 #: An expected compile has started its units once none of them has asked for this long.
 SETTLE_S = 1.5
-#: A free slot goes into the jobserver's pipe once no gate has started or ended for this
-#: long and none waits, in seconds (ninja starts its next unit within milliseconds of one
-#: ending: that unit's slot goes to it, not to another unit's threads).
+#: A free slot goes into the jobserver's pipe once no gate has asked for slots for this
+#: long and none waits, in seconds (ninja starts a compile's units one after another, a
+#: few milliseconds apart: their slots go to them, not to the first units' threads).
 LEND_AFTER_S = 1.0
+#: ... and once no gate has ended for this long: ninja starts its next unit, if it has
+#: one, within milliseconds of one ending (that unit's slot goes to it); a build's last
+#: units end one after another, often less than a second apart, and each slot they free
+#: goes to the threads of the units still running a quarter of a second later.
+LEND_AFTER_END_S = 0.25
 #: ptxas's ``--split-compile``: the most threads one architecture of one unit can use.
 #: Recorded in the cubin (``.note.nv.tkinfo``), so a constant, never the machine's cores.
 SPLIT_COMPILE = 8
@@ -235,7 +241,7 @@ class Pool:
         self._expected: dict[str, _Expected] = {}  # compiles to come
         self._holding_since: float | None = None
         self._lent = 0  # slots given to the jobserver's pipe: there, or with ptxas threads
-        self._quiet_since = time.monotonic()  # when a gate last started or ended
+        self._asked_at = self._ended_at = time.monotonic()  # a gate's last request, end
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name="wheelforge-jobserver")
@@ -287,7 +293,7 @@ class Pool:
         many.  ``on_wait`` hears it once if they are not free; Ctrl-C stops the wait."""
         count = max(1, min(count, self.size))
         with self._lock:
-            self._quiet_since = time.monotonic()
+            self._asked_at = time.monotonic()
             request = self._queue(count, priority, None)
             self._grant()
         while not request.granted.wait(TICK_S):
@@ -305,7 +311,7 @@ class Pool:
             yield count
         finally:
             with self._lock:
-                self._quiet_since = time.monotonic()
+                self._ended_at = time.monotonic()
                 self._free += count
                 self._grant()
 
@@ -379,10 +385,12 @@ class Pool:
 
     def _lend_idle(self) -> None:
         """Put the free slots in the jobserver's pipe, for the threads of the ptxas that
-        run, once no gate has started or ended for :data:`LEND_AFTER_S`, none waits and no
-        compile is expected (the lock held)."""
+        run, once no gate has asked for :data:`LEND_AFTER_S` and none has ended for
+        :data:`LEND_AFTER_END_S`, none waits and no compile is expected (the lock held)."""
+        now = time.monotonic()
         if (not self._free or self._waiting or self._expected or self._closed
-                or time.monotonic() - self._quiet_since < LEND_AFTER_S):
+                or now - self._asked_at < LEND_AFTER_S
+                or now - self._ended_at < LEND_AFTER_END_S):
             return
         try:
             lent = os.write(self._tokens, _TOKEN * self._free)
@@ -445,12 +453,13 @@ class Pool:
                 except OSError:
                     data = b""
                 with self._lock:
-                    self._quiet_since = time.monotonic()
                     if data and conn in pending:
+                        self._asked_at = time.monotonic()
                         pending[conn] += data
                         if b"\n" in pending[conn]:
                             self._request(conn, pending.pop(conn))
                     elif not data:  # the gate ended
+                        self._ended_at = time.monotonic()
                         sel.unregister(conn)
                         pending.pop(conn, None)
                         self._free += self._held.pop(conn, 0)
