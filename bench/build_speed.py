@@ -21,6 +21,10 @@
      (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of the latest D or E build of this run
      (E needs one before it).  A letter may repeat (--builds DEED: the model, the record,
      the record of a recorded build, the model again); each build has a tree of its own
+  P  D with the pool's previous lending (before stop 46): a slot freed by an ending unit
+     went to ptxas's threads only once no gate had ended for LEND_AFTER_S (1 s), where
+     D lends it LEND_AFTER_END_S (0.25 s) after the end (--builds DPPD: the two side by
+     side)
 
 Each is a bare build without isolation in wheelforge's managed build environment with
 the same MAX_JOBS and the recipe's build.env: pypa/build's build_wheel hook, as
@@ -53,6 +57,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -115,6 +120,48 @@ def ninja_steps(tree: Path) -> list[tuple[float, float, str]]:
     return steps
 
 
+class Unused:
+    """The pool's free slots (neither at a gate nor with ptxas's threads) sampled every
+    0.1 s while a build runs: [(time.time(), free)]."""
+
+    def __init__(self, pool: jobserver.Pool) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pool,), daemon=True)
+
+    def _run(self, pool: jobserver.Pool) -> None:
+        while not self._stop.wait(0.1):
+            self.samples.append((time.time(), pool.free()))
+
+    def __enter__(self) -> Unused:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def report(self, tree: Path, steps: list[tuple[float, float, str]]) -> str:
+        """Slot-seconds unused in ninja's phase, and once it has started its last CUDA
+        unit (no gate asks for slots after that)."""
+        ninja_files = list(tree.glob("build/*/build.ninja"))
+        if len(ninja_files) != 1:
+            return "    pool: (no single build.ninja)"
+        names = {Path(line.split()[1].rstrip(":").replace("$:", ":")).name
+                 for line in ninja_files[0].read_text().splitlines()
+                 if line.startswith("build ") and " cuda_compile " in line}
+        cuda = [b for b, _, o in steps if o in names]
+        if not cuda:
+            return "    pool: (no CUDA unit in ninja's log)"
+        start = ninja_files[0].stat().st_mtime
+        end, tail = start + max(e for _, e, _ in steps), start + max(cuda)
+        inside = [f for t, f in self.samples if start <= t <= end]
+        after = [f for t, f in self.samples if tail <= t <= end]
+        return (f"    pool: {sum(inside) * 0.1:.0f} slot-s unused in ninja's phase, "
+                f"{sum(after) * 0.1:.0f} of them after it started its last CUDA unit "
+                f"(the last {end - tail:.1f} s)")
+
+
 def children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -160,7 +207,7 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
           keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0, w0 = children_cpu(), time.monotonic(), time.time()
-    run_frontend(frontend, tree, env, environ, out, packed=name[0] in "DE")
+    run_frontend(frontend, tree, env, environ, out, packed=name[0] in "DEP")
     wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
@@ -196,7 +243,8 @@ def main() -> None:
     ap.add_argument("--builds", default="CBA",
                     help="which builds, in the order given, a letter may repeat (default "
                          "CBA; CB leaves out upstream's; DC and CD: the pool's jobserver "
-                         "against none; DE: packed by the model against by the record)")
+                         "against none; DE: packed by the model against by the record; DP: "
+                         "lent 0.25 s after a unit's end against as before)")
     ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
     ap.add_argument("--frontend", choices=("build", "pip"), default="build",
                     help="pypa/build's build_wheel hook (default: setup.py runs once, as "
@@ -247,9 +295,9 @@ def main() -> None:
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
     builds = "CB" if args.skip_upstream else args.builds.upper()
     names = {"A": "A upstream", "B": "B one arch", "C": "C split", "D": "D split, pool",
-             "E": "E split, pool, recorded"}
+             "E": "E split, pool, recorded", "P": "P split, pool, lent as before"}
     if set(builds) - set(names) or not builds:
-        ap.error(f"--builds {builds!r}: letters of ABCDE")
+        ap.error(f"--builds {builds!r}: letters of ABCDEP")
     if "E" in builds and "D" not in builds[:builds.index("E")]:
         ap.error("--builds: E packs by an earlier D's record: put a D before it")
     series = {"A": upstream, "B": unsplit}
@@ -271,8 +319,13 @@ def main() -> None:
             tree = extract(archive, work / "src")
             apply_series(tree, series.get(letter, recipe.patches), project=recipe.name)
             environ = base if letter == "A" else one_arch
+            # P: a slot an ending unit frees is lent only once no gate has ended for
+            # LEND_AFTER_S, as before stop 46 (the pool reads the constants as it runs)
+            lend_after_end = jobserver.LEND_AFTER_END_S
+            if letter == "P":
+                jobserver.LEND_AFTER_END_S = jobserver.LEND_AFTER_S
             with jobserver.Pool(config.jobs) as pool:
-                if letter in "DE":
+                if letter in "DEP":
                     environ = dict(environ, PYTORCH_NVCC=pool.gate(
                         " ".join([str(cuda.nvcc), *flags]),
                         1, 0.0))
@@ -284,9 +337,13 @@ def main() -> None:
                         raise SystemExit("E: the build before it recorded no units (no "
                                          ".ninja_log in its tree)")
                     environ = dict(environ, **{unitcosts.ENV: str(record)})
-                results.append(build(name, tree, env, environ, work / "out",
-                                     args.keep, args.frontend))
-            if letter in "DE":  # as the pipeline records a cold compile's units
+                with Unused(pool) as unused:
+                    results.append(build(name, tree, env, environ, work / "out",
+                                         args.keep, args.frontend))
+                if letter in "DEP":
+                    print(unused.report(tree, ninja_steps(tree)), flush=True)
+            jobserver.LEND_AFTER_END_S = lend_after_end
+            if letter in "DEP":  # as the pipeline records a cold compile's units
                 record = unitcosts.record(work, recipe.name, arch_list=config.arch_list,
                                           jobs=config.jobs, threads=1,
                                           costs=unitcosts.read_ninja_costs(tree))
@@ -309,10 +366,14 @@ def main() -> None:
     if "C" in by and "D" in by:
         print(f"C/D wall ratio (the pool's jobserver vs none): "
               f"{by['C'].wall / by['D'].wall:6.2f}x")
+    if "D" in by and "P" in by:
+        ds, ps = ([r.wall for r in results if r.name[0] == k] for k in "DP")
+        print(f"P/D wall ratio (lent 0.25 s after an end vs 1 s of quiet, means of "
+              f"{len(ds)} and {len(ps)}): {sum(ps) / len(ps) / (sum(ds) / len(ds)):6.2f}x")
     if "D" in by and "E" in by:
         print(f"D/E wall ratio (packed by the record vs the model): "
               f"{by['D'].wall / by['E'].wall:6.2f}x")
-    for c in (r for r in results if r.name[0] in "CDE"):
+    for c in (r for r in results if r.name[0] in "CDEP"):
         k = c.name[0]
         print(f"{k} wall / ({k} cpu / {cpu_count()} cores):              "
               f"{c.wall / (c.cpu / cpu_count()):6.2f}  (1.0 = every core busy the whole build)")

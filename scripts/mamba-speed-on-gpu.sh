@@ -5,7 +5,8 @@
 #   1. bench/build_speed.py --recipe mamba-ssm: split (C), unsplit (B) and upstream's
 #      default build (A), side by side in that order, with this machine's python/torch;
 #   2. after the benchmark: scripts/compare-wheels.py on the unsplit and split wheels
-#      (or, where built, D and E: the split packed by the model and by the record)
+#      (or, where built, D and E: the split packed by the model and by the record; or D
+#      and P: lent after a unit's end as now and as before)
 #      (exported symbols, archs, every kernel's SASS), and upstream's
 #      tests/ops/test_selective_scan.py (test_selective_scan; test_mamba_inner_fn needs
 #      causal-conv1d) from the pinned commit against the split wheel.
@@ -41,6 +42,9 @@ if [ ! -e "$st/started" ]; then
     if ls '$st'/wheels/D/*.whl '$st'/wheels/E/*.whl > /dev/null 2>&1; then
       '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/D/*.whl '$st'/wheels/E/*.whl \
         > '$st/compare.log' 2>&1
+    elif ls '$st'/wheels/D/*.whl '$st'/wheels/P/*.whl > /dev/null 2>&1; then
+      '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/D/*.whl '$st'/wheels/P/*.whl \
+        > '$st/compare.log' 2>&1
     elif ls '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl > /dev/null 2>&1; then
       '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/C/*.whl '$st'/wheels/D/*.whl \
         > '$st/compare.log' 2>&1
@@ -65,7 +69,7 @@ if [ ! -e "$st/started" ]; then
 fi
 while [ ! -e "$st/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
 cp "$st"/*.log "$out"/ 2>/dev/null
-for b in A B C D E; do
+for b in A B C D E P; do
   cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null
   for f in "$st/wheels/$b"/ninja_log-*.txt; do [ -e "$f" ] && cp "$f" "$out/ninja-${f##*ninja_log-}"; done
 done
