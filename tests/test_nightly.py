@@ -471,8 +471,41 @@ def test_cache_environment_routes_nvcc_and_cxx(tmp_path: Path, backend: str) -> 
         assert env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] == "1"
         socket = Path(env["SCCACHE_SERVER_UDS"])
         assert len(str(socket)) <= 100
-        if socket.parent.name.startswith("wf-sccache-"):  # a short directory in /tmp, which
-            socket.parent.rmdir()  # compilecache.session removes; no session ran here
+        if socket.parent.name.startswith("wf-sccache-"):  # a short directory in /tmp: named,
+            assert not socket.parent.exists()  # not made (compilecache.session makes it)
+
+
+_FAKE_SCCACHE = """#!/bin/sh
+# a stand-in for sccache's client: the server "starts" where its socket's directory is
+case "$1" in
+  --start-server) [ -d "$(dirname "$SCCACHE_SERVER_UDS")" ] || exit 2
+                  : > "$SCCACHE_SERVER_UDS" ;;
+  --stop-server) rm -f "$SCCACHE_SERVER_UDS" ;;
+esac
+exit 0
+"""
+
+
+def test_an_sccache_session_makes_and_removes_its_short_socket_directory(
+        tmp_path: Path) -> None:
+    """Where the cache's path is too long for a socket, the socket goes into a directory
+    of its own in /tmp: cache_environment only names it (it starts and makes nothing),
+    the session makes it, reachable by this user alone (the server runs compilers),
+    and removes it."""
+    bin_dir = tmp_path / "env" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "sccache").write_text(_FAKE_SCCACHE)
+    (bin_dir / "sccache").chmod(0o755)
+    cache = tmp_path / ("c" * 120)
+    env = compilecache.cache_environment(bin_dir, cache, backend="sccache", nvcc=None)
+    socket = Path(env["SCCACHE_SERVER_UDS"])
+    assert socket.parent.name.startswith("wf-sccache-") and not socket.parent.exists()
+    with compilecache.session(bin_dir, cache, backend="sccache", nvcc=None,
+                              base_dir=None) as cc:
+        socket = Path(cc.environ["SCCACHE_SERVER_UDS"])
+        assert socket.parent.name.startswith("wf-sccache-") and socket.exists()
+        assert socket.parent.stat().st_mode & 0o777 == 0o700
+    assert not socket.parent.exists()
 
 
 def test_cache_environment_without_the_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -319,14 +319,21 @@ def _wrapper(cache_dir: Path, tool: Path, cxx: str) -> Path:
     return path
 
 
+#: The directory of sccache's socket where the cache's own path is too long for one (in
+#: the temporary directory, made 0700 by :func:`session`, which removes it).
+_SHORT_SOCKET_DIR = "wf-sccache-"
+
+
 def _scratch(cache_dir: Path, suffix: str) -> Path:
-    """A fresh file name for this build (a socket or a stats log)."""
+    """A fresh file name for this build (a socket or a stats log).  A socket whose path
+    would be too long goes into a directory of its own in the temporary directory,
+    named here, not made: :func:`session` makes it when it starts the server."""
     run = cache_dir / "compilecache" / "run"
     name = f"{os.getpid()}-{os.urandom(4).hex()}{suffix}"
     if suffix != ".sock" or len(str(run / name)) <= _UDS_MAX:
         run.mkdir(parents=True, exist_ok=True)
         return run / name
-    return Path(tempfile.mkdtemp(prefix="wf-sccache-")) / name
+    return Path(tempfile.gettempdir()) / f"{_SHORT_SOCKET_DIR}{os.urandom(6).hex()}" / name
 
 
 def cache_environment(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEND,
@@ -479,6 +486,13 @@ def session(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFAULT_BACKEN
     if log is not None:
         server_env["SCCACHE_ERROR_LOG"] = str(log.with_name(log.name + ".sccache"))
     Path(environ["SCCACHE_DIR"]).mkdir(parents=True, exist_ok=True)
+    if socket.parent.name.startswith(_SHORT_SOCKET_DIR):
+        try:  # the server's socket, reachable by this user alone (it runs compilers)
+            socket.parent.mkdir(mode=0o700)
+        except OSError as exc:  # taken (a fresh random name), or no room in /tmp
+            raise ToolchainError(f"cannot make {socket.parent} for sccache's socket",
+                                 why=str(exc), fix=f"build without the compile cache: "
+                                                   f"{ENV_SWITCH}=off") from exc
     try:
         _run(tool, ["--start-server"], server_env, log)
         _run(tool, ["--zero-stats"], environ)
@@ -498,6 +512,6 @@ def _stop_sccache(tool: Path, environ: Mapping[str, str], socket: Path) -> None:
         _run(tool, ["--stop-server"], environ)
     with contextlib.suppress(FileNotFoundError):
         socket.unlink()
-    if socket.parent.name.startswith("wf-sccache-"):
+    if socket.parent.name.startswith(_SHORT_SOCKET_DIR):
         with contextlib.suppress(OSError):
             socket.parent.rmdir()
