@@ -672,11 +672,12 @@ def test_a_slot_an_ending_unit_frees_goes_to_the_next_unit_its_ninja_starts(
     """ninja starts its next unit a few milliseconds after one ends: the slot goes to
     that unit, not to the threads of a unit still running, which would keep it until
     their parts end.  Unit a's threads want a token; b ends and c, started right after
-    it as ninja starts it (the same shell), runs at once; a's threads get the slot once
-    c has ended."""
+    it as ninja starts it (the same shell), runs at once (its gate asks within
+    LEND_AFTER_END_S of b's end); a's threads get the slot once c has ended."""
     client, release, got = tmp_path / "client.py", tmp_path / "release", tmp_path / "got"
     client.write_text(_TOKEN_CLIENT)
     monkeypatch.setattr(jobserver, "LEND_AFTER_S", 0.5)
+    monkeypatch.setattr(jobserver, "LEND_AFTER_END_S", 1.0)  # c asks well within it
     ran = tmp_path / "ran"
     with jobserver.Pool(2, tmp_path) as pool:
         gate = pool.gate(shlex.quote(sys.executable))
