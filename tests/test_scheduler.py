@@ -576,7 +576,7 @@ def test_every_build_asks_its_environment_for_the_requirements_of_all(
 #: A stand-in for nvcc's threads: a client of GNU make's jobserver protocol, as nvcc 13.0
 #: is with --jobserver.  It takes up to WANT tokens from the pipe MAKEFLAGS names (for up
 #: to SECONDS, default 10), writes how many it got to OUT, and gives them back once
-#: RELEASE exists.
+#: RELEASE exists (or after 120 s: a test that failed first leaves no process behind).
 _TOKEN_CLIENT = r'''
 import os, sys, time
 want, release, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -591,7 +591,8 @@ while len(got) < want and time.monotonic() < deadline:
         time.sleep(0.05)
 with open(out, "w") as f:
     f.write(str(len(got)))
-while not os.path.exists(release):
+deadline = time.monotonic() + 120  # a test that failed before releasing it: end anyway
+while not os.path.exists(release) and time.monotonic() < deadline:
     time.sleep(0.05)
 os.write(fd, got)
 '''
