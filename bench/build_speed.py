@@ -21,7 +21,7 @@
      (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of the latest D or E build of this run
      (E needs one before it).  A letter may repeat (--builds DEED: the model, the record,
      the record of a recorded build, the model again); each build has a tree of its own
-  P  D with the pool's previous lending (before stop 46): a slot freed by an ending unit
+  P  D with the pool's previous lending (before stop 45): a slot freed by an ending unit
      went to ptxas's threads only once no gate had ended for LEND_AFTER_S (1 s), where
      D lends it LEND_AFTER_END_S (0.25 s) after the end (--builds DPPD: the two side by
      side)
@@ -320,7 +320,7 @@ def main() -> None:
             apply_series(tree, series.get(letter, recipe.patches), project=recipe.name)
             environ = base if letter == "A" else one_arch
             # P: a slot an ending unit frees is lent only once no gate has ended for
-            # LEND_AFTER_S, as before stop 46 (the pool reads the constants as it runs)
+            # LEND_AFTER_S, as before stop 45 (the pool reads the constants as it runs)
             lend_after_end = jobserver.LEND_AFTER_END_S
             if letter == "P":
                 jobserver.LEND_AFTER_END_S = jobserver.LEND_AFTER_S
