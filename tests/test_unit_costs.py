@@ -66,12 +66,19 @@ def included(unit: Path) -> list[str]:
             if ln.startswith("#include")]
 
 
+def record_units(root: Path, units: list[str],
+                 seconds: Callable[[list[str]], float]) -> list[dict[str, object]]:
+    return [{"source": u, "seconds": seconds(included(root / u)),
+             "members": included(root / u)} for u in units]
+
+
 def write_record(path: Path, root: Path, units: list[str],
-                 seconds: Callable[[list[str]], float]) -> Path:
-    """A record as wheelforge writes it, of ``units`` (generated under ``root``)."""
-    path.write_text(json.dumps({"arch_list": "12.0", "units": [
-        {"source": u, "seconds": seconds(included(root / u)), "members": included(root / u)}
-        for u in units]}))
+                 seconds: Callable[[list[str]], float],
+                 earlier: list[list[dict[str, object]]] | None = None) -> Path:
+    """A record as wheelforge writes it, of ``units`` (generated under ``root``), with
+    ``earlier`` builds' units."""
+    path.write_text(json.dumps({"arch_list": "12.0", "units": record_units(root, units, seconds),
+                                **({"earlier": earlier} if earlier is not None else {})}))
     return path
 
 
@@ -162,6 +169,73 @@ def test_a_record_packs_the_units_by_what_was_measured(
     holders = {i for i, files in enumerate(after) for f in costly if f in files}
     assert len(holders) >= max(2, len(costly) // 2), (costly, after)
     assert sorted(f for files in after for f in files) == sorted(f for fs in layout for f in fs)
+
+
+@pytest.mark.parametrize("recipe", sorted(CASES))
+def test_a_record_of_several_builds_packs_by_their_mean(
+        recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 jobs.  The latest build said what the model says, the one before it that the
+    heaviest unit took four times its model: each file is costed at the mean of the two,
+    so the units are packed as by one build in which that unit took 2.5 times its model,
+    not as by either build alone."""
+    fixture, function, scope, headers, cost, override = CASES[recipe]
+    tree: Path = request.getfixturevalue(fixture)
+    units = setup_py_function(tree, function, **scope)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MAX_JOBS", "16")
+    monkeypatch.delenv(override, raising=False)
+    monkeypatch.delenv(unitcosts.ENV, raising=False)
+    model = units()
+    layout = [included(tmp_path / u) for u in model]
+    heavy = max(layout, key=lambda f: (sum(map(cost, f)), f))
+
+    def modelled(files: list[str]) -> float:
+        return headers(files) + sum(map(cost, files))
+
+    def scaled(factor: float) -> Callable[[list[str]], float]:
+        return lambda f: (factor if f == heavy else 1) * modelled(f)
+
+    def packed(record: Path) -> list[list[str]]:
+        monkeypatch.setenv(unitcosts.ENV, str(record))
+        return [included(tmp_path / u) for u in units()]
+
+    # every record of the model's units, written before a packing rewrites the files
+    heavy_json = write_record(tmp_path / "heavy.json", tmp_path, model, scaled(4))
+    mean_json = write_record(tmp_path / "mean.json", tmp_path, model, scaled(2.5))
+    both_json = write_record(tmp_path / "both.json", tmp_path, model, scaled(1),
+                             earlier=[record_units(tmp_path, model, scaled(4))])
+    alone, mean, both = packed(heavy_json), packed(mean_json), packed(both_json)
+    assert both == mean
+    assert alone != layout and mean != layout  # each record repacks the heavy unit
+    # wheelforge's own reading of the earlier builds: malformed, the model alone
+    (tmp_path / "bad.json").write_text(json.dumps({"units": [], "earlier": 7}))
+    assert packed(tmp_path / "bad.json") == layout
+
+
+def test_a_record_keeps_the_builds_before_it(tmp_path: Path) -> None:
+    """Each record keeps the units of up to KEEP - 1 builds before it, newest first, of
+    the same arch list, jobs and threads; another job count starts the history again."""
+    def record(seconds: float, jobs: int = 16) -> dict[str, object]:
+        unitcosts.record(tmp_path, "demo", arch_list="12.0", jobs=jobs, threads=1,
+                         costs=[unitcosts.UnitCost("csrc/a.cu", seconds)])
+        data: dict[str, object] = json.loads((tmp_path / "stats" / "demo.units.json")
+                                             .read_text())
+        return data
+
+    def seconds(builds: object) -> list[float]:
+        assert isinstance(builds, list)
+        return [b[0]["seconds"] for b in builds]
+
+    assert record(1.0)["earlier"] == []
+    for n in range(2, unitcosts.KEEP + 3):
+        data = record(float(n))
+    assert seconds([data["units"]]) == [float(unitcosts.KEEP + 2)]
+    assert seconds(data["earlier"]) == [float(unitcosts.KEEP + 2 - i)
+                                        for i in range(1, unitcosts.KEEP)]
+    assert record(9.0, jobs=8)["earlier"] == []
+    (tmp_path / "stats" / "demo.units.json").write_text("{not json")
+    assert record(10.0, jobs=8)["earlier"] == []
 
 
 @pytest.mark.nvcc

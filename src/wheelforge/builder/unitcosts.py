@@ -7,10 +7,14 @@ recipe and arch list, every unit's source, seconds (ninja's, or what the unit's 
 the command's pool wrote: its wall, or its CPU seconds over its slots where ptxas ran
 threads on lent ones: builder/jobserver.py) and, for a generated unit that
 only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
-``CACHE/stats/NAME.units.json``.  The next build of the recipe gets the file's path in
-``WHEELFORGE_UNIT_COSTS``; the split patches (causal-conv1d 0008, mamba-ssm 0010) scale
-their built-in cost model by it, so the units they pack, longest first, are sized by what
-this machine took rather than by the model's figures.
+``CACHE/stats/NAME.units.json``, with the units of up to :data:`KEEP` - 1 builds before
+it (``earlier``, newest first; those of the same arch list, jobs and threads).  The next
+build of the recipe gets the file's path in ``WHEELFORGE_UNIT_COSTS``; the split patches
+(causal-conv1d 0008, mamba-ssm 0010) scale their built-in cost model by it, each file by
+the mean of what the recorded builds measured of it, so the units they pack, longest
+first, are sized by what this machine took rather than by the model's figures, and one
+build's noise (a unit's seconds under 16 compiles at once vary by about a tenth from one
+build to the next) does not repack them alone.
 
 The record changes which files share a unit and the order ninja starts them in, never a
 kernel (the split patches' tests prove every grouping compiles each kernel once), so it
@@ -28,10 +32,12 @@ from pathlib import Path
 from .._fs import atomic_write
 from .jobserver import SECONDS_SUFFIX
 
-__all__ = ["ENV", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
+__all__ = ["ENV", "KEEP", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
 
 #: The variable that gives a build the path of its recipe's record.
 ENV = "WHEELFORGE_UNIT_COSTS"
+#: The builds a record holds: the latest and up to KEEP - 1 before it.
+KEEP = 4
 _BUILD_LINE = re.compile(r"^build (?P<out>\S+): \S+ (?P<src>\S+)")
 _INCLUDE = re.compile(r'^#include "(?P<name>[^"]+)"$')
 
@@ -119,16 +125,34 @@ def _path(cache_dir: Path, name: str) -> Path:
     return cache_dir / "stats" / f"{name}.units.json"
 
 
+def _earlier(path: Path, same: Mapping[str, object]) -> list[list[object]]:
+    """The builds a new record keeps from the one at ``path``: its latest and earlier
+    units, newest first, when it was recorded with the same arch list, jobs and threads
+    (a unit's seconds depend on them), at most :data:`KEEP` - 1; else none."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or any(data.get(k) != v for k, v in same.items()):
+            return []
+        earlier = data.get("earlier", [])
+        builds = [data["units"], *(earlier if isinstance(earlier, list) else [])]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [b for b in builds if isinstance(b, list) and b][:KEEP - 1]
+
+
 def record(cache_dir: Path, name: str, *, arch_list: str, jobs: int, threads: int,
            costs: list[UnitCost]) -> Path | None:
-    """Record ``costs`` as the recipe's latest (nothing when empty); returns the file."""
+    """Record ``costs`` as the recipe's latest (nothing when empty), keeping the units of
+    the builds before it under ``earlier`` (:func:`_earlier`); returns the file."""
     if not costs:
         return None
     path = _path(cache_dir, name)
+    same = {"arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads}
     atomic_write(path, json.dumps({
-        "arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads,
+        **same,
         "units": [{"source": c.source, "seconds": c.seconds, "members": list(c.members)}
-                  for c in costs]}, indent=1))
+                  for c in costs],
+        "earlier": _earlier(path, same)}, indent=1))
     return path
 
 
