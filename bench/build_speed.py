@@ -18,9 +18,10 @@
      --builds DC runs both, D first; CD, C first
   E  D with the units packed by recorded costs, as `wheelforge build` packs them once an
      earlier build has recorded them: the split patch gets the record
-     (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of the latest D or E build of this run
-     (E needs one before it).  A letter may repeat (--builds DEED: the model, the record,
-     the record of a recorded build, the model again); each build has a tree of its own
+     (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of this run's D, E and P builds before
+     it, as wheelforge keeps one: the latest and up to three before it (E needs one
+     before it).  A letter may repeat (--builds DEEE: the model, then the record of one,
+     two, three builds); each build has a tree of its own
   P  D with the pool's previous lending (before stop 45): a slot freed by an ending unit
      went to ptxas's threads only once no gate had ended for LEND_AFTER_S (1 s), where
      D lends it LEND_AFTER_END_S (0.25 s) after the end (--builds DPPD: the two side by
@@ -313,7 +314,7 @@ def main() -> None:
                        env=base, check=True, capture_output=True)
         print(f"warm-up: setup.py's imports in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"load average before: {load()}", flush=True)
-        record = None  # the unit costs of the latest D or E build
+        record = None  # the unit costs of the D, E and P builds so far (the latest 4)
         for i, letter in enumerate(builds):
             name, work = names[letter], t / f"{i}{letter}"
             tree = extract(archive, work / "src")
@@ -330,7 +331,7 @@ def main() -> None:
                         " ".join([str(cuda.nvcc), *flags]),
                         1, 0.0))
                     print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"
-                          + (", units packed by the record of the build before" if
+                          + (", units packed by the record of the builds before" if
                              letter == "E" else ""), flush=True)
                 if letter == "E":
                     if record is None:  # not packed by a record: it would be D under E's name
@@ -344,7 +345,7 @@ def main() -> None:
                     print(unused.report(tree, ninja_steps(tree)), flush=True)
             jobserver.LEND_AFTER_END_S = lend_after_end
             if letter in "DEP":  # as the pipeline records a cold compile's units
-                record = unitcosts.record(work, recipe.name, arch_list=config.arch_list,
+                record = unitcosts.record(t, recipe.name, arch_list=config.arch_list,
                                           jobs=config.jobs, threads=1,
                                           costs=unitcosts.read_ninja_costs(tree))
     by = {r.name[0]: r for r in results}  # a repeated letter: its last build
