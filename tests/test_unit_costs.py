@@ -131,6 +131,21 @@ CASES = {
 }
 
 
+def packer(recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch
+           ) -> tuple[Callable[[], list[str]], Callable[[list[str]], float],
+                      Callable[[str], float]]:
+    """The recipe's unit generator, run for 16 jobs in ``tmp_path`` without a record, and
+    its model's headers and file costs."""
+    fixture, function, scope, headers, cost, override = CASES[recipe]
+    tree: Path = request.getfixturevalue(fixture)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MAX_JOBS", "16")
+    monkeypatch.delenv(override, raising=False)
+    monkeypatch.delenv(unitcosts.ENV, raising=False)
+    return setup_py_function(tree, function, **scope), headers, cost
+
+
 @pytest.mark.parametrize("recipe", sorted(CASES))
 def test_a_record_packs_the_units_by_what_was_measured(
         recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
@@ -139,13 +154,7 @@ def test_a_record_packs_the_units_by_what_was_measured(
     cost: a slower machine) packs the same units; an unreadable one too; a record in which
     the heaviest unit took four times its model spreads that unit's files over several
     units (at least half as many as it had files)."""
-    fixture, function, scope, headers, cost, override = CASES[recipe]
-    tree: Path = request.getfixturevalue(fixture)
-    units = setup_py_function(tree, function, **scope)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MAX_JOBS", "16")
-    monkeypatch.delenv(override, raising=False)
-    monkeypatch.delenv(unitcosts.ENV, raising=False)
+    units, headers, cost = packer(recipe, request, tmp_path, monkeypatch)
     model = units()
     layout = [included(tmp_path / u) for u in model]
 
@@ -179,13 +188,7 @@ def test_a_record_of_several_builds_packs_by_their_mean(
     heaviest unit took four times its model: each file is costed at the mean of the two,
     so the units are packed as by one build in which that unit took 2.5 times its model,
     not as by either build alone."""
-    fixture, function, scope, headers, cost, override = CASES[recipe]
-    tree: Path = request.getfixturevalue(fixture)
-    units = setup_py_function(tree, function, **scope)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MAX_JOBS", "16")
-    monkeypatch.delenv(override, raising=False)
-    monkeypatch.delenv(unitcosts.ENV, raising=False)
+    units, headers, cost = packer(recipe, request, tmp_path, monkeypatch)
     model = units()
     layout = [included(tmp_path / u) for u in model]
     heavy = max(layout, key=lambda f: (sum(map(cost, f)), f))
