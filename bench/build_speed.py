@@ -345,8 +345,9 @@ def main() -> None:
                     print(unused.report(tree, ninja_steps(tree)), flush=True)
             jobserver.LEND_AFTER_END_S = lend_after_end
             if letter in "DEP":  # as the pipeline records a cold compile's units
-                record = unitcosts.record(t, recipe.name, arch_list=config.arch_list,
-                                          jobs=config.jobs, threads=1,
+                record = unitcosts.record(t, recipe.name, version=str(recipe.version),
+                                          arch_list=config.arch_list, jobs=config.jobs,
+                                          threads=1,
                                           costs=unitcosts.read_ninja_costs(tree))
     by = {r.name[0]: r for r in results}  # a repeated letter: its last build
     print(f"load average after: {load()}")

@@ -49,8 +49,8 @@ def test_read_from_a_real_ninja_log(tmp_path: Path) -> None:
                                            ("k_w2.cu", "k_w3.cu"))
     assert (short.source, short.members) == ("csrc/a.cpp", ())
     assert 0.5 <= long.seconds < 3 and 0.05 <= short.seconds < long.seconds
-    path = unitcosts.record(tmp_path / "cache", "demo", arch_list="12.0", jobs=2, threads=1,
-                            costs=[long, short])
+    path = unitcosts.record(tmp_path / "cache", "demo", version="1.0", arch_list="12.0",
+                            jobs=2, threads=1, costs=[long, short])
     assert path is not None and unitcosts.recorded(tmp_path / "cache", "demo", "12.0") == path
     assert unitcosts.recorded(tmp_path / "cache", "demo", "10.0;12.0") is None
     assert unitcosts.read_ninja_costs(tmp_path / "no-build") == []
@@ -218,10 +218,11 @@ def test_a_record_of_several_builds_packs_by_their_mean(
 
 def test_a_record_keeps_the_builds_before_it(tmp_path: Path) -> None:
     """Each record keeps the units of up to KEEP - 1 builds before it, newest first, of
-    the same arch list, jobs and threads; another job count starts the history again."""
-    def record(seconds: float, jobs: int = 16) -> dict[str, object]:
-        unitcosts.record(tmp_path, "demo", arch_list="12.0", jobs=jobs, threads=1,
-                         costs=[unitcosts.UnitCost("csrc/a.cu", seconds)])
+    the same recipe version, arch list, jobs and threads; another job count or version
+    starts the history again, as does a record that cannot be read."""
+    def record(seconds: float, jobs: int = 16, version: str = "1.0") -> dict[str, object]:
+        unitcosts.record(tmp_path, "demo", version=version, arch_list="12.0", jobs=jobs,
+                         threads=1, costs=[unitcosts.UnitCost("csrc/a.cu", seconds)])
         data: dict[str, object] = json.loads((tmp_path / "stats" / "demo.units.json")
                                              .read_text())
         return data
@@ -237,6 +238,8 @@ def test_a_record_keeps_the_builds_before_it(tmp_path: Path) -> None:
     assert seconds(data["earlier"]) == [float(unitcosts.KEEP + 2 - i)
                                         for i in range(1, unitcosts.KEEP)]
     assert record(9.0, jobs=8)["earlier"] == []
+    assert seconds(record(9.5, jobs=8)["earlier"]) == [9.0]
+    assert record(9.7, jobs=8, version="1.1")["earlier"] == []
     (tmp_path / "stats" / "demo.units.json").write_text("{not json")
     assert record(10.0, jobs=8)["earlier"] == []
 

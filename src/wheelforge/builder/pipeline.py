@@ -359,9 +359,9 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             if extension and (stats is None or stats.hits == 0):
                 # a cold compile: what each unit took, for the packing of the next build
                 units = unitcosts.read_ninja_costs(tree)
-                if unitcosts.record(config.cache_dir, recipe.name, arch_list=config.arch_list,
-                                    jobs=config.jobs, threads=config.nvcc_threads,
-                                    costs=units):
+                if unitcosts.record(config.cache_dir, recipe.name, version=str(recipe.version),
+                                    arch_list=config.arch_list, jobs=config.jobs,
+                                    threads=config.nvcc_threads, costs=units):
                     reporter.info(f"unit costs recorded: {len(units)} units, longest "
                                   f"{units[0].seconds:.1f} s ({units[0].source}), sum "
                                   f"{sum(u.seconds for u in units):.0f} s")

@@ -8,13 +8,14 @@ the command's pool wrote: its wall, or its CPU seconds over its slots where ptxa
 threads on lent ones: builder/jobserver.py) and, for a generated unit that
 only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
 ``CACHE/stats/NAME.units.json``, with the units of up to :data:`KEEP` - 1 builds before
-it (``earlier``, newest first; those of the same arch list, jobs and threads).  The next
+it (``earlier``, newest first; those of the same recipe version, arch list, jobs and
+threads).  The next
 build of the recipe gets the file's path in ``WHEELFORGE_UNIT_COSTS``; the split patches
 (causal-conv1d 0008, mamba-ssm 0010) scale their built-in cost model by it, each file by
 the mean of what the recorded builds measured of it, so the units they pack, longest
 first, are sized by what this machine took rather than by the model's figures, and one
-build's noise (a unit's seconds under 16 compiles at once vary by about a tenth from one
-build to the next) does not repack them alone.
+build's noise (under 16 compiles at once a unit's seconds vary from one build to the next
+by a standard deviation of 2-6% of their mean, up to 15%) does not repack them alone.
 
 The record changes which files share a unit and the order ninja starts them in, never a
 kernel (the split patches' tests prove every grouping compiles each kernel once), so it
@@ -127,8 +128,8 @@ def _path(cache_dir: Path, name: str) -> Path:
 
 def _earlier(path: Path, same: Mapping[str, object]) -> list[list[object]]:
     """The builds a new record keeps from the one at ``path``: its latest and earlier
-    units, newest first, when it was recorded with the same arch list, jobs and threads
-    (a unit's seconds depend on them), at most :data:`KEEP` - 1; else none."""
+    units, newest first, when it was recorded for the same recipe version, arch list, jobs
+    and threads (a unit's seconds depend on them), at most :data:`KEEP` - 1; else none."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or any(data.get(k) != v for k, v in same.items()):
@@ -140,14 +141,14 @@ def _earlier(path: Path, same: Mapping[str, object]) -> list[list[object]]:
     return [b for b in builds if isinstance(b, list) and b][:KEEP - 1]
 
 
-def record(cache_dir: Path, name: str, *, arch_list: str, jobs: int, threads: int,
-           costs: list[UnitCost]) -> Path | None:
+def record(cache_dir: Path, name: str, *, version: str, arch_list: str, jobs: int,
+           threads: int, costs: list[UnitCost]) -> Path | None:
     """Record ``costs`` as the recipe's latest (nothing when empty), keeping the units of
     the builds before it under ``earlier`` (:func:`_earlier`); returns the file."""
     if not costs:
         return None
     path = _path(cache_dir, name)
-    same = {"arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads}
+    same = {"version": version, "arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads}
     atomic_write(path, json.dumps({
         **same,
         "units": [{"source": c.source, "seconds": c.seconds, "members": list(c.members)}
