@@ -68,8 +68,12 @@ def main() -> None:
                               for v in RUN25.values())
     sd = args.sd if args.sd is not None else pooled
 
+    with tempfile.TemporaryDirectory(prefix="wf-record-noise-") as tmp:
+        simulate(Path(tmp), sd, pooled, args.rounds)
+
+
+def simulate(tmp: Path, sd: float, pooled: float, rounds: int) -> None:
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("mamba-ssm")
-    tmp = Path(tempfile.mkdtemp(prefix="wf-record-noise-"))
     tree = extract(fetch(recipe, tmp / "cache", git_mirrors={MAMBA_URL: mirror()}).archive,
                    tmp / "src")
     apply_series(tree, recipe.patches, project="mamba-ssm")
@@ -110,7 +114,7 @@ def main() -> None:
           f"noise sd {sd:.1%} of a unit (run 25's pooled: {pooled:.1%})")
     for keep in (1, 2, 4):
         ends = []
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             builds: list[list[dict[str, object]]] = []
             layout = model
             for _ in range(6):
@@ -124,7 +128,7 @@ def main() -> None:
             ends.append(longest(layout))
         print(f"a record of {keep} build(s): the longest unit of the sixth packing "
               f"{statistics.fmean(ends):.1f} s on average, {min(ends):.1f}-{max(ends):.1f} s "
-              f"over {args.rounds} rounds")
+              f"over {rounds} rounds")
 
 
 if __name__ == "__main__":
