@@ -4,8 +4,10 @@ real command, with its message and exit code."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -214,12 +216,21 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
 
 def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
         tmp_path: Path) -> None:
+    # the temporary directory short enough for a pool's socket (a deep one: the next test)
+    short = Path(tempfile.mkdtemp(prefix="wf-clean-", dir="/tmp"))
+    try:
+        _clean_removes_what_dead_runs_left(tmp_path, short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _clean_removes_what_dead_runs_left(tmp_path: Path, tmp: Path) -> None:
     import time
 
     from wheelforge._fs import owned_lock
     from wheelforge.workdirs import RUN_LOCK
 
-    work, cache, tmp = tmp_path / "work", tmp_path / "cache", tmp_path / "tmp"
+    work, cache = tmp_path / "work", tmp_path / "cache"
     live, dead, old, fresh, stack = (work / "live", work / "dead", work / "old", work / "fresh",
                                      cache / "stack" / "stack-1")
     # a killed command's pool of compile slots (its socket, pipe and gate), and another
@@ -249,3 +260,19 @@ def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
     assert f"kept {live}: in use by pid {os.getpid()}" in done.stdout
     assert f"kept {live_pool}: in use by pid {os.getpid()}" in done.stdout
     assert "removed 4 directories" in done.stdout
+
+
+def test_clean_finds_the_pool_of_a_temporary_directory_too_deep_for_its_socket(
+        tmp_path: Path) -> None:
+    """Where TMPDIR is too deep for a Unix socket, a command's pool goes to /tmp
+    (jobserver.pools_dir), and `wheelforge clean` looks for pools there."""
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    assert jobserver.pools_dir(deep) == Path("/tmp")
+    with jobserver.Pool(1, deep) as pool:  # this process's: kept
+        assert pool.directory.parent == Path("/tmp")
+        done = wf("clean", "--work-dir", tmp_path / "work", "--cache-dir", tmp_path / "cache",
+                  cwd=tmp_path, env={"TMPDIR": str(deep)})
+        assert done.returncode == 0, done.stderr
+        assert f"kept {pool.directory}: in use by pid {os.getpid()}" in done.stdout
+        assert "/tmp/wheelforge-jobs-*" in done.stdout

@@ -5,9 +5,11 @@ and re-parented orphans included: within 2 s, and the next build of the same key
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,8 +110,16 @@ def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache
                                                      nvcc: str):
     """Nothing running; what is left on disk (the pool of compile slots, which nothing
     could remove) goes with `wheelforge clean`."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # a temporary directory short enough for the pool's socket (else the pool goes to
+    # /tmp: tests/test_first_day.py), removed after
+    tmp = Path(tempfile.mkdtemp(prefix="wf-orphans-", dir="/tmp"))
+    try:
+        _killed_mid_compile(tmp_path, shared_cache, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _killed_mid_compile(tmp_path: Path, shared_cache: Path, tmp: Path) -> None:
     proc = start(tmp_path, shared_cache, tmpdir=tmp)
     tree = wait_for_compiler(proc)
     sessions = {session(p) for p in tree if alive(p)} - {session(proc.pid)}

@@ -199,18 +199,23 @@ class _Request:
         return (self.priority, -self.seq)
 
 
+def pools_dir(directory: Path | None = None) -> Path:
+    """Where a pool's directory is made: ``directory`` (default: the temporary directory),
+    or :data:`_SHORT_DIR` where that is too deep for the pool's socket (sun_path: 108
+    bytes); `wheelforge clean` looks there for the pools of killed commands."""
+    parent = Path(directory if directory is not None else tempfile.gettempdir())
+    probe = parent / f"{DIR_PREFIX}{'x' * 8}" / "slots.sock"  # mkdtemp adds 8 characters
+    return parent if len(os.fsencode(probe)) <= 100 else Path(_SHORT_DIR)
+
+
 class Pool:
     """``size`` compile slots shared by the builds of one command.  Holds a directory,
     a socket and a thread, hence a class; use as a context manager."""
 
     def __init__(self, size: int, directory: Path | None = None) -> None:
         self.size = max(1, size)
-        self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=directory))
+        self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=pools_dir(directory)))
         self._address = self._dir / "slots.sock"
-        if len(os.fsencode(self._address)) > 100:  # sun_path's limit
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=_SHORT_DIR))
-            self._address = self._dir / "slots.sock"
         # what the pool holds, let go in reverse when it closes or cannot start (a full
         # /tmp): its directory's run lock (`wheelforge clean` removes the directory of a
         # command that was killed, SIGKILL: nothing ran to remove it; never a live one),

@@ -288,22 +288,21 @@ def outdated(names: tuple[str, ...], index_url: str, as_json: bool, no_check: bo
 def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
     """Remove what failed, stopped or killed runs left: build work directories (kept for
     reading after a failure), stack-check venvs and the compile-slot pools of killed
-    commands (TMPDIR/wheelforge-jobs-*). A directory a running wheelforge holds is never
-    touched. Sources, build environments, the compile cache and logs stay.
+    commands (TMPDIR/wheelforge-jobs-*, or /tmp's where TMPDIR is too deep for their
+    socket). A directory a running wheelforge holds is never touched. Sources, build
+    environments, the compile cache and logs stay.
 
     \b
     Examples:
       wheelforge clean --dry-run
       wheelforge clean --work-dir /scratch/wf-work
     """
-    import tempfile
-
     from .. import workdirs
-    from ..builder.jobserver import DIR_PREFIX
+    from ..builder.jobserver import DIR_PREFIX, pools_dir
 
     config = resolve(cache_dir=cache_dir, work_dir=work_dir)
     places = [(config.work_dir, "*"), (config.cache_dir / "stack", "*"),
-              (Path(tempfile.gettempdir()), f"{DIR_PREFIX}*")]
+              (pools_dir(), f"{DIR_PREFIX}*")]
     swept = workdirs.sweep(places, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for path, size in swept.removed:
