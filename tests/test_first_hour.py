@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.cli.main import cli
 from wheelforge.errors import ConfigError, exit_code_markdown, exit_code_table
+from wheelforge.recipe.format import RecipeBook
 
 
 def wf(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
@@ -378,6 +379,28 @@ def test_one_exit_code_table_in_help_and_readme() -> None:
     helped = " ".join(wf("--help").stdout.split())
     for code, meaning in exit_code_table():
         assert f"{code} {' '.join(meaning.split())}" in helped
+
+
+def test_the_readme_counts_each_shipped_recipes_patches_as_its_recipe_lists_them() -> None:
+    """The README and docs/shipped-recipes.md say how many patches each shipped recipe
+    carries (`NAME` ... (N patches / N patches;): the nearest recipe named before the
+    count); a recipe that gains one must not leave them behind, and a merge must not leave
+    its conflict markers in them (one did in the README for four stops)."""
+    book = RecipeBook(REPO / "recipes", REPO / "patches")
+    patched = {name for name in book.names() if book.load(name).patches}
+    for doc in ("README.md", "docs/shipped-recipes.md"):
+        raw = (REPO / doc).read_text()
+        for line in raw.splitlines():
+            assert not re.match(r"(<{7}|={7}|>{7})( |$)", line), f"{doc}: {line!r}"
+        text = " ".join(raw.split())
+        counted = {}
+        for match in re.finditer(r"(\d+) patches", text):
+            named = [n for n in re.findall(r"`([a-z0-9-]+)`", text[:match.start()])
+                     if n in patched]
+            assert named, (doc, text[max(0, match.start() - 80):match.end()])
+            counted[named[-1]] = int(match[1])
+        assert counted == {name: len(book.load(name).patches) for name in counted}, doc
+        assert set(counted) == patched, doc
 
 
 def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Command]]:
