@@ -77,6 +77,7 @@ from wheelforge.builder import (  # noqa: E402
     unitcosts,
 )
 from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
+from wheelforge.builder.identity import tree_id  # noqa: E402
 from wheelforge.builder.patch import apply_series  # noqa: E402
 from wheelforge.builder.source import extract, fetch  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
@@ -345,7 +346,7 @@ def main() -> None:
                     print(unused.report(tree, ninja_steps(tree)), flush=True)
             jobserver.LEND_AFTER_END_S = lend_after_end
             if letter in "DEP":  # as the pipeline records a cold compile's units
-                record = unitcosts.record(t, recipe.name, version=str(recipe.version),
+                record = unitcosts.record(t, recipe.name, tree=tree_id(recipe),
                                           arch_list=config.arch_list, jobs=config.jobs,
                                           threads=1,
                                           costs=unitcosts.read_ninja_costs(tree))

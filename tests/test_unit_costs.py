@@ -6,6 +6,7 @@ patched setup.py functions are the shipped patches' (causal-conv1d 0008, mamba-s
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -15,10 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from conftest import REPO, require_tool, setup_py_function, tinyext_project
 from test_mamba_ssm_patches import MAMBA_URL, mirror
 from wheelforge.builder import jobserver, unitcosts
+from wheelforge.builder.identity import tree_id
 from wheelforge.builder.patch import apply_series
 from wheelforge.builder.source import extract, fetch
 from wheelforge.recipe.format import RecipeBook
@@ -49,10 +52,11 @@ def test_read_from_a_real_ninja_log(tmp_path: Path) -> None:
                                            ("k_w2.cu", "k_w3.cu"))
     assert (short.source, short.members) == ("csrc/a.cpp", ())
     assert 0.5 <= long.seconds < 3 and 0.05 <= short.seconds < long.seconds
-    path = unitcosts.record(tmp_path / "cache", "demo", version="1.0", arch_list="12.0",
+    path = unitcosts.record(tmp_path / "cache", "demo", tree="t1", arch_list="12.0",
                             jobs=2, threads=1, costs=[long, short])
-    assert path is not None and unitcosts.recorded(tmp_path / "cache", "demo", "12.0") == path
-    assert unitcosts.recorded(tmp_path / "cache", "demo", "10.0;12.0") is None
+    assert path is not None
+    assert unitcosts.recorded(tmp_path / "cache", "demo", "12.0", "t1") == path
+    assert unitcosts.recorded(tmp_path / "cache", "demo", "10.0;12.0", "t1") is None
     assert unitcosts.read_ninja_costs(tmp_path / "no-build") == []
     assert unitcosts.total_seconds(path) == long.seconds + short.seconds
     # a unit that waited at the pool's gate: the seconds it ran, as its gate wrote them
@@ -218,10 +222,10 @@ def test_a_record_of_several_builds_packs_by_their_mean(
 
 def test_a_record_keeps_the_builds_before_it(tmp_path: Path) -> None:
     """Each record keeps the units of up to KEEP - 1 builds before it, newest first, of
-    the same recipe version, arch list, jobs and threads; another job count or version
-    starts the history again, as does a record that cannot be read."""
-    def record(seconds: float, jobs: int = 16, version: str = "1.0") -> dict[str, object]:
-        unitcosts.record(tmp_path, "demo", version=version, arch_list="12.0", jobs=jobs,
+    the same source tree, arch list, jobs and threads; another job count or tree starts
+    the history again, as does a record that cannot be read."""
+    def record(seconds: float, jobs: int = 16, tree: str = "t1") -> dict[str, object]:
+        unitcosts.record(tmp_path, "demo", tree=tree, arch_list="12.0", jobs=jobs,
                          threads=1, costs=[unitcosts.UnitCost("csrc/a.cu", seconds)])
         data: dict[str, object] = json.loads((tmp_path / "stats" / "demo.units.json")
                                              .read_text())
@@ -239,9 +243,45 @@ def test_a_record_keeps_the_builds_before_it(tmp_path: Path) -> None:
                                         for i in range(1, unitcosts.KEEP)]
     assert record(9.0, jobs=8)["earlier"] == []
     assert seconds(record(9.5, jobs=8)["earlier"]) == [9.0]
-    assert record(9.7, jobs=8, version="1.1")["earlier"] == []
+    assert record(9.7, jobs=8, tree="t2")["earlier"] == []
     (tmp_path / "stats" / "demo.units.json").write_text("{not json")
     assert record(10.0, jobs=8)["earlier"] == []
+
+
+def test_a_record_is_given_only_to_a_build_of_the_same_tree_and_archs(
+        tmp_path: Path) -> None:
+    """The next build gets the record of the same source tree (version, sources, patches)
+    and arch list, whatever its job count; another tree's record names other files (the
+    units of mamba-ssm's 0008 alone priced by 0011's model would be mispriced), another
+    arch list's units cost otherwise: the model alone."""
+    unitcosts.record(tmp_path, "demo", tree="t1", arch_list="12.0", jobs=16, threads=1,
+                     costs=[unitcosts.UnitCost("csrc/a.cu", 3.0)])
+    path = tmp_path / "stats" / "demo.units.json"
+    assert unitcosts.recorded(tmp_path, "demo", "12.0", "t1") == path
+    assert unitcosts.recorded(tmp_path, "demo", "12.0", "t2") is None
+    assert unitcosts.recorded(tmp_path, "demo", "9.0", "t1") is None
+    assert unitcosts.recorded(tmp_path, "other", "12.0", "t1") is None
+    for bad in ("[1, 2]", "{not json", json.dumps({"arch_list": "12.0", "tree": "t1"})):
+        path.write_text(bad)
+        assert unitcosts.recorded(tmp_path, "demo", "12.0", "t1") is None
+
+
+def test_the_tree_is_the_version_the_sources_and_the_patches(tmp_path: Path) -> None:
+    recipe = BOOK.load("mamba-ssm")
+    assert tree_id(recipe) == tree_id(BOOK.load("mamba-ssm"))
+    copy = tmp_path / recipe.patches[-1].name
+    copy.write_bytes(recipe.patches[-1].read_bytes() + b"\n")
+    changed = [
+        dataclasses.replace(recipe, patches=recipe.patches[:-1]),
+        dataclasses.replace(recipe, patches=(*recipe.patches[:-1], copy)),
+        dataclasses.replace(recipe, version=Version("2.3.3")),
+        dataclasses.replace(recipe, sources=tuple(
+            dataclasses.replace(s, commit="0" * 40) for s in recipe.sources)),
+    ]
+    ids = {tree_id(r) for r in changed}
+    assert len(ids) == len(changed) and tree_id(recipe) not in ids
+    # what does not change the tree does not change the record's key
+    assert tree_id(dataclasses.replace(recipe, summary="another summary")) == tree_id(recipe)
 
 
 @pytest.mark.nvcc

@@ -58,6 +58,18 @@ def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str,
     return h.hexdigest()
 
 
+def tree_id(recipe: Recipe) -> str:
+    """What the compiled source tree is made of (a hash): the recipe's version, its
+    pinned sources and every patch's name and bytes.  A unit-cost record of another
+    tree names files that may no longer exist, or cost otherwise (``unitcosts``)."""
+    h = hashlib.sha256()
+    for part in (str(recipe.version), *(s.identity for s in recipe.sources)):
+        h.update(part.encode() + b"\0")
+    for p in recipe.patches:
+        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
 def recipe_subset(recipe: Recipe, config: BuildConfig) -> Subset:
     """The kernel subset ``config`` asks of ``recipe`` (() for the full build, and for a
     recipe that declares no subsets)."""

@@ -44,7 +44,7 @@ from ..recipe.model import Recipe
 from ..wheel import wheel_version
 from . import buildenv, importcheck, jobserver, unitcosts
 from .config import BuildConfig
-from .identity import without_subset
+from .identity import tree_id, without_subset
 from .pipeline import BuildResult, Pending, build_one
 
 T = TypeVar("T")
@@ -205,7 +205,8 @@ def _together(planned: list[Planned], reporter: Reporter, inspections: buildenv.
     for p in planned:  # the longest compile last time starts its units first
         if p.recipe.build.kind != "extension":
             continue  # a pure build compiles nothing
-        costs = unitcosts.recorded(p.config.cache_dir, p.recipe.name, p.config.arch_list)
+        costs = unitcosts.recorded(p.config.cache_dir, p.recipe.name, p.config.arch_list,
+                                   tree_id(p.recipe))
         if costs is not None:
             pool.expect(str(p.recipe.name), unitcosts.total_seconds(costs))
     reporter.info(f"{len(planned)} builds at once ({', '.join(builds)}), sharing "

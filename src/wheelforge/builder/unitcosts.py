@@ -8,9 +8,11 @@ the command's pool wrote: its wall, or its CPU seconds over its slots where ptxa
 threads on lent ones: builder/jobserver.py) and, for a generated unit that
 only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
 ``CACHE/stats/NAME.units.json``, with the units of up to :data:`KEEP` - 1 builds before
-it (``earlier``, newest first; those of the same recipe version, arch list, jobs and
+it (``earlier``, newest first; those of the same source tree, arch list, jobs and
 threads).  The next
-build of the recipe gets the file's path in ``WHEELFORGE_UNIT_COSTS``; the split patches
+build of the recipe from the same source tree (``identity.tree_id``: its version,
+sources and patches; another tree's files may not exist or cost otherwise) gets the
+file's path in ``WHEELFORGE_UNIT_COSTS``; the split patches
 (causal-conv1d 0008, mamba-ssm 0010) scale their built-in cost model by it, each file by
 the mean of what the recorded builds measured of it, so the units they pack, longest
 first, are sized by what this machine took rather than by the model's figures, and one
@@ -128,7 +130,7 @@ def _path(cache_dir: Path, name: str) -> Path:
 
 def _earlier(path: Path, same: Mapping[str, object]) -> list[list[object]]:
     """The builds a new record keeps from the one at ``path``: its latest and earlier
-    units, newest first, when it was recorded for the same recipe version, arch list, jobs
+    units, newest first, when it was recorded for the same source tree, arch list, jobs
     and threads (a unit's seconds depend on them), at most :data:`KEEP` - 1; else none."""
     try:
         data = json.loads(path.read_text())
@@ -141,14 +143,15 @@ def _earlier(path: Path, same: Mapping[str, object]) -> list[list[object]]:
     return [b for b in builds if isinstance(b, list) and b][:KEEP - 1]
 
 
-def record(cache_dir: Path, name: str, *, version: str, arch_list: str, jobs: int,
+def record(cache_dir: Path, name: str, *, tree: str, arch_list: str, jobs: int,
            threads: int, costs: list[UnitCost]) -> Path | None:
-    """Record ``costs`` as the recipe's latest (nothing when empty), keeping the units of
-    the builds before it under ``earlier`` (:func:`_earlier`); returns the file."""
+    """Record ``costs`` of a build of source tree ``tree`` (``identity.tree_id``) as the
+    recipe's latest (nothing when empty), keeping the units of the builds before it under
+    ``earlier`` (:func:`_earlier`); returns the file."""
     if not costs:
         return None
     path = _path(cache_dir, name)
-    same = {"version": version, "arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads}
+    same = {"tree": tree, "arch_list": arch_list, "jobs": jobs, "nvcc_threads": threads}
     atomic_write(path, json.dumps({
         **same,
         "units": [{"source": c.source, "seconds": c.seconds, "members": list(c.members)}
@@ -157,12 +160,17 @@ def record(cache_dir: Path, name: str, *, version: str, arch_list: str, jobs: in
     return path
 
 
-def recorded(cache_dir: Path, name: str, arch_list: str) -> Path | None:
-    """The record of an earlier build of ``name`` for the same arch list (the cost of a
-    unit grows with its archs), else None."""
+def recorded(cache_dir: Path, name: str, arch_list: str, tree: str) -> Path | None:
+    """The record of an earlier build of ``name`` from the same source tree (``tree``: a
+    record of other files would misprice these) for the same arch list (the cost of a
+    unit grows with its archs), else None.  Another job count's record is given: a unit's
+    seconds over its files' model is what the packing needs of it."""
     path = _path(cache_dir, name)
     try:
         data: Mapping[str, object] = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return path if data.get("arch_list") == arch_list and data.get("units") else None
+    if not isinstance(data, dict):
+        return None
+    same = data.get("arch_list") == arch_list and data.get("tree") == tree
+    return path if same and data.get("units") else None
