@@ -1,7 +1,7 @@
 """Unit costs recorded from ninja's log, and the split patches packing by them.
 
 ninja is real (a tiny manifest in torch's form; a real CUDA build for the pipeline), the
-patched setup.py functions are the shipped patches' (causal-conv1d 0008, mamba-ssm 0010).
+patched setup.py functions are the shipped patches' (causal-conv1d 0008, mamba-ssm 0010 and 0011).
 """
 
 from __future__ import annotations
@@ -117,10 +117,14 @@ _CONFIGS = ["32x4", "32x8", "32x16", "64x16", "128x16"]
 
 
 def _cost_mamba(name: str) -> float:  # selective_scan_units()'s COSTS; a dispatcher 0
-    parts = name[:-len(".cu")].split("_")  # selective_scan_<kind>_<t>_<w>[_<config>]
+    parts = name[:-len(".cu")].split("_")  # selective_scan_<kind>_<t>_<w>[_<config>[_<half>]]
     if len(parts) < 6:
         return 0.0
-    return _MAMBA[(parts[2], parts[4])][_CONFIGS.index(parts[5])]
+    cost = _MAMBA[(parts[2], parts[4])][_CONFIGS.index(parts[5])]
+    if parts[2] == "fwd":
+        return cost
+    # patch 0011: a backward launcher's kernels are its two halves' (kIsEvenLen)
+    return cost / 2 if len(parts) == 7 else 0.0
 
 
 def _headers_mamba(files: list[str]) -> float:  # a forward unit parses fewer headers
