@@ -295,6 +295,13 @@ def setup_py_function(tree: Path, name: str, **scope: Any) -> Callable[[], list[
     return namespace[name]  # type: ignore[no-any-return]
 
 
+def tree_files(tree: Path) -> dict[str, bytes]:
+    """Every file under ``tree`` by its relative path: the split patches' tests compare the
+    trees before and after a patch with it."""
+    return {p.relative_to(tree).as_posix(): p.read_bytes()
+            for p in tree.rglob("*") if p.is_file()}
+
+
 def assert_units_stable(units: Callable[[], list[str]], root: Path,
                         expected: Mapping[int, int]) -> None:
     """A second run of a unit generator (pip runs setup.py twice) returns the same units

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_units_stable, setup_py_function
+from conftest import REPO, assert_units_stable, setup_py_function, tree_files
 from test_mamba_split_patch import CONFIGS, DISPATCHERS, EXTERN, HIDDEN, INSTANTIATION
 from test_mamba_ssm_patches import MAMBA_URL, mirror
 from wheelforge.builder.patch import apply_series
@@ -139,10 +139,7 @@ def test_the_launchers_changed_by_the_extern_block_alone(trees: dict[str, Path])
 
 
 def test_other_files_untouched(trees: dict[str, Path]) -> None:
-    def files(tree: Path) -> dict[str, bytes]:
-        return {p.relative_to(tree).as_posix(): p.read_bytes()
-                for p in tree.rglob("*") if p.is_file()}
-    old, new = files(trees["before"]), files(trees["after"])
+    old, new = tree_files(trees["before"]), tree_files(trees["after"])
     changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
     assert changed == {"setup.py", f"{SRC}/{HEADER}"} | {
         f"{SRC}/{s}.cu" for s, *_ in launchers()}

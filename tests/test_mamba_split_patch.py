@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_units_stable, setup_py_function
+from conftest import REPO, assert_units_stable, setup_py_function, tree_files
 from test_mamba_ssm_patches import MAMBA_URL, mirror
 from wheelforge.builder.patch import apply_series
 from wheelforge.builder.source import extract, fetch
@@ -153,10 +153,7 @@ def test_dispatchers_changed_by_the_extern_block_alone(trees: dict[str, Path]) -
 
 
 def test_other_files_untouched(trees: dict[str, Path]) -> None:
-    def files(tree: Path) -> dict[str, bytes]:
-        return {p.relative_to(tree).as_posix(): p.read_bytes()
-                for p in tree.rglob("*") if p.is_file()}
-    old, new = files(trees["unsplit"]), files(trees["split"])
+    old, new = tree_files(trees["unsplit"]), tree_files(trees["split"])
     changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
     assert changed == {"setup.py"} | {f"{SRC}/{f}" for f in DISPATCHERS}
     assert set(old) - set(new) == set()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_units_stable, setup_py_function
+from conftest import REPO, assert_units_stable, setup_py_function, tree_files
 from wheelforge.builder.patch import apply_series
 from wheelforge.builder.source import extract, fetch
 from wheelforge.recipe.format import RecipeBook
@@ -250,10 +250,7 @@ def test_kernel_code_byte_identical(trees: dict[str, Path]) -> None:
 
 
 def test_other_files_untouched(trees: dict[str, Path]) -> None:
-    def files(tree: Path) -> dict[str, bytes]:
-        return {p.relative_to(tree).as_posix(): p.read_bytes()
-                for p in tree.rglob("*") if p.is_file()}
-    old, new = files(trees["unsplit"]), files(trees["split"])
+    old, new = tree_files(trees["unsplit"]), tree_files(trees["split"])
     changed = {n for n in old.keys() & new.keys() if old[n] != new[n]}
     assert changed == {"setup.py"}
     assert set(old) - set(new) == {UNSPLIT_BWD}
