@@ -183,7 +183,7 @@ def test_shipped_mamba_ssm_recipe() -> None:
     assert r.untagged_commit == src.commit and str(r.version) == "2.3.2.post1"
     assert r.companions == ("causal-conv1d",)
     assert dict(r.build.env) == {"MAMBA_KEEP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE"}
-    assert len(r.patches) == 11
+    assert len(r.patches) == 10
 
 
 @pytest.mark.parametrize("companions, message", [

@@ -1,7 +1,7 @@
 """Unit costs recorded from ninja's log, and the split patches packing by them.
 
 ninja is real (a tiny manifest in torch's form; a real CUDA build for the pipeline), the
-patched setup.py functions are the shipped patches' (causal-conv1d 0008, mamba-ssm 0010 and 0011).
+patched setup.py functions are the shipped patches' (causal-conv1d 0008, mamba-ssm 0010).
 """
 
 from __future__ import annotations
@@ -117,14 +117,10 @@ _CONFIGS = ["32x4", "32x8", "32x16", "64x16", "128x16"]
 
 
 def _cost_mamba(name: str) -> float:  # selective_scan_units()'s COSTS; a dispatcher 0
-    parts = name[:-len(".cu")].split("_")  # selective_scan_<kind>_<t>_<w>[_<config>[_<half>]]
+    parts = name[:-len(".cu")].split("_")  # selective_scan_<kind>_<t>_<w>[_<config>]
     if len(parts) < 6:
         return 0.0
-    cost = _MAMBA[(parts[2], parts[4])][_CONFIGS.index(parts[5])]
-    if parts[2] == "fwd":
-        return cost
-    # patch 0011: a backward launcher's kernels are its two halves' (kIsEvenLen)
-    return cost / 2 if len(parts) == 7 else 0.0
+    return _MAMBA[(parts[2], parts[4])][_CONFIGS.index(parts[5])]
 
 
 def _headers_mamba(files: list[str]) -> float:  # a forward unit parses fewer headers
@@ -255,9 +251,9 @@ def test_a_record_keeps_the_builds_before_it(tmp_path: Path) -> None:
 def test_a_record_is_given_only_to_a_build_of_the_same_tree_and_archs(
         tmp_path: Path) -> None:
     """The next build gets the record of the same source tree (version, sources, patches)
-    and arch list, whatever its job count; another tree's record names other files (the
-    units of mamba-ssm's 0008 alone priced by 0011's model would be mispriced), another
-    arch list's units cost otherwise: the model alone."""
+    and arch list, whatever its job count; another tree's record may name files that no
+    longer exist or hold other kernels (a patch that splits a file keeps its name for
+    part of it), another arch list's units cost otherwise: the model alone."""
     unitcosts.record(tmp_path, "demo", tree="t1", arch_list="12.0", jobs=16, threads=1,
                      costs=[unitcosts.UnitCost("csrc/a.cu", 3.0)])
     path = tmp_path / "stats" / "demo.units.json"
