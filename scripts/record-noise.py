@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How much one build's noise costs the next packing of mamba-ssm's units: a simulation
-by patch 0010's own cost model, not a measurement (docs/performance.md, stops 46-47).
+by patch 0010's own cost model, not a measurement (docs/performance.md, stop 46).
 
 The truth is run 25's (H100 machine, 16 cores, --arch 9.0, MAX_JOBS=16): six builds that
 all packed the 15 units by the model, so each unit's files were the same six times.  A
@@ -11,10 +11,6 @@ times (1 + e), e normal with the relative spread run 25 showed (its pooled stand
 deviation, or --sd).  Each round plays six builds, each packed by the record before it
 (patch 0010's selective_scan_units, as shipped, given WHEELFORGE_UNIT_COSTS) holding the
 last 1, 2 or 4 builds, and reports the longest unit of the last packing by the truth.
-
-It does so for the series up to 0010 (the 30 whole backward launchers run 25 built) and
-for the whole series (0011: each backward launcher's kernels in two halves, by
-kIsEvenLen; a half's truth is half its launcher's, the launcher's own file costs nothing).
 
     scripts/record-noise.py [--rounds 30] [--sd 0.04]
 
@@ -30,7 +26,6 @@ import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +33,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 
 from conftest import setup_py_function  # noqa: E402  (the tests' reading of setup.py)
 from test_mamba_ssm_patches import MAMBA_URL, mirror  # noqa: E402
-from test_unit_costs import _CONFIGS, _MAMBA, _headers_mamba, included  # noqa: E402
+from test_unit_costs import _cost_mamba, _headers_mamba, included  # noqa: E402  (the model)
 from wheelforge.builder.patch import apply_series  # noqa: E402
 from wheelforge.builder.source import extract, fetch  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
@@ -77,23 +72,12 @@ def main() -> None:
         simulate(Path(tmp), sd, pooled, args.rounds)
 
 
-def whole(name: str) -> float:
-    """Patch 0010's model of a file (CPU-s beyond the headers): a launcher's COSTS, a
-    dispatcher 0 (the series before 0011, whose backward launchers hold their kernels)."""
-    parts = name[:-len(".cu")].split("_")  # selective_scan_<kind>_<t>_<w>[_<config>]
-    return _MAMBA[(parts[2], parts[4])][_CONFIGS.index(parts[5])] if len(parts) == 6 else 0.0
-
-
 def simulate(tmp: Path, sd: float, pooled: float, rounds: int) -> None:
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("mamba-ssm")
-    archive = fetch(recipe, tmp / "cache", git_mirrors={MAMBA_URL: mirror()}).archive
-    before = [p for p in recipe.patches if p.name < "0011"]  # what run 25 built
-    trees = {}
-    for label, series in (("0001-0010", before), ("0001-" + recipe.patches[-1].name[:4],
-                                                  recipe.patches)):
-        tree = extract(archive, tmp / label)
-        apply_series(tree, series, project="mamba-ssm")
-        trees[label] = setup_py_function(tree, "selective_scan_units", HIP_BUILD=False)
+    tree = extract(fetch(recipe, tmp / "cache", git_mirrors={MAMBA_URL: mirror()}).archive,
+                   tmp / "src")
+    apply_series(tree, recipe.patches, project="mamba-ssm")
+    units = setup_py_function(tree, "selective_scan_units", HIP_BUILD=False)
     work = tmp / "units"
     work.mkdir()
     os.chdir(work)
@@ -101,27 +85,20 @@ def simulate(tmp: Path, sd: float, pooled: float, rounds: int) -> None:
     os.environ.pop("WHEELFORGE_UNIT_COSTS", None)
     os.environ.pop("MAMBA_SELECTIVE_SCAN_UNITS", None)
 
-    def packing(units: Callable[[], list[str]]) -> dict[str, list[str]]:
+    def packing() -> dict[str, list[str]]:
         return {Path(u).stem: included(work / u) for u in units()}
 
-    run25 = packing(trees["0001-0010"])  # the model's packing, as run 25 built it
-    if sorted(run25) != sorted(RUN25):
-        raise SystemExit(f"the model packs {sorted(run25)}, run 25 built {sorted(RUN25)}")
+    model = packing()
+    if sorted(model) != sorted(RUN25):
+        raise SystemExit(f"the model packs {sorted(model)}, run 25 built {sorted(RUN25)}")
 
     def modelled(files: list[str]) -> float:
-        return _headers_mamba(files) + sum(map(whole, files))
+        return _headers_mamba(files) + sum(map(_cost_mamba, files))
 
-    ratio = {u: statistics.fmean(RUN25[u]) / modelled(fs) for u, fs in run25.items()}
-    whole_truth = {f: whole(f) * ratio[u] for u, fs in run25.items() for f in fs}
-    split_truth = dict(whole_truth)  # 0011: a backward launcher's kernels in two halves
-    for f, cost in whole_truth.items():
-        if "_bwd_" in f and cost > 0:
-            split_truth.update({f: 0.0, f[:-3] + "_even.cu": cost / 2,
-                                f[:-3] + "_uneven.cu": cost / 2})
-    truths = dict(zip(trees, (whole_truth, split_truth), strict=True))
-    true_file = whole_truth
+    ratio = {u: statistics.fmean(RUN25[u]) / modelled(fs) for u, fs in model.items()}
+    true_file = {f: _cost_mamba(f) * ratio[u] for u, fs in model.items() for f in fs}
     true_head = {kind: _headers_mamba([f"selective_scan_{kind}_"]) * statistics.fmean(
-        r for u, r in ratio.items() if f"_{kind}_" in run25[u][0]) for kind in ("fwd", "bwd")}
+        r for u, r in ratio.items() if f"_{kind}_" in model[u][0]) for kind in ("fwd", "bwd")}
 
     def true_load(files: list[str]) -> float:
         return true_head["fwd" if "_fwd_" in files[0] else "bwd"] + sum(
@@ -130,34 +107,28 @@ def simulate(tmp: Path, sd: float, pooled: float, rounds: int) -> None:
     def longest(layout: dict[str, list[str]]) -> float:
         return max(map(true_load, layout.values()))
 
+    rng = random.Random(1)
     record = work.parent / "record.json"
-    print(f"noise sd {sd:.1%} of a unit (run 25's pooled: {pooled:.1%})")
-    for label, units in trees.items():
-        true_file = truths[label]
-        os.environ.pop("WHEELFORGE_UNIT_COSTS", None)
-        model = packing(units)
-        loads = list(map(true_load, model.values()))
-        print(f"series {label}: the model's packing: longest unit {max(loads):.1f} s by the "
-              f"truth, mean {statistics.fmean(loads):.1f} s, {len(model)} units")
-        rng = random.Random(1)
-        for keep in (1, 2, 4):
-            ends = []
-            for _ in range(rounds):
-                builds: list[list[dict[str, object]]] = []
-                layout = model
-                for _ in range(6):
-                    builds.insert(0, [{"source": f"csrc/{u}.cu", "members": fs,
-                                       "seconds": true_load(fs) * (1 + rng.gauss(0, sd))}
-                                      for u, fs in layout.items()])
-                    del builds[keep:]
-                    record.write_text(json.dumps({"units": builds[0],
-                                                  "earlier": builds[1:]}))
-                    os.environ["WHEELFORGE_UNIT_COSTS"] = str(record)
-                    layout = packing(units)
-                ends.append(longest(layout))
-            print(f"  a record of {keep} build(s): the longest unit of the sixth packing "
-                  f"{statistics.fmean(ends):.1f} s on average, "
-                  f"{min(ends):.1f}-{max(ends):.1f} s over {rounds} rounds")
+    print(f"the model's packing: longest unit {longest(model):.1f} s by the truth, mean "
+          f"{statistics.fmean(map(true_load, model.values())):.1f} s, {len(model)} units; "
+          f"noise sd {sd:.1%} of a unit (run 25's pooled: {pooled:.1%})")
+    for keep in (1, 2, 4):
+        ends = []
+        for _ in range(rounds):
+            builds: list[list[dict[str, object]]] = []
+            layout = model
+            for _ in range(6):
+                builds.insert(0, [{"source": f"csrc/{u}.cu", "members": fs,
+                                   "seconds": true_load(fs) * (1 + rng.gauss(0, sd))}
+                                  for u, fs in layout.items()])
+                del builds[keep:]
+                record.write_text(json.dumps({"units": builds[0], "earlier": builds[1:]}))
+                os.environ["WHEELFORGE_UNIT_COSTS"] = str(record)
+                layout = packing()
+            ends.append(longest(layout))
+        print(f"a record of {keep} build(s): the longest unit of the sixth packing "
+              f"{statistics.fmean(ends):.1f} s on average, {min(ends):.1f}-{max(ends):.1f} s "
+              f"over {rounds} rounds")
 
 
 if __name__ == "__main__":
