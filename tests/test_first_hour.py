@@ -381,18 +381,25 @@ def test_one_exit_code_table_in_help_and_readme() -> None:
         assert f"{code} {' '.join(meaning.split())}" in helped
 
 
+def test_no_page_holds_a_merge_conflict_marker() -> None:
+    """A merge must not leave its conflict markers in what users read (one did in the
+    README for four stops)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "examples").rglob("*.md"))]
+    assert len(pages) > 10
+    for page in pages:
+        for line in page.read_text().splitlines():
+            assert not re.match(r"(<{7}|={7}|>{7})( |$)", line), f"{page.name}: {line!r}"
+
+
 def test_the_readme_counts_each_shipped_recipes_patches_as_its_recipe_lists_them() -> None:
     """The README and docs/shipped-recipes.md say how many patches each shipped recipe
     carries (`NAME` ... (N patches / N patches;): the nearest recipe named before the
-    count); a recipe that gains one must not leave them behind, and a merge must not leave
-    its conflict markers in them (one did in the README for four stops)."""
+    count); a recipe that gains one must not leave them behind."""
     book = RecipeBook(REPO / "recipes", REPO / "patches")
     patched = {name for name in book.names() if book.load(name).patches}
     for doc in ("README.md", "docs/shipped-recipes.md"):
-        raw = (REPO / doc).read_text()
-        for line in raw.splitlines():
-            assert not re.match(r"(<{7}|={7}|>{7})( |$)", line), f"{doc}: {line!r}"
-        text = " ".join(raw.split())
+        text = " ".join((REPO / doc).read_text().split())
         counted = {}
         for match in re.finditer(r"(\d+) patches", text):
             named = [n for n in re.findall(r"`([a-z0-9-]+)`", text[:match.start()])
