@@ -336,8 +336,9 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 stack.enter_context(reproducible.umask())
                 environ = _environment(recipe, config, fixed_env, cuda, cache, epoch,
                                        fixed.tmp)
+                tree_key = tree_id(recipe)  # the record's: which source tree it measured
                 costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list,
-                                           tree_id(recipe)) if extension else None
+                                           tree_key) if extension else None
                 if costs is not None:
                     environ[unitcosts.ENV] = str(costs)
                     reporter.info(f"unit costs recorded by an earlier build: {costs}")
@@ -360,7 +361,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             if extension and (stats is None or stats.hits == 0):
                 # a cold compile: what each unit took, for the packing of the next build
                 units = unitcosts.read_ninja_costs(tree)
-                if unitcosts.record(config.cache_dir, recipe.name, tree=tree_id(recipe),
+                if unitcosts.record(config.cache_dir, recipe.name, tree=tree_key,
                                     arch_list=config.arch_list, jobs=config.jobs,
                                     threads=config.nvcc_threads, costs=units):
                     reporter.info(f"unit costs recorded: {len(units)} units, longest "
