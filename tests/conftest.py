@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 import zipfile
@@ -257,6 +258,15 @@ def _free_module_dirs(request: pytest.FixtureRequest,
     for entry in set(base.iterdir()) - before:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
+
+
+@pytest.fixture
+def short_tmpdir() -> Iterator[Path]:
+    """A temporary directory short enough for a compile-slot pool's socket (pytest's own
+    can be too deep, and jobserver.pools_dir then puts the pool in /tmp), removed after."""
+    path = Path(tempfile.mkdtemp(prefix="wf-short-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

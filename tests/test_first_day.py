@@ -4,10 +4,8 @@ real command, with its message and exit code."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -215,22 +213,14 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
 
 
 def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
-        tmp_path: Path) -> None:
-    # the temporary directory short enough for a pool's socket (a deep one: the next test)
-    short = Path(tempfile.mkdtemp(prefix="wf-clean-", dir="/tmp"))
-    try:
-        _clean_removes_what_dead_runs_left(tmp_path, short)
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
-
-
-def _clean_removes_what_dead_runs_left(tmp_path: Path, tmp: Path) -> None:
+        tmp_path: Path, short_tmpdir: Path) -> None:
     import time
 
     from wheelforge._fs import owned_lock
     from wheelforge.workdirs import RUN_LOCK
 
-    work, cache = tmp_path / "work", tmp_path / "cache"
+    # TMPDIR short enough for a pool's socket (a deep one: the next test)
+    work, cache, tmp = tmp_path / "work", tmp_path / "cache", short_tmpdir
     live, dead, old, fresh, stack = (work / "live", work / "dead", work / "old", work / "fresh",
                                      cache / "stack" / "stack-1")
     # a killed command's pool of compile slots (its socket, pipe and gate), and another

@@ -5,11 +5,9 @@ and re-parented orphans included: within 2 s, and the next build of the same key
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -107,19 +105,12 @@ def test_sigkill_takes_grandchildren_and_orphans_along():
 
 @pytest.mark.nvcc
 def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache: Path,
-                                                     nvcc: str):
+                                                     nvcc: str, short_tmpdir: Path):
     """Nothing running; what is left on disk (the pool of compile slots, which nothing
     could remove) goes with `wheelforge clean`."""
-    # a temporary directory short enough for the pool's socket (else the pool goes to
-    # /tmp: tests/test_first_day.py), removed after
-    tmp = Path(tempfile.mkdtemp(prefix="wf-orphans-", dir="/tmp"))
-    try:
-        _killed_mid_compile(tmp_path, shared_cache, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _killed_mid_compile(tmp_path: Path, shared_cache: Path, tmp: Path) -> None:
+    # TMPDIR short enough for the pool's socket (else the pool goes to /tmp:
+    # tests/test_first_day.py)
+    tmp = short_tmpdir
     proc = start(tmp_path, shared_cache, tmpdir=tmp)
     tree = wait_for_compiler(proc)
     sessions = {session(p) for p in tree if alive(p)} - {session(proc.pid)}
