@@ -47,11 +47,15 @@ build` does): together they run on a machine without network.  --keep copies the
 wheels to DIR (DIR/<letter>/, the last of a repeated letter; to test or inspect them
 afterwards), with each build's .ninja_log (DIR/<letter>/ninja_log.txt, and
 ninja_log-<place><letter>.txt for each build: every compile step's start and end).
+With --keep, --phases also keeps, for each D, E and P build, the time each of its
+nvcc's phases took (nvcc --time: phases-<place><letter>.csv) and the pool's free slots
+sampled every 0.1 s (free-<place><letter>.json); scripts/unit-timeline.py reads them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -237,6 +241,18 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
     return res
 
 
+def keep_phases(keep: Path, place: str, work: Path, tree: Path, unused: Unused) -> None:
+    """--phases: the build's nvcc phase times and the pool's free slots, with ninja's
+    start (build.ninja's mtime, the zero of its .ninja_log), into ``keep``."""
+    keep.mkdir(parents=True, exist_ok=True)
+    if (work / "phases.csv").is_file():
+        shutil.copy2(work / "phases.csv", keep / f"phases-{place}.csv")
+    ninja_files = list(tree.glob("build/*/build.ninja"))
+    free = {"ninja_start": ninja_files[0].stat().st_mtime if len(ninja_files) == 1 else None,
+            "samples": unused.samples}
+    (keep / f"free-{place}.json").write_text(json.dumps(free))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", choices=sorted(SPLITS), default="causal-conv1d")
@@ -260,7 +276,13 @@ def main() -> None:
     ap.add_argument("--git-mirror", action="append", default=[], metavar="URL=PATH",
                     help="fetch the git URL from this bundle or repository only")
     ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --keep: keep each D, E and P build's nvcc phase times "
+                         "(nvcc --time) and the pool's free slots, for "
+                         "scripts/unit-timeline.py")
     args = ap.parse_args()
+    if args.phases and args.keep is None:
+        ap.error("--phases keeps its files with the wheels: give --keep DIR")
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load(args.recipe)
     split = SPLITS[args.recipe]
     mirrors = {}
@@ -327,9 +349,11 @@ def main() -> None:
             if letter == "P":
                 jobserver.LEND_AFTER_END_S = jobserver.LEND_AFTER_S
             with jobserver.Pool(config.jobs) as pool:
+                # nvcc appends a row per phase per unit to one file (O_APPEND lines)
+                timed = ["--time", str(work / "phases.csv")] if args.phases else []
                 if letter in "DEP":
                     environ = dict(environ, PYTORCH_NVCC=pool.gate(
-                        " ".join([str(cuda.nvcc), *flags]),
+                        " ".join([str(cuda.nvcc), *flags, *timed]),
                         1, 0.0))
                     print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"
                           + (", units packed by the record of the builds before" if
@@ -344,6 +368,8 @@ def main() -> None:
                                          args.keep, args.frontend))
                 if letter in "DEP":
                     print(unused.report(tree, ninja_steps(tree)), flush=True)
+                    if args.phases:
+                        keep_phases(args.keep / letter, f"{i}{letter}", work, tree, unused)
             jobserver.LEND_AFTER_END_S = lend_after_end
             if letter in "DEP":  # as the pipeline records a cold compile's units
                 record = unitcosts.record(t, recipe.name, tree=tree_id(recipe),

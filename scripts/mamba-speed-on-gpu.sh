@@ -17,7 +17,9 @@
 # The work runs detached (setsid) from a copy of this checkout; the script waits up to
 # $BUDGET seconds (default 540) and exits 3 while it runs: run it again to collect.
 # Logs: OUT_DIR/speed.log, OUT_DIR/compare.log, OUT_DIR/test.log, the ninja logs
-# (ninja-<letter>.txt, the last build of a letter; ninja-<place><letter>.txt, each build).
+# (ninja-<letter>.txt, the last build of a letter; ninja-<place><letter>.txt, each build);
+# with PHASES=1 also OUT_DIR/kept/<letter>/, each build's nvcc phase times and the pool's
+# free slots (bench/build_speed.py --phases; read them with scripts/unit-timeline.py).
 set -uo pipefail
 bundle=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 py=${4:-$(command -v python3)}
@@ -37,7 +39,7 @@ if [ ! -e "$st/started" ]; then
       | xargs -0 cat > /dev/null
     '$py' '$repo/bench/build_speed.py' --recipe mamba-ssm --python '$py' --arch '$arch' \
       --git-mirror 'https://github.com/state-spaces/mamba=$bundle' --keep '$st/wheels' \
-      --builds '${BUILDS:-CBA}' > '$st/speed.log' 2>&1
+      --builds '${BUILDS:-CBA}' ${PHASES:+--phases} > '$st/speed.log' 2>&1
     echo \$? > '$st/speed.rc'
     if ls '$st'/wheels/D/*.whl '$st'/wheels/E/*.whl > /dev/null 2>&1; then
       '$py' '$repo/scripts/compare-wheels.py' '$st'/wheels/D/*.whl '$st'/wheels/E/*.whl \
@@ -72,6 +74,11 @@ cp "$st"/*.log "$out"/ 2>/dev/null
 for b in A B C D E P; do
   cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null
   for f in "$st/wheels/$b"/ninja_log-*.txt; do [ -e "$f" ] && cp "$f" "$out/ninja-${f##*ninja_log-}"; done
+  # PHASES=1: each unit's nvcc phases and the pool's free slots (scripts/unit-timeline.py)
+  mkdir -p "$out/kept/$b"
+  for f in "$st/wheels/$b"/ninja_log-*.txt "$st/wheels/$b"/phases-*.csv "$st/wheels/$b"/free-*.json; do
+    [ -e "$f" ] && cp "$f" "$out/kept/$b/"
+  done
 done
 cat "$st/speed.log"
 if [ ! -e "$st/done" ]; then echo "(still running)"; exit 3; fi
