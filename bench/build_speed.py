@@ -48,8 +48,10 @@ wheels to DIR (DIR/<letter>/, the last of a repeated letter; to test or inspect 
 afterwards), with each build's .ninja_log (DIR/<letter>/ninja_log.txt, and
 ninja_log-<place><letter>.txt for each build: every compile step's start and end).
 With --keep, --phases also keeps, for each D, E and P build, the time each of its
-nvcc's phases took (nvcc --time: phases-<place><letter>.csv) and the pool's free slots
-sampled every 0.1 s (free-<place><letter>.json); scripts/unit-timeline.py reads them.
+nvcc's phases took (nvcc --time: phases-<place><letter>.csv), the pool's free slots
+sampled every 0.1 s (free-<place><letter>.json) and the unit-cost record written after
+it (record-<place><letter>.json: each unit's seconds and files); scripts/unit-timeline.py
+reads them.
 """
 
 from __future__ import annotations
@@ -376,6 +378,8 @@ def main() -> None:
                                           arch_list=config.arch_list, jobs=config.jobs,
                                           threads=1,
                                           costs=unitcosts.read_ninja_costs(tree))
+                if args.phases and record is not None:  # which files each unit held
+                    shutil.copy2(record, args.keep / letter / f"record-{i}{letter}.json")
     by = {r.name[0]: r for r in results}  # a repeated letter: its last build
     print(f"load average after: {load()}")
     print()

@@ -18,8 +18,8 @@
 # $BUDGET seconds (default 540) and exits 3 while it runs: run it again to collect.
 # Logs: OUT_DIR/speed.log, OUT_DIR/compare.log, OUT_DIR/test.log, the ninja logs
 # (ninja-<letter>.txt, the last build of a letter; ninja-<place><letter>.txt, each build);
-# with PHASES=1 also OUT_DIR/kept/<letter>/, each build's nvcc phase times and the pool's
-# free slots (bench/build_speed.py --phases; read them with scripts/unit-timeline.py).
+# with PHASES=1 also OUT_DIR/kept.tgz: <letter>/, each build's nvcc phase times, the pool's
+# free slots and unit-cost record (bench/build_speed.py --phases; scripts/unit-timeline.py).
 set -uo pipefail
 bundle=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); out=$(mkdir -p "$2" && cd "$2" && pwd)
 py=${4:-$(command -v python3)}
@@ -74,12 +74,11 @@ cp "$st"/*.log "$out"/ 2>/dev/null
 for b in A B C D E P; do
   cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null
   for f in "$st/wheels/$b"/ninja_log-*.txt; do [ -e "$f" ] && cp "$f" "$out/ninja-${f##*ninja_log-}"; done
-  # PHASES=1: each unit's nvcc phases and the pool's free slots (scripts/unit-timeline.py)
-  mkdir -p "$out/kept/$b"
-  for f in "$st/wheels/$b"/ninja_log-*.txt "$st/wheels/$b"/phases-*.csv "$st/wheels/$b"/free-*.json; do
-    [ -e "$f" ] && cp "$f" "$out/kept/$b/"
-  done
 done
+# PHASES=1: each build's nvcc phases, the pool's free slots and the unit-cost record, in
+# one file (a device run brings back few files): tar xzf kept.tgz; scripts/unit-timeline.py
+(cd "$st/wheels" && ls -d */phases-*.csv > /dev/null 2>&1 \
+  && tar czf "$out/kept.tgz" */ninja_log-*.txt */phases-*.csv */free-*.json */record-*.json 2>/dev/null)
 cat "$st/speed.log"
 if [ ! -e "$st/done" ]; then echo "(still running)"; exit 3; fi
 echo "== compare"; tail -20 "$st/compare.log"
