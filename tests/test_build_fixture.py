@@ -168,3 +168,44 @@ def test_the_backend_is_asked_for_a_stored_wheel(tmp_path: Path, stored: bool) -
     with zipfile.ZipFile(wheel) as zf:
         types = {zi.compress_type for zi in zf.infolist()}
     assert types == ({zipfile.ZIP_STORED} if stored else {zipfile.ZIP_DEFLATED})
+
+
+_LAST_WORDS_SETUP = '''\
+import atexit, os, sys, threading, time
+from setuptools import setup
+
+def torn_down():
+    with open(os.environ["TINYPURE_MARKER"], "w") as f:
+        f.write("the interpreter's teardown ran")
+
+atexit.register(torn_down)
+if os.environ.get("TINYPURE_THREAD"):  # a thread the backend left running
+    threading.Thread(target=time.sleep, args=(0.5,)).start()
+setup()
+sys.stdout.write("the backend's last words")  # no newline, not flushed
+'''
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_the_hook_interpreter_ends_without_its_teardown(tmp_path: Path, thread: bool) -> None:
+    """Once the hook has returned (its wheel written, its result with pyproject_hooks) the
+    build environment's interpreter ends with os._exit: tearing down one that imported
+    torch takes about 0.3 s of one core at the end of every build (bench/hook_exit.py).
+    Its output is flushed first; a thread it left running gets the usual exit."""
+    from wheelforge.builder.backend import build_wheel
+    from wheelforge.builder.buildenv import inspect_env
+
+    tree = tmp_path / "tinypure"
+    shutil.copytree(PACKAGES / "tinypure", tree)
+    (tree / "setup.py").write_text(_LAST_WORDS_SETUP)
+    marker = tmp_path / "torn-down"
+    environ = {**os.environ, "TINYPURE_MARKER": str(marker)}
+    environ.pop("PYTHONUNBUFFERED", None)
+    if thread:
+        environ["TINYPURE_THREAD"] = "1"
+    env = inspect_env(Path(sys.executable), with_torch=False)
+    wheel = build_wheel(tree=tree, env=env, environ=environ, out_dir=tmp_path / "out",
+                        log=tmp_path / "build.log")
+    assert wheel.name == "tinypure-0.1.0-py3-none-any.whl"
+    assert "the backend's last words" in (tmp_path / "build.log").read_text()
+    assert marker.exists() == thread
