@@ -38,7 +38,7 @@ HOOK_RUNNER = """\
 import os, runpy, sys, threading
 
 sys.argv = sys.argv[1:]
-if not sys.flags.safe_path:
+if not getattr(sys.flags, "safe_path", False):  # Python 3.11+: -P, PYTHONSAFEPATH
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
 runpy.run_path(sys.argv[0], run_name="__main__")
 if threading.active_count() == 1:
