@@ -51,7 +51,7 @@ With --keep, --phases also keeps, for each D, E and P build, the time each of it
 nvcc's phases took (nvcc --time: phases-<place><letter>.csv), the pool's free slots
 sampled every 0.1 s (free-<place><letter>.json) and the unit-cost record written after
 it (record-<place><letter>.json: each unit's seconds and files); scripts/unit-timeline.py
-reads them.
+and scripts/record-predict.py read them.
 """
 
 from __future__ import annotations
@@ -280,8 +280,8 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
     ap.add_argument("--phases", action="store_true",
                     help="with --keep: keep each D, E and P build's nvcc phase times "
-                         "(nvcc --time) and the pool's free slots, for "
-                         "scripts/unit-timeline.py")
+                         "(nvcc --time), the pool's free slots and the unit-cost record, "
+                         "for scripts/unit-timeline.py and scripts/record-predict.py")
     args = ap.parse_args()
     if args.phases and args.keep is None:
         ap.error("--phases keeps its files with the wheels: give --keep DIR")
