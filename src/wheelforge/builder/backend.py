@@ -33,14 +33,17 @@ NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
 #: each build's critical path (bench/hook_exit.py: 0.34 s here, 0.27 s on the GPU
 #: machine).  Skipped with it: atexit handlers (logging's flush is run first) and the
 #: finalizers of objects still alive; a hook that failed (an exception, ``sys.exit``)
-#: or left a thread running ends as it would have.
-HOOK_RUNNER = """\
+#: or left a thread running ends as it would have.  :data:`RUN_HOOK` is the part before
+#: the ending (bench/hook_exit.py runs it alone, for the interpreter's usual exit).
+RUN_HOOK = """\
 import os, runpy, sys, threading
 
 sys.argv = sys.argv[1:]
 if not getattr(sys.flags, "safe_path", False):  # Python 3.11+: -P, PYTHONSAFEPATH
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
 runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+HOOK_RUNNER = RUN_HOOK + """\
 if threading.active_count() == 1:
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
