@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from test_unit_costs import (  # type: ignore[import-not-found]  # noqa: E402  (
     _headers_mamba,
 )
 
+PLACE = re.compile(r"(\d+)[A-Z]")  # a build's place and letter in --builds: 0D, 1E, ...
 Units = list[tuple[float, list[str]]]  # (seconds, files)
 Estimate = tuple[dict[str, float], dict[str, float]]  # headers by kind, cost by file
 
@@ -131,20 +133,30 @@ def main() -> int:
     ap.add_argument("dir", type=Path)
     ap.add_argument("places", nargs="+", help="record-packed builds: 1E 2E ...")
     args = ap.parse_args()
-    order = sorted((p.name for p in args.dir.glob("*/record-*.json")),
-                   key=lambda n: int(n.split("-")[1][:-6]))
+    kept = {}  # place in --builds (its number) -> (place, the record's path)
+    for path in args.dir.glob("*/record-*.json"):
+        m = PLACE.fullmatch(path.name[len("record-"):-len(".json")])
+        if m:
+            kept[int(m[1])] = (m[0], path)
     for place in args.places:
-        names = [n for n in order if n.split("-")[1][:-5] == place]
-        before = [n for n in order if int(n.split("-")[1][:-6]) < int(place[:-1])]
-        if not names or not before:
+        m = PLACE.fullmatch(place)
+        before = sorted(n for n in kept if m and n < int(m[1]))
+        if not m or int(m[1]) not in kept or not before:
             print(f"record-predict: no record of {place} or of a build before it in "
-                  f"{args.dir}", file=sys.stderr)
+                  f"{args.dir} (bench/build_speed.py --keep DIR --phases writes them)",
+                  file=sys.stderr)
             return 2
-        packed_by = read(next(args.dir.glob(f"*/{before[-1]}")))
-        target = read(next(args.dir.glob(f"*/{names[0]}")))[0]
+        packer, packed_path = kept[before[-1]]
+        try:
+            packed_by = read(packed_path)
+            target = read(kept[int(m[1])][1])[0]
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            print(f"record-predict: cannot read the records of {packer} and {place}: {exc}",
+                  file=sys.stderr)
+            return 2
         halves = any(f.endswith("even.cu") for _, fs in target for f in fs)
         units = [u for b in packed_by for u in b]
-        print(f"{place}, packed by {before[-1]} ({len(packed_by)} builds)")
+        print(f"{place}, packed by {packed_path.name} ({len(packed_by)} builds)")
         def cost(name: str, halves: bool = halves) -> float:
             return model(name, halves)
 
