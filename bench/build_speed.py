@@ -18,10 +18,13 @@
      --builds DC runs both, D first; CD, C first
   E  D with the units packed by recorded costs, as `wheelforge build` packs them once an
      earlier build has recorded them: the split patch gets the record
-     (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of this run's D, E and P builds before
+     (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of this run's D, E, S and P builds before
      it, as wheelforge keeps one: the latest and up to three before it (E needs one
      before it).  A letter may repeat (--builds DEEE: the model, then the record of one,
      two, three builds); each build has a tree of its own
+  S  E with each unit's steps as nvcc runs them, one after another (before stop 49):
+     D, E and P run the host compile beside ptxas and fatbinary (builder/nvccsteps.py),
+     S after them (--builds DESESE: the two side by side, each packed by the record)
   P  D with the pool's previous lending (before stop 45): a slot freed by an ending unit
      went to ptxas's threads only once no gate had ended for LEND_AFTER_S (1 s), where
      D lends it LEND_AFTER_END_S (0.25 s) after the end (--builds DPPD: the two side by
@@ -47,11 +50,12 @@ build` does): together they run on a machine without network.  --keep copies the
 wheels to DIR (DIR/<letter>/, the last of a repeated letter; to test or inspect them
 afterwards), with each build's .ninja_log (DIR/<letter>/ninja_log.txt, and
 ninja_log-<place><letter>.txt for each build: every compile step's start and end).
-With --keep, --phases also keeps, for each D, E and P build, the time each of its
+With --keep, --phases also keeps, for each D, E, S and P build, the time each of its
 nvcc's phases took (nvcc --time: phases-<place><letter>.csv), the pool's free slots
 sampled every 0.1 s (free-<place><letter>.json) and the unit-cost record written after
 it (record-<place><letter>.json: each unit's seconds and files); scripts/unit-timeline.py
-and scripts/record-predict.py read them.
+and scripts/record-predict.py read them (under --phases nvcc times its own steps, so
+D, E and P run them as S does: one after another).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ from wheelforge.builder import (  # noqa: E402
     buildenv,
     bytecode,
     jobserver,
+    nvccsteps,
     reproducible,
     toolchain,
     unitcosts,
@@ -215,7 +220,7 @@ def build(name: str, tree: Path, env: buildenv.BuildEnv, environ: dict[str, str]
           keep: Path | None, frontend: str) -> Result:
     print(f"building {name} ...", flush=True)
     cpu0, t0, w0 = children_cpu(), time.monotonic(), time.time()
-    run_frontend(frontend, tree, env, environ, out, packed=name[0] in "DEP")
+    run_frontend(frontend, tree, env, environ, out, packed=name[0] in "DEPS")
     wall, cpu, w1 = time.monotonic() - t0, children_cpu() - cpu0, time.time()
     (wheel,) = out.glob("*.whl")
     steps = ninja_steps(tree)
@@ -279,9 +284,10 @@ def main() -> None:
                     help="fetch the git URL from this bundle or repository only")
     ap.add_argument("--keep", type=Path, default=None, help="copy the wheels here")
     ap.add_argument("--phases", action="store_true",
-                    help="with --keep: keep each D, E and P build's nvcc phase times "
+                    help="with --keep: keep each D, E, S and P build's nvcc phase times "
                          "(nvcc --time), the pool's free slots and the unit-cost record, "
-                         "for scripts/unit-timeline.py and scripts/record-predict.py")
+                         "for scripts/unit-timeline.py and scripts/record-predict.py (nvcc "
+                         "then runs each unit's steps one after another, as in S)")
     args = ap.parse_args()
     if args.phases and args.keep is None:
         ap.error("--phases keeps its files with the wheels: give --keep DIR")
@@ -321,11 +327,13 @@ def main() -> None:
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
     builds = "CB" if args.skip_upstream else args.builds.upper()
     names = {"A": "A upstream", "B": "B one arch", "C": "C split", "D": "D split, pool",
-             "E": "E split, pool, recorded", "P": "P split, pool, lent as before"}
+             "E": "E split, pool, recorded", "P": "P split, pool, lent as before",
+             "S": "S split, pool, recorded, nvcc's steps"}
     if set(builds) - set(names) or not builds:
-        ap.error(f"--builds {builds!r}: letters of ABCDEP")
-    if "E" in builds and "D" not in builds[:builds.index("E")]:
-        ap.error("--builds: E packs by an earlier D's record: put a D before it")
+        ap.error(f"--builds {builds!r}: letters of ABCDEPS")
+    for packed in "ES":
+        if packed in builds and "D" not in builds[:builds.index(packed)]:
+            ap.error(f"--builds: {packed} packs by an earlier D's record: put a D before it")
     series = {"A": upstream, "B": unsplit}
     results = []
     with tempfile.TemporaryDirectory(prefix="wf-speed-") as tmp:
@@ -353,14 +361,19 @@ def main() -> None:
             with jobserver.Pool(config.jobs) as pool:
                 # nvcc appends a row per phase per unit to one file (O_APPEND lines)
                 timed = ["--time", str(work / "phases.csv")] if args.phases else []
-                if letter in "DEP":
-                    environ = dict(environ, PYTORCH_NVCC=pool.gate(
-                        " ".join([str(cuda.nvcc), *flags, *timed]),
-                        1, 0.0))
+                steps_report = work / "nvcc-steps.txt"
+                if letter in "DEPS":
+                    nvcc = " ".join([str(cuda.nvcc), *flags, *timed])
+                    if letter != "S":  # as _compile_slots puts it in front of nvcc
+                        nvcc = nvccsteps.in_front(nvcc, {}, str(t / "nvcc-steps"))
+                    environ = dict(environ, PYTORCH_NVCC=pool.gate(nvcc, 1, 0.0),
+                                   **{nvccsteps.REPORT_ENV: str(steps_report)})
                     print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"
                           + (", units packed by the record of the builds before" if
-                             letter == "E" else ""), flush=True)
-                if letter == "E":
+                             letter in "ES" else "")
+                          + (", nvcc's steps one after another" if letter == "S" else
+                             ", each unit's host compile beside its ptxas"), flush=True)
+                if letter in "ES":
                     if record is None:  # not packed by a record: it would be D under E's name
                         raise SystemExit("E: the build before it recorded no units (no "
                                          ".ninja_log in its tree)")
@@ -368,12 +381,16 @@ def main() -> None:
                 with Unused(pool) as unused:
                     results.append(build(name, tree, env, environ, work / "out",
                                          args.keep, args.frontend))
-                if letter in "DEP":
+                if letter in "DEPS":
                     print(unused.report(tree, ninja_steps(tree)), flush=True)
+                    if steps_report.is_file():  # how each unit's host compile ran
+                        hows = [line.split()[0] for line in steps_report.read_text().splitlines()]
+                        print("    host compiles: " + ", ".join(
+                            f"{hows.count(h)} {h}" for h in sorted(set(hows))), flush=True)
                     if args.phases:
                         keep_phases(args.keep / letter, f"{i}{letter}", work, tree, unused)
             jobserver.LEND_AFTER_END_S = lend_after_end
-            if letter in "DEP":  # as the pipeline records a cold compile's units
+            if letter in "DEPS":  # as the pipeline records a cold compile's units
                 record = unitcosts.record(t, recipe.name, tree=tree_id(recipe),
                                           arch_list=config.arch_list, jobs=config.jobs,
                                           threads=1,
@@ -406,7 +423,11 @@ def main() -> None:
     if "D" in by and "E" in by:
         print(f"D/E wall ratio (packed by the record vs the model): "
               f"{by['D'].wall / by['E'].wall:6.2f}x")
-    for c in (r for r in results if r.name[0] in "CDEP"):
+    if "E" in by and "S" in by:
+        es, ss = ([r.wall for r in results if r.name[0] == k] for k in "ES")
+        print(f"S/E wall ratio (host compile beside ptxas vs after it, means of "
+              f"{len(es)} and {len(ss)}): {sum(ss) / len(ss) / (sum(es) / len(es)):6.2f}x")
+    for c in (r for r in results if r.name[0] in "CDEPS"):
         k = c.name[0]
         print(f"{k} wall / ({k} cpu / {cpu_count()} cores):              "
               f"{c.wall / (c.cpu / cpu_count()):6.2f}  (1.0 = every core busy the whole build)")

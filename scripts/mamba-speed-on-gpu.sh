@@ -71,7 +71,7 @@ if [ ! -e "$st/started" ]; then
 fi
 while [ ! -e "$st/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
 cp "$st"/*.log "$out"/ 2>/dev/null
-for b in A B C D E P; do
+for b in A B C D E P S; do
   cp "$st/wheels/$b/ninja_log.txt" "$out/ninja-$b.txt" 2>/dev/null
   for f in "$st/wheels/$b"/ninja_log-*.txt; do [ -e "$f" ] && cp "$f" "$out/ninja-${f##*ninja_log-}"; done
 done

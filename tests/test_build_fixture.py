@@ -24,13 +24,16 @@ from conftest import (
     tinyext_project,
     tinypure_project,
 )
+from wheelforge.builder import nvccsteps
 from wheelforge.builder.verify import shared_object_archs
 
 pytestmark = pytest.mark.nvcc
 
 
-def wheelforge(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def wheelforge(*args: str | Path, cwd: Path,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=1200)
 
@@ -48,8 +51,10 @@ def common(project: Path, cache: Path) -> list[str | Path]:
 
 
 def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
+    steps = project / "nvcc-steps.txt"  # how each CUDA unit's host compile ran
     res = wheelforge("build", "tinyext", "tinypure", "--arch", "12.0",
-                     *common(project, shared_cache), cwd=project)
+                     *common(project, shared_cache), cwd=project,
+                     extra_env={nvccsteps.REPORT_ENV: str(steps), "CCACHE_RECACHE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     stem = "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311"
     ext = built_wheel(project / "index" / "files", stem).name  # the platform tag: manylinux
@@ -71,8 +76,13 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     assert re.search(r"\[tinyext\]\s+compile slots: 1 of the command's \d+ for each CUDA "
                      r"unit", res.stderr), res.stderr[-3000:]
     # and the free ones to ptxas's threads (nvcc 13.0 knows --jobserver)
-    assert ", and the free ones to ptxas's parts (--split-compile 8) through the pool's " \
-           "jobserver" in res.stderr
+    assert ", and the free ones to ptxas's parts (--split-compile 8) and each unit's host " \
+           "compile through the pool's jobserver" in res.stderr
+    # through ccache (the default compile cache; CCACHE_RECACHE: compiled, not taken from
+    # the shared cache), each CUDA unit's steps ran as builder/nvccsteps.py runs them, the
+    # host compile beside ptxas or after it: ccache's prefix
+    hows = [line.split()[0] for line in steps.read_text().splitlines()]
+    assert hows and set(hows) <= {"beside", "after"}, hows
 
     wheel = project / "index" / "files" / ext
     with zipfile.ZipFile(wheel) as zf:  # built stored, deflated by the relabel

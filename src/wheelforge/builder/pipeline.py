@@ -41,6 +41,7 @@ from . import (
     envlock,
     importcheck,
     jobserver,
+    nvccsteps,
     platform,
     preflight,
     reproducible,
@@ -519,13 +520,16 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
     if gated:
         nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
-        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
         lends = any(jobserver.NVCC_JOBSERVER[-1] in word for word in shlex.split(nvcc))
+        if lends:  # each unit's host compile beside its ptxas, on a lent slot
+            nvcc = nvccsteps.in_front(nvcc, environ, str(config.cache_dir / "nvcc-steps"))
+        environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
         reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
                       f"for each CUDA unit as it starts (at most {config.jobs} units of "
                       "this build at once)" + (
                           ", and the free ones to ptxas's parts (--split-compile "
-                          f"{jobserver.SPLIT_COMPILE}) through the pool's jobserver"
+                          f"{jobserver.SPLIT_COMPILE}) and each unit's host compile "
+                          "through the pool's jobserver"
                           if lends else ""))
         yield
         return
