@@ -85,6 +85,27 @@ def test_a_dependency_that_breaks_another_wheels_import_is_caught_and_named(
     assert not any((tmp_path / "cache" / "stack").iterdir())
 
 
+def test_an_interpreter_that_crashes_as_it_ends_breaks_the_stack(tmp_path: Path) -> None:
+    """Every import succeeds and the answer is printed, but a library's teardown kills
+    the interpreter (SIGSEGV): a user's script would end so too."""
+    dist, root = tmp_path / "dist", tmp_path / "index"
+    wheel = make_wheel(dist, {"crasher/__init__.py":
+                              "import atexit, os, signal\n"
+                              "atexit.register(os.kill, os.getpid(), signal.SIGSEGV)\n"},
+                       name="crasher", version="1.0+wf")
+    index.publish(root, wheel, **NO_TARGET)
+    (tmp_path / "deps").mkdir()
+    res = wheelforge("stack", "check", "--index", str(root), "--deps-dir",
+                     str(tmp_path / "deps"), "--cache-dir", str(tmp_path / "cache"),
+                     cwd=tmp_path)
+    assert res.returncode == 13, res.stdout
+    assert ("stack simple/: broken: every import succeeded, but the interpreter that "
+            "imported them was killed by SIGSEGV as it ended") in res.stdout
+    status = health.read_status(root, None)
+    assert status is not None and status.state == "broken"
+    assert [(o.module, o.ok) for o in status.imports] == [("crasher", True)]
+
+
 def test_a_good_stack_names_what_it_resolved(tmp_path: Path) -> None:
     root, deps = fixture_stack(tmp_path, spoiler_breaks=False)
     res = wheelforge("stack", "check", "--index", str(root), "--deps-dir", str(deps),

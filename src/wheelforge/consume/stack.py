@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -324,7 +325,7 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
         if not isinstance(data, dict):
             return make.status("broken", "the import check did not finish: "
                                       + into.last_error(imported.output))
-        return _judge(data, pinned, pip_check, make, log)
+        return _judge(data, pinned, pip_check, make, log, exited=imported.returncode)
     except _proc.CommandFailed as exc:
         return make.status("broken", f"{exc}: {into.last_error(exc.tail)}")
     finally:
@@ -358,7 +359,10 @@ class _Maker:
 
 
 def _judge(data: Mapping[str, object], pinned: set[str], pip_check: _proc.Completed,
-           make: _Maker, log: Path) -> StackStatus:
+           make: _Maker, log: Path, exited: int = 0) -> StackStatus:
+    """The status the import check's answer ``data`` and pip check's give; ``exited``:
+    the exit status of the interpreter that imported (it answers before it ends, and a
+    crash as it ends, in a library's teardown, ends a user's script the same way)."""
     dists = data.get("dists", {})
     assert isinstance(dists, dict)
     resolved = {name: str(info.get("version")) for name, info in sorted(dists.items())
@@ -383,6 +387,15 @@ def _judge(data: Mapping[str, object], pinned: set[str], pip_check: _proc.Comple
                        f"because {'; '.join(chains) or 'the user asked for it'}")
         if len(failed) > 1:
             reason += f" (and {len(failed) - 1} more failed import(s))"
+    if exited != 0 and not reason:
+        how = f"exited with status {exited}"
+        if exited < 0:
+            try:
+                how = f"was killed by {signal.Signals(-exited).name}"
+            except ValueError:
+                how = f"was killed by signal {-exited}"
+        reason = (f"every import succeeded, but the interpreter that imported them {how} "
+                  "as it ended (a library's teardown: a user's script ends the same way)")
     check_text = "" if pip_check.returncode == 0 else pip_check.output.strip()[-2000:]
     if check_text and not reason:
         reason = "pip check: " + check_text.splitlines()[0][:300]
