@@ -13,6 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,3 +307,13 @@ def test_nvccs_threads_are_read_as_nvcc_reads_them() -> None:
     assert nvccsteps.threads(["-t=2"]) == 2 and nvccsteps.threads(["--threads=1"]) == 1
     assert nvccsteps.threads(["--threads", "0"]) == 0  # (0: as many as nvcc likes)
     assert nvccsteps.threads(["--threads", "x"]) is None
+
+
+def test_a_jobserver_that_has_gone_gives_no_token_and_takes_none_back(tmp_path: Path) -> None:
+    """(the pool's directory removed under a unit): the host compile runs after
+    fatbinary, on the unit's own slot, and giving the token back is a no-op."""
+    gone = str(tmp_path / "no.fifo")
+    assert nvccsteps.take_token(gone, threading.Event()) is None
+    nvccsteps.give_token(gone, b"+")  # no error
+    assert nvccsteps.jobserver_fifo(" -j4 --jobserver-auth=fifo:/a/b") == "/a/b"
+    assert nvccsteps.jobserver_fifo(" -j4 --jobserver-auth=3,4") is None

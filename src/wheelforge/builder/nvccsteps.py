@@ -178,7 +178,10 @@ def jobserver_fifo(makeflags: str) -> str | None:
 def take_token(fifo: str, given_up: threading.Event) -> bytes | None:
     """A token of the jobserver, or None once ``given_up`` is set (the unit's own slot is
     free by then: its fatbinary ended)."""
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # the pool has gone: the unit's own slot, after fatbinary
+        return None
     try:
         while not given_up.is_set():
             if select.select([fd], [], [], 0.05)[0]:
@@ -195,7 +198,10 @@ def take_token(fifo: str, given_up: threading.Event) -> bytes | None:
 
 
 def give_token(fifo: str, token: bytes) -> None:
-    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # the pool has gone, and its slots with it
+        return
     try:
         os.write(fd, token)
     finally:
@@ -229,8 +235,9 @@ class Runner:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.running: set[subprocess.Popen[bytes]] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # (a signal's handler runs in the thread holding it)
         self.failed: list[int] = []
+        self.signum = 0
 
     def run(self, commands: list[str], deps: tuple[str, str] | None = None) -> bool:
         """Run ``commands``, one after another; ``deps`` (the device preprocessing's output
@@ -250,6 +257,8 @@ class Runner:
                     continue
                 proc = subprocess.Popen(["/bin/sh", "-c", command], env=self.env)
                 self.running.add(proc)
+                if self.signum:  # it came while this step started
+                    proc.send_signal(self.signum)
             code = proc.wait()
             with self.lock:
                 self.running.discard(proc)
@@ -261,6 +270,7 @@ class Runner:
     def stop(self, signum: int, _frame: object) -> None:
         with self.lock:
             self.failed.append(128 + signum)
+            self.signum = signum
             for proc in self.running:
                 proc.send_signal(signum)
 
