@@ -74,6 +74,7 @@ def bin_dir(tmp_path: Path) -> Path:
     d = tmp_path / "bin"
     fake_gcc(d, "12.2.0")
     script(d / "ninja", "echo 1.13.1\n")
+    script(d / "objcopy", "echo 'GNU objcopy (GNU Binutils for Debian) 2.40'\n")
     script(d / "git", "echo 'git version 2.39.5'\n")
     return d
 
@@ -319,6 +320,16 @@ def test_no_ninja(tmp_path: Path) -> None:
     assert managed.status == "SKIP" and "the first build creates installs it" in managed.detail
 
 
+def test_objcopy_found_or_missing(tmp_path: Path, bin_dir: Path) -> None:
+    found = one(check(tmp_path, env(bin_dir)), "objcopy")
+    assert (found.status, found.detail) == (
+        "OK", f"GNU objcopy (GNU Binutils for Debian) 2.40 at {bin_dir / 'objcopy'}")
+    missing = one(check(tmp_path, env(tmp_path / "empty")), "objcopy")
+    assert missing.status == "WARN" and missing.detail.startswith("not on PATH: each CUDA "
+                                                                  "unit's host compile runs")
+    assert missing.fix == "install binutils (e.g. apt install binutils)"
+
+
 def test_ninja_of_an_existing_managed_env_is_checked(tmp_path: Path) -> None:
     from wheelforge.builder.buildenv import BASE_REQUIREMENTS, MARKER, env_key
 
@@ -407,8 +418,8 @@ def test_every_check_is_reported_in_order(tmp_path: Path, bin_dir: Path) -> None
     findings = check(tmp_path, env(bin_dir, fake_cuda(tmp_path, "13.0")), arch="10.0;12.0",
                      python=python)
     assert [f.check for f in findings] == [
-        "nvcc", "arch 10.0", "arch 12.0", "torch", "torch cuda", "compiler", "ninja", "git",
-        "disk work", "disk cache", "disk build", "memory"]
+        "nvcc", "arch 10.0", "arch 12.0", "torch", "torch cuda", "compiler", "ninja",
+        "objcopy", "git", "disk work", "disk cache", "disk build", "memory"]
     assert failures(findings) == []
     text = render(findings)
     assert "\x1b" not in text and len(text.splitlines()) == len(findings)

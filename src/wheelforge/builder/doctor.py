@@ -127,6 +127,7 @@ def run_checks(
                    _existing_managed_env(managed_torch, managed_torch_pip_args, managed_python,
                                          cache_dir))
     _collect(findings, "ninja", lambda: [_check_ninja(python or managed_env, env)])
+    _collect(findings, "objcopy", lambda: [_check_objcopy(env)])
     _collect(findings, "git", lambda: [_check_git(env)])
     _collect(findings, "disk work", lambda: [_check_disk("disk work", work_dir, "--work-dir")])
     _collect(findings, "disk cache", lambda: [_check_disk("disk cache", cache_dir, "--cache-dir")])
@@ -381,7 +382,7 @@ def _compiler_limit(cuda: Cuda, family: Compiler) -> tuple[int | None, str, bool
     return None, "", False
 
 
-# -- ninja and git -----------------------------------------------------------------------------
+# -- ninja, objcopy and git --------------------------------------------------------------------
 
 def _check_ninja(python: Path | None, env: Mapping[str, str]) -> Finding:
     candidates = []
@@ -400,6 +401,21 @@ def _check_ninja(python: Path | None, env: Mapping[str, str]) -> Finding:
                        "managed environment the first build creates installs it")
     return Finding("ninja", "WARN", f"neither in {python.parent} nor on PATH: torch falls back "
                    "to its slow, serial distutils build", f"{python} -m pip install ninja")
+
+
+def _check_objcopy(env: Mapping[str, str]) -> Finding:
+    """binutils' objcopy: each CUDA unit's host compile beside its ptxas needs it
+    (builder/nvccsteps.py); without it nvcc runs its steps itself, one after another."""
+    exe = shutil.which("objcopy", path=env.get("PATH"))
+    if exe is not None:
+        done = _proc.run([exe, "--version"], env=env, check=False, timeout=_TIMEOUT)
+        if done.returncode == 0:
+            return Finding("objcopy", "OK", f"{_first_line(done.output)} at {exe}")
+    return Finding("objcopy", "WARN",
+                   ("not on PATH" if exe is None else f"{exe} --version failed")
+                   + ": each CUDA unit's host compile runs after its ptxas, as nvcc runs it, "
+                   "not beside it on a free core",
+                   "install binutils (e.g. apt install binutils)")
 
 
 def _check_git(env: Mapping[str, str]) -> Finding:
