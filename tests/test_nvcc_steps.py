@@ -291,6 +291,11 @@ def test_the_launcher_runs_the_script_and_goes_in_front_of_nvcc_or_ccache(
                                 str(tmp_path))
     assert cached == "/env/bin/ccache /usr/local/cuda/bin/nvcc --x"
     assert environ == {"CCACHE_PREFIX": str(script)}
+    # a prefix of the user's own (distcc, icecc) stays: nvcc then runs its steps itself
+    theirs = {"CCACHE_PREFIX": "distcc"}
+    assert nvccsteps.in_front("/env/bin/ccache nvcc", theirs, str(tmp_path)) == \
+        "/env/bin/ccache nvcc"
+    assert theirs == {"CCACHE_PREFIX": "distcc"}
     # the same script the next time; another command (not nvcc) runs as given
     assert nvccsteps.launcher(str(tmp_path)) == str(script)
     done = subprocess.run([str(script), "/bin/echo", "-c", "x", "-o", "y"],

@@ -407,14 +407,18 @@ def launcher(directory: str) -> str:
 def in_front(command: str, environ: dict[str, str], directory: str) -> str:
     """``command`` (shell words: nvcc, or ccache and nvcc) with this script in front of
     nvcc: as ccache's ``CCACHE_PREFIX`` (ccache runs it with nvcc and its arguments when
-    it compiles; a prefix is one word, so not where the path holds a space) or before
-    the command.  ``environ`` gets the prefix."""
-    script = launcher(directory)
+    it compiles; a prefix is one word, so not where the path holds a space, nor where
+    the user has a prefix of their own, such as distcc) or before the command.
+    ``environ`` gets the prefix."""
     words = shlex.split(command)
     if words and os.path.basename(words[0]) == "ccache":
+        if environ.get("CCACHE_PREFIX"):  # the user's: theirs runs, nvcc's steps as given
+            return command
+        script = launcher(directory)
         if " " not in script:
             environ["CCACHE_PREFIX"] = script
         return command
+    script = launcher(directory)
     return f"{shlex.quote(script)} {command}"
 
 
