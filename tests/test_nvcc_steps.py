@@ -160,7 +160,8 @@ def test_a_fatbin_file_unlike_the_placeholder_compiles_the_host_again(
         tmp_path: Path, nvcc: str, fifo: tuple[Path, int],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """(as a later CUDA that writes the file otherwise would): the host compile runs
-    again against fatbinary's own file, and the extension is still nvcc's."""
+    again against fatbinary's own file, and the extension is still nvcc's; that nvcc is
+    marked, and its next unit runs nvcc as given (not its host compile twice)."""
     path, fd = fifo
     os.write(fd, b"+")
     src = tmp_path / "k.cu"
@@ -171,6 +172,9 @@ def test_a_fatbin_file_unlike_the_placeholder_compiles_the_host_again(
     subprocess.run(compile_args(nvcc, src, ref), check=True, cwd=tmp_path, timeout=300)
     monkeypatch.setenv("MAKEFLAGS", f" -j2 --jobserver-auth=fifo:{path}")
     monkeypatch.setenv(nvccsteps.REPORT_ENV, str(tmp_path / "report.txt"))
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv(nvccsteps.STATE_ENV, str(state))
     monkeypatch.setattr(nvccsteps, "_FATBIN_C", nvccsteps._FATBIN_C.replace(
         "#endif\n", "#endif /* another CUDA */\n", 1))
     args = compile_args(nvcc, src, out)
@@ -183,6 +187,17 @@ def test_a_fatbin_file_unlike_the_placeholder_compiles_the_host_again(
     assert (tmp_path / "report.txt").read_text().split()[0] == "again"
     assert linked(out) == linked(ref)
     assert sorted(p.name for p in out.parent.iterdir()) == ["k.o", "k.o.d", "k.so"]
+    [marker] = state.iterdir()
+    assert marker.name.startswith("fatbin-differs-")
+    monkeypatch.undo()  # the real placeholder again: the mark alone decides
+    os.write(fd, b"+")
+    env = {**os.environ, "MAKEFLAGS": f" -j2 --jobserver-auth=fifo:{path}",
+           nvccsteps.REPORT_ENV: str(tmp_path / "report.txt"),
+           nvccsteps.STATE_ENV: str(state)}
+    done = subprocess.run([sys.executable, "-I", "-S", str(STEPS), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "report.txt").read_text().split()[2] == "plain"
 
 
 def test_a_failing_step_fails_the_unit_and_leaves_no_intermediate_files(
@@ -286,6 +301,7 @@ def test_the_launcher_runs_the_script_and_goes_in_front_of_nvcc_or_ccache(
     assert environ == {}
     assert script.stat().st_mode & stat.S_IXUSR
     assert str(STEPS.resolve()) in script.read_text()
+    assert f"{nvccsteps.STATE_ENV}={script.parent} exec " in script.read_text()
     # under ccache: its prefix (ccache runs it with nvcc when it compiles)
     cached = nvccsteps.in_front("/env/bin/ccache /usr/local/cuda/bin/nvcc --x", environ,
                                 str(tmp_path))

@@ -18,7 +18,8 @@ fatbinary ends, the host compile runs after it, on the unit's own slot, as nvcc 
 Checked on every unit: the ``.c`` file fatbinary writes for the host compile (written
 aside) has the placeholder's text but for the data and its length, and the object's
 ``.nv_fatbin`` section is then the fatbin, byte for byte (padded to 8).  If either check
-fails, the host compile runs again with fatbinary's own file, as nvcc runs it.
+fails, the host compile runs again with fatbinary's own file, as nvcc runs it, and the
+launcher's directory marks that nvcc: its next units run nvcc as given.
 ``-MD -MF FILE`` (torch's ninja file asks for it) is nvcc's own step, no program: the
 file lists what the device preprocessing read, which this script writes the same way
 (tested against nvcc's, byte for byte).  The object differs from nvcc's only in the
@@ -68,6 +69,10 @@ DEPS_STEP = "-- Filter Dependencies -- > "
 #: token came before fatbinary ended), ``again`` (a check failed: compiled again against
 #: fatbinary's own file) or ``plain`` (nvcc as given), then the object's path.
 REPORT_ENV = "WHEELFORGE_NVCC_STEPS_REPORT"
+#: The launcher's directory, where a toolchain whose fatbin file is not the placeholder's
+#: is marked (:func:`differs`): its units then run nvcc as given, not twice their host
+#: compile.
+STATE_ENV = "WHEELFORGE_NVCC_STEPS_STATE"
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _CC = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++"})
 
@@ -290,6 +295,22 @@ def section(obj: str, name: str) -> bytes | None:
             os.unlink(out)
 
 
+def differs(nvcc: str) -> str | None:
+    """The file that marks ``nvcc`` (this file, its size and time: another toolkit is
+    tried afresh) as one whose fatbin file is not the placeholder's, in the launcher's
+    directory; None without one."""
+    state = os.environ.get(STATE_ENV)
+    if not state:
+        return None
+    try:
+        real = os.path.realpath(shutil.which(nvcc) or nvcc)
+        info = os.stat(real)
+    except OSError:
+        return None
+    key = hashlib.sha256(f"{real}:{info.st_size}:{info.st_mtime_ns}".encode()).hexdigest()
+    return os.path.join(state, f"fatbin-differs-{key[:16]}")
+
+
 def compile_unit(nvcc: str, args: list[str], fifo: str) -> int:
     """The unit's steps with the host compile beside ptxas; nvcc as given where they are
     not the expected ones."""
@@ -356,6 +377,13 @@ def compile_unit(nvcc: str, args: list[str], fifo: str) -> int:
             if not runner.run(host):
                 return runner.failed[0]
             report("again", out)
+            marker = differs(nvcc)
+            if marker:  # the next units: nvcc as given (correct either way, cheaper)
+                try:
+                    with open(marker, "w") as f:
+                        f.write("this nvcc's fatbin file is not nvccsteps.py's placeholder\n")
+                except OSError:
+                    pass
         else:
             report("beside" if took[0] else "after", out)
         return 0
@@ -385,9 +413,10 @@ def plain(nvcc: str, args: list[str]) -> int:
 def launcher(directory: str) -> str:
     """An executable script in ``directory`` that runs this one with the interpreter
     running now (ccache's prefix must be one program): its path."""
-    text = (f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S "
+    body = (f"exec {shlex.quote(sys.executable)} -I -S "
             f"{shlex.quote(os.path.abspath(__file__))} \"$@\"\n")
-    folder = os.path.join(directory, hashlib.sha256(text.encode()).hexdigest()[:16])
+    folder = os.path.join(directory, hashlib.sha256(body.encode()).hexdigest()[:16])
+    text = f"#!/bin/sh\n{STATE_ENV}={shlex.quote(folder)} {body}"
     path = os.path.join(folder, "nvcc-steps")
     try:
         with open(path) as f:
@@ -444,6 +473,9 @@ def main(argv: list[str]) -> int:
             or "-c" not in args or args.count("-o") != 1 or args[-1] == "-o"
             or ("-MD" in args and "-MF" not in args[:-1]) or threads(args) != 1
             or any(a in PLAIN for a in args)):
+        return plain(nvcc, args)
+    marker = differs(nvcc)
+    if marker and os.path.exists(marker):  # a unit before found the fatbin file unlike
         return plain(nvcc, args)
     return compile_unit(nvcc, args, fifo)
 
