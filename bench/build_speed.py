@@ -375,8 +375,8 @@ def main() -> None:
                              ", each unit's host compile beside its ptxas"), flush=True)
                 if letter in "ES":
                     if record is None:  # not packed by a record: it would be D under E's name
-                        raise SystemExit("E: the build before it recorded no units (no "
-                                         ".ninja_log in its tree)")
+                        raise SystemExit(f"{letter}: the build before it recorded no units "
+                                         "(no .ninja_log in its tree)")
                     environ = dict(environ, **{unitcosts.ENV: str(record)})
                 with Unused(pool) as unused:
                     results.append(build(name, tree, env, environ, work / "out",
