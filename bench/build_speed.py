@@ -365,7 +365,7 @@ def main() -> None:
                 if letter in "DEPS":
                     nvcc = " ".join([str(cuda.nvcc), *flags, *timed])
                     if letter != "S":  # as _compile_slots puts it in front of nvcc
-                        nvcc = nvccsteps.in_front(nvcc, {}, str(t / "nvcc-steps"))
+                        nvcc = jobserver.steps_in_front(nvcc, {}, t / "nvcc-steps")
                     environ = dict(environ, PYTORCH_NVCC=pool.gate(nvcc, 1, 0.0),
                                    **{nvccsteps.REPORT_ENV: str(steps_report)})
                     print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"

@@ -295,7 +295,7 @@ def test_other_steps_than_the_expected_ones_run_nvcc_as_given() -> None:
 def test_the_launcher_runs_the_script_and_goes_in_front_of_nvcc_or_ccache(
         tmp_path: Path) -> None:
     environ: dict[str, str] = {}
-    command = nvccsteps.in_front("/usr/local/cuda/bin/nvcc --x", environ, str(tmp_path))
+    command = jobserver.steps_in_front("/usr/local/cuda/bin/nvcc --x", environ, tmp_path)
     script = Path(shlex.split(command)[0])
     assert command == f"{shlex.quote(str(script))} /usr/local/cuda/bin/nvcc --x"
     assert environ == {}
@@ -303,17 +303,19 @@ def test_the_launcher_runs_the_script_and_goes_in_front_of_nvcc_or_ccache(
     assert str(STEPS.resolve()) in script.read_text()
     assert f"{nvccsteps.STATE_ENV}={script.parent} exec " in script.read_text()
     # under ccache: its prefix (ccache runs it with nvcc when it compiles)
-    cached = nvccsteps.in_front("/env/bin/ccache /usr/local/cuda/bin/nvcc --x", environ,
-                                str(tmp_path))
+    cached = jobserver.steps_in_front("/env/bin/ccache /usr/local/cuda/bin/nvcc --x",
+                                      environ, tmp_path)
     assert cached == "/env/bin/ccache /usr/local/cuda/bin/nvcc --x"
     assert environ == {"CCACHE_PREFIX": str(script)}
     # a prefix of the user's own (distcc, icecc) stays: nvcc then runs its steps itself
     theirs = {"CCACHE_PREFIX": "distcc"}
-    assert nvccsteps.in_front("/env/bin/ccache nvcc", theirs, str(tmp_path)) == \
+    assert jobserver.steps_in_front("/env/bin/ccache nvcc", theirs, tmp_path) == \
         "/env/bin/ccache nvcc"
     assert theirs == {"CCACHE_PREFIX": "distcc"}
     # the same script the next time; another command (not nvcc) runs as given
-    assert nvccsteps.launcher(str(tmp_path)) == str(script)
+    written = script.stat().st_mtime_ns
+    assert jobserver.steps_in_front("/usr/local/cuda/bin/nvcc --x", {}, tmp_path) == command
+    assert script.stat().st_mtime_ns == written
     done = subprocess.run([str(script), "/bin/echo", "-c", "x", "-o", "y"],
                           capture_output=True, text=True, check=True)
     assert done.stdout == "-c x -o y\n"

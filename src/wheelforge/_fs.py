@@ -118,6 +118,21 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+def write_script(path: Path, text: str) -> Path:
+    """An executable script (mode 0755) at ``path`` holding ``text``: left as it is when it
+    already does, else written whole, executable before it appears (a build beside this
+    one may run it the moment it is there)."""
+    try:
+        if path.read_text() == text:
+            return path
+    except (OSError, UnicodeDecodeError):
+        pass
+    with atomic_file(path) as f:
+        f.write(text.encode("utf-8"))
+        os.fchmod(f.fileno(), 0o755)
+    return path
+
+
 def atomic_copy(src: Path, dest: Path) -> None:
     """Copy ``src`` to ``dest`` so that ``dest`` is never seen half-written."""
     with atomic_file(dest) as out, open(src, "rb") as inp:

@@ -66,7 +66,6 @@ import json
 import os
 import shlex
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -74,7 +73,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from .. import _proc
-from .._fs import atomic_write
+from .._fs import write_script
 from ..errors import ConfigError, ToolchainError
 
 __all__ = [
@@ -312,11 +311,8 @@ def _wrapper(cache_dir: Path, tool: Path, cxx: str) -> Path:
     """A script named like the compiler (torch checks the name) that runs it via ``tool``."""
     text = f"#!/bin/sh\nexec {shlex.quote(str(tool))} {shlex.quote(cxx)} \"$@\"\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = cache_dir / "compilecache" / "bin" / digest / os.path.basename(cxx)
-    if not path.is_file() or path.read_text() != text:
-        atomic_write(path, text)
-        path.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-    return path
+    return write_script(cache_dir / "compilecache" / "bin" / digest / os.path.basename(cxx),
+                        text)
 
 
 #: The directory of sccache's socket where the cache's own path is too long for one (in

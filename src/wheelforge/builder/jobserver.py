@@ -67,6 +67,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import hashlib
 import os
 import selectors
 import shlex
@@ -81,6 +82,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .. import _proc, workdirs
+from .._fs import write_script
+from . import nvccsteps
 from .toolchain import nvcc_help
 
 #: How often a whole compile that waits for its slots looks for Ctrl-C, in seconds.
@@ -177,6 +180,31 @@ def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
     if split not in text or server not in text:
         return ()
     return (f"--ptxas-options={split}={SPLIT_COMPILE},{server}",)
+
+
+def steps_in_front(command: str, environ: dict[str, str], directory: Path) -> str:
+    """``command`` (shell words: nvcc, or ccache and nvcc) with builder/nvccsteps.py in
+    front of nvcc, so that each unit's host compile takes a free slot of the jobserver
+    beside its ptxas: as ccache's ``CCACHE_PREFIX`` (ccache runs it with nvcc and its
+    arguments when it compiles, and does not hash it; a prefix is one word, so not where
+    its path holds a space, nor where the user has a prefix of their own, such as
+    distcc), or before the command.  ``environ`` gets the prefix.  The launcher is a
+    script in ``directory`` (ccache's prefix must be one program), which also holds
+    nvccsteps.py's marks."""
+    words = shlex.split(command)
+    cached = bool(words) and os.path.basename(words[0]) == "ccache"
+    if cached and environ.get("CCACHE_PREFIX"):  # the user's: nvcc runs its steps itself
+        return command
+    body = (f"exec {shlex.quote(sys.executable)} -I -S "
+            f"{shlex.quote(os.path.abspath(nvccsteps.__file__))} \"$@\"\n")
+    folder = directory / hashlib.sha256(body.encode()).hexdigest()[:16]
+    script = str(write_script(folder / "nvcc-steps", f"#!/bin/sh\n{nvccsteps.STATE_ENV}="
+                              f"{shlex.quote(str(folder))} {body}"))
+    if not cached:
+        return f"{shlex.quote(script)} {command}"
+    if " " not in script:
+        environ["CCACHE_PREFIX"] = script
+    return command
 
 
 class _Expected:

@@ -8,7 +8,8 @@ units) on one core while the cores the other units left stand idle (docs/perform
 "the host compile beside ptxas").
 
 This script runs in front of nvcc (``python -I -S nvccsteps.py NVCC ARGS...``: the gate's
-command, or ccache's ``CCACHE_PREFIX``; stdlib only).  It runs nvcc's own steps, as
+command, or ccache's ``CCACHE_PREFIX``, through a launcher that builder/jobserver.py's
+``steps_in_front`` writes; stdlib only).  It runs nvcc's own steps, as
 ``nvcc --dryrun`` lists them, with one change: once cicc has ended, the host compile runs
 beside ptxas and fatbinary on a token of the pool's jobserver, against a placeholder
 fatbin (one zero quad in the ``.nv_fatbin`` section); ``objcopy --update-section`` then
@@ -69,9 +70,9 @@ DEPS_STEP = "-- Filter Dependencies -- > "
 #: token came before fatbinary ended), ``again`` (a check failed: compiled again against
 #: fatbinary's own file) or ``plain`` (nvcc as given), then the object's path.
 REPORT_ENV = "WHEELFORGE_NVCC_STEPS_REPORT"
-#: The launcher's directory, where a toolchain whose fatbin file is not the placeholder's
-#: is marked (:func:`differs`): its units then run nvcc as given, not twice their host
-#: compile.
+#: The launcher's directory (builder/jobserver.py's :func:`steps_in_front` writes the
+#: launcher), where a toolchain whose fatbin file is not the placeholder's is marked
+#: (:func:`differs`): its units then run nvcc as given, not twice their host compile.
 STATE_ENV = "WHEELFORGE_NVCC_STEPS_STATE"
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _CC = frozenset({"gcc", "g++", "cc", "c++", "clang", "clang++"})
@@ -367,12 +368,12 @@ def compile_unit(nvcc: str, args: list[str], fifo: str) -> int:
             data = fatbin.read()
         data += b"\0" * (-len(data) % 8)
         with open(aside) as text:
-            same_text = placeholder_matches(text.read())
-        if same_text:
+            fits = placeholder_matches(text.read())
+        if fits:
             done = subprocess.run(["objcopy", "--update-section",
                                    f".nv_fatbin={raw.group(1)}", out])
-            same_text = done.returncode == 0 and section(out, ".nv_fatbin") == data
-        if not same_text:  # as nvcc compiles it: against fatbinary's own file
+            fits = done.returncode == 0 and section(out, ".nv_fatbin") == data
+        if not fits:  # as nvcc compiles it: against fatbinary's own file
             os.replace(aside, embedded.group(1))
             if not runner.run(host):
                 return runner.failed[0]
@@ -408,47 +409,6 @@ def plain(nvcc: str, args: list[str]) -> int:
         report("plain", args[args.index("-o") + 1])
     os.execvp(nvcc, [nvcc, *args])
     return 127  # (not reached)
-
-
-def launcher(directory: str) -> str:
-    """An executable script in ``directory`` that runs this one with the interpreter
-    running now (ccache's prefix must be one program): its path."""
-    body = (f"exec {shlex.quote(sys.executable)} -I -S "
-            f"{shlex.quote(os.path.abspath(__file__))} \"$@\"\n")
-    folder = os.path.join(directory, hashlib.sha256(body.encode()).hexdigest()[:16])
-    text = f"#!/bin/sh\n{STATE_ENV}={shlex.quote(folder)} {body}"
-    path = os.path.join(folder, "nvcc-steps")
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return path
-    except OSError:
-        pass
-    os.makedirs(folder, exist_ok=True)
-    part = f"{path}.{os.getpid()}.part"  # appears whole, or not at all
-    with open(part, "w") as f:
-        f.write(text)
-    os.chmod(part, 0o755)
-    os.replace(part, path)
-    return path
-
-
-def in_front(command: str, environ: dict[str, str], directory: str) -> str:
-    """``command`` (shell words: nvcc, or ccache and nvcc) with this script in front of
-    nvcc: as ccache's ``CCACHE_PREFIX`` (ccache runs it with nvcc and its arguments when
-    it compiles; a prefix is one word, so not where the path holds a space, nor where
-    the user has a prefix of their own, such as distcc) or before the command.
-    ``environ`` gets the prefix."""
-    words = shlex.split(command)
-    if words and os.path.basename(words[0]) == "ccache":
-        if environ.get("CCACHE_PREFIX"):  # the user's: theirs runs, nvcc's steps as given
-            return command
-        script = launcher(directory)
-        if " " not in script:
-            environ["CCACHE_PREFIX"] = script
-        return command
-    script = launcher(directory)
-    return f"{shlex.quote(script)} {command}"
 
 
 def threads(args: list[str]) -> int | None:

@@ -41,7 +41,6 @@ from . import (
     envlock,
     importcheck,
     jobserver,
-    nvccsteps,
     platform,
     preflight,
     reproducible,
@@ -522,7 +521,7 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
         lends = any(jobserver.NVCC_JOBSERVER[-1] in word for word in shlex.split(nvcc))
         if lends:  # each unit's host compile beside its ptxas, on a lent slot
-            nvcc = nvccsteps.in_front(nvcc, environ, str(config.cache_dir / "nvcc-steps"))
+            nvcc = jobserver.steps_in_front(nvcc, environ, config.cache_dir / "nvcc-steps")
         environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
         reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
                       f"for each CUDA unit as it starts (at most {config.jobs} units of "
