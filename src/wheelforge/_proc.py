@@ -91,6 +91,17 @@ def marked(output: str, mark: str) -> Any:
     return None
 
 
+def signal_name(returncode: int) -> str | None:
+    """The name of the signal that killed a process (``SIGSEGV`` for -11: subprocess's
+    return code), or None: it exited, or the number names no signal."""
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return None
+
+
 class CommandFailed(Exception):
     """A command exited non-zero (or could not start)."""
 
@@ -175,11 +186,10 @@ def run(
             log_file.close()
     if _STOPPING.is_set():  # killed by stop_all: stopped, not failed
         raise KeyboardInterrupt
-    if returncode < 0:  # killed by a signal: say so as a shell would (137 for SIGKILL)
-        with contextlib.suppress(ValueError):
-            name = signal.Signals(-returncode).name
-            tail.append(f"{os.path.basename(args[0])} was killed by {name} "
-                        f"(exit status {128 - returncode})\n")
+    name = signal_name(returncode)
+    if name:  # killed by a signal: say so as a shell would (137 for SIGKILL)
+        tail.append(f"{os.path.basename(args[0])} was killed by {name} "
+                    f"(exit status {128 - returncode})\n")
     if check and returncode != 0:
         raise CommandFailed(args, returncode, "".join(tail))
     return Completed(tuple(args), returncode, "".join(kept))

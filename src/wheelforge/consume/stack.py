@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -388,12 +387,9 @@ def _judge(data: Mapping[str, object], pinned: set[str], pip_check: _proc.Comple
         if len(failed) > 1:
             reason += f" (and {len(failed) - 1} more failed import(s))"
     if exited != 0 and not reason:
-        how = f"exited with status {exited}"
-        if exited < 0:
-            try:
-                how = f"was killed by {signal.Signals(-exited).name}"
-            except ValueError:
-                how = f"was killed by signal {-exited}"
+        name = _proc.signal_name(exited)
+        how = (f"was killed by {name}" if name else f"was killed by signal {-exited}"
+               if exited < 0 else f"exited with status {exited}")
         reason = (f"every import succeeded, but the interpreter that imported them {how} "
                   "as it ended (a library's teardown: a user's script ends the same way)")
     check_text = "" if pip_check.returncode == 0 else pip_check.output.strip()[-2000:]
