@@ -215,6 +215,24 @@ def test_a_failing_step_fails_the_unit_and_leaves_no_intermediate_files(
     assert not (tmp_path / "report.txt").exists()
 
 
+def test_a_file_it_cannot_write_fails_the_unit_without_a_traceback(
+        tmp_path: Path, nvcc: str, fifo: tuple[Path, int]) -> None:
+    """(the placeholder's path taken by a directory, as a full disk would refuse it): the
+    unit fails with what failed, and its intermediate files are gone."""
+    path, _ = fifo
+    src = tmp_path / "k.cu"
+    src.write_text(UNIT)
+    out = tmp_path / "out" / "k.o"
+    out.parent.mkdir()
+    (out.parent / "k.o.fatbin.c").mkdir()
+    done = run_steps(compile_args(nvcc, src, out), tmp_path,
+                     f" -j2 --jobserver-auth=fifo:{path}", tmp_path / "report.txt")
+    assert done.returncode == 1
+    assert "wheelforge nvcc-steps: [Errno 21] Is a directory" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["k.o.d", "k.o.fatbin.c"]
+
+
 def test_a_signal_stops_the_units_steps(tmp_path: Path, nvcc: str,
                                         fifo: tuple[Path, int]) -> None:
     """SIGTERM (the gate forwards ninja's): the running step ends too, the script ends

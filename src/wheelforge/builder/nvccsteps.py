@@ -35,6 +35,7 @@ or a command that is not nvcc (ccache's prefix also comes before the host C++ co
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -391,10 +392,16 @@ def compile_unit(nvcc: str, args: list[str], fifo: str) -> int:
     finally:
         for i in plan.index("rm"):  # nvcc's intermediate files, as nvcc removes them
             for path in shlex.split(steps[i])[1:]:
-                if not path.startswith("-") and os.path.exists(path):
-                    os.unlink(path)
-        if os.path.exists(aside):
-            os.unlink(aside)
+                if not path.startswith("-"):
+                    discard(path)
+        discard(aside)
+
+
+def discard(path: str) -> None:
+    """Remove a file if it is there; a file that cannot be removed stays (nvcc's own
+    ``rm`` steps do not fail a unit either)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def report(how: str, out: str) -> None:
@@ -437,7 +444,11 @@ def main(argv: list[str]) -> int:
     marker = differs(nvcc)
     if marker and os.path.exists(marker):  # a unit before found the fatbin file unlike
         return plain(nvcc, args)
-    return compile_unit(nvcc, args, fifo)
+    try:
+        return compile_unit(nvcc, args, fifo)
+    except OSError as exc:  # a full disk, say: the unit fails with what failed, no traceback
+        print(f"wheelforge nvcc-steps: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
