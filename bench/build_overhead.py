@@ -24,10 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import buildenv, toolchain  # noqa: E402
+from wheelforge.builder.compiling import toolchain  # noqa: E402
 from wheelforge.builder.config import resolve  # noqa: E402
-from wheelforge.builder.patch import apply_series  # noqa: E402
-from wheelforge.builder.source import extract, fetch  # noqa: E402
+from wheelforge.builder.env import buildenv  # noqa: E402
+from wheelforge.builder.source.fetch import extract, fetch  # noqa: E402
+from wheelforge.builder.source.patch import apply_series  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
 
 

@@ -12,18 +12,18 @@
      dispatcher by launch configuration into units sized by MAX_JOBS
   D  C's tree compiled and packed as `wheelforge build` does: each unit's nvcc behind
      the gate of a pool of MAX_JOBS slots, with the options a build gives nvcc
-     (builder/reproducible.py's, and builder/jobserver.py's: ptxas splits each unit on
-     as many threads as the pool's jobserver lends it); setuptools' wheel stored, then
-     relabelled (wheel.relabel: the extension deflated once, on every core).
+     (builder/artifact/reproducible.py's, and builder/compiling/jobserver.py's: ptxas
+     splits each unit on as many threads as the pool's jobserver lends it); setuptools'
+     wheel stored, then relabelled (wheel.relabel: the extension deflated once, on every core).
      --builds DC runs both, D first; CD, C first
   E  D with the units packed by recorded costs, as `wheelforge build` packs them once an
      earlier build has recorded them: the split patch gets the record
-     (WHEELFORGE_UNIT_COSTS, builder/unitcosts.py) of this run's D, E, S and P builds before
-     it, as wheelforge keeps one: the latest and up to three before it (E needs one
+     (WHEELFORGE_UNIT_COSTS, builder/compiling/unitcosts.py) of this run's D, E, S and P
+     builds before it, as wheelforge keeps one: the latest and up to three before it (E needs one
      before it).  A letter may repeat (--builds DEEE: the model, then the record of one,
      two, three builds); each build has a tree of its own
   S  E with each unit's steps as nvcc runs them, one after another (before stop 49):
-     D, E and P run the host compile beside ptxas and fatbinary (builder/nvccsteps.py),
+     D, E and P run the host compile beside ptxas and fatbinary (builder/compiling/nvccsteps.py),
      S after them (--builds DESESE: the two side by side, each packed by the record)
   P  D with the pool's previous lending (before stop 45): a slot freed by an ending unit
      went to ptxas's threads only once no gate had ended for LEND_AFTER_S (1 s), where
@@ -77,20 +77,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import (  # noqa: E402
-    backend,
-    buildenv,
-    bytecode,
-    jobserver,
-    nvccsteps,
-    reproducible,
-    toolchain,
-    unitcosts,
-)
+from wheelforge.builder.artifact import reproducible  # noqa: E402
+from wheelforge.builder.artifact.identity import tree_id  # noqa: E402
+from wheelforge.builder.compiling import backend, jobserver, nvccsteps, toolchain, unitcosts  # noqa: E402
 from wheelforge.builder.config import cpu_count, resolve  # noqa: E402
-from wheelforge.builder.identity import tree_id  # noqa: E402
-from wheelforge.builder.patch import apply_series  # noqa: E402
-from wheelforge.builder.source import extract, fetch  # noqa: E402
+from wheelforge.builder.env import buildenv, bytecode  # noqa: E402
+from wheelforge.builder.source.fetch import extract, fetch  # noqa: E402
+from wheelforge.builder.source.patch import apply_series  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
 from wheelforge.wheel import relabel  # noqa: E402
 
@@ -320,7 +313,7 @@ def main() -> None:
             **dict(recipe.build.env), **split.env,  # (causal-conv1d's recipe has it too)
             "PATH": f"{env.bin_dir}:{cuda.home / 'bin'}:{os.environ['PATH']}"}
     base.pop("TORCH_CUDA_ARCH_LIST", None)
-    # as the pipeline runs the backend: torch's bytecode kept (builder/bytecode.py)
+    # as the pipeline runs the backend: torch's bytecode kept (builder/env/bytecode.py)
     base = bytecode.environ(base, python=env.python, managed=env.managed,
                             cache_dir=config.cache_dir)
     print(f"{recipe.name} {recipe.version}, nvcc {cuda.version}, {cpu_count()} cores, "

@@ -4,7 +4,7 @@
 In one run on one machine:
   1. a flash-attn-sized sdist (default 10,000 files, 100 MB unpacked, as CUTLASS makes
      it) extracted by `tarfile.extractall(filter="data")` (A) and by
-     `wheelforge.builder.archive.extract` (B), alternating, best of --repeat; prints B/A;
+     `wheelforge.builder.source.archive.extract` (B), alternating, best of --repeat; prints B/A;
   2. the hostile archives of issue 16 with the default bounds: a zip of one member
      declaring 1 GiB of zeros (~1 MiB packed), a tar.gz of 100,001 empty files, and a
      truncated tar.gz; prints the time to the SourceError and the bytes left behind.
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder.archive import extract  # noqa: E402
+from wheelforge.builder.source.archive import extract  # noqa: E402
 from wheelforge.errors import SourceError  # noqa: E402
 
 

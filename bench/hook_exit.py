@@ -30,8 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import backend, buildenv, bytecode  # noqa: E402
+from wheelforge.builder.compiling import backend  # noqa: E402
 from wheelforge.builder.config import resolve  # noqa: E402
+from wheelforge.builder.env import buildenv, bytecode  # noqa: E402
 
 SETUP = """\
 import torch.utils.cpp_extension  # what an extension's setup.py imports first

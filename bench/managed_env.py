@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).absolute().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from wheelforge.builder import buildenv, compilecache  # noqa: E402
+from wheelforge.builder.compiling import compilecache  # noqa: E402
+from wheelforge.builder.env import buildenv  # noqa: E402
 
 
 def disk(root: Path) -> tuple[int, int]:

@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from conftest import make_wheel  # noqa: E402
 from wheelforge import index, nightly  # noqa: E402
 from wheelforge._log import Reporter  # noqa: E402
-from wheelforge.builder import buildenv, pipeline  # noqa: E402
+from wheelforge.builder import pipeline  # noqa: E402
+from wheelforge.builder.env import buildenv  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
 from wheelforge.recipe.matrix import cells as matrix_cells  # noqa: E402
 from wheelforge.recipe.matrix import load_matrix  # noqa: E402

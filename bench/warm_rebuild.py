@@ -104,8 +104,8 @@ def _cache_line(stderr: str) -> str:
 def _setup_head(cache: Path) -> list[str]:
     """The first three lines of causal-conv1d's setup.py after the shipped patches."""
     sys.path.insert(0, str(REPO / "src"))
-    from wheelforge.builder.patch import apply_series
-    from wheelforge.builder.source import extract, fetch
+    from wheelforge.builder.source.fetch import extract, fetch
+    from wheelforge.builder.source.patch import apply_series
     from wheelforge.recipe.format import RecipeBook
 
     recipe = RecipeBook(REPO / "recipes", REPO / "patches").load("causal-conv1d")

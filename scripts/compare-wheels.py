@@ -6,7 +6,7 @@
 For every extension module (.so) present in both wheels, compares:
 
 - the exported symbols (`nm -D --defined-only`, demangled names and kinds);
-- the CUDA architectures embedded (SASS and PTX, read by wheelforge.builder.fatbin);
+- the CUDA architectures embedded (SASS and PTX, read by wheelforge.builder.artifact.fatbin);
 - the code of every kernel: `cuobjdump -sass` of each module, one listing per
   kernel (function name -> instructions), compared kernel by kernel.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from wheelforge.builder.fatbin import cuda_archs_of_file, format_archs  # noqa: E402
+from wheelforge.builder.artifact.fatbin import cuda_archs_of_file, format_archs  # noqa: E402
 
 FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.MULTILINE)
 

@@ -34,8 +34,8 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 from conftest import setup_py_function  # noqa: E402  (the tests' reading of setup.py)
 from test_mamba_ssm_patches import MAMBA_URL, mirror  # noqa: E402
 from test_unit_costs import _cost_mamba, _headers_mamba, included  # noqa: E402  (the model)
-from wheelforge.builder.patch import apply_series  # noqa: E402
-from wheelforge.builder.source import extract, fetch  # noqa: E402
+from wheelforge.builder.source.fetch import extract, fetch  # noqa: E402
+from wheelforge.builder.source.patch import apply_series  # noqa: E402
 from wheelforge.recipe.format import RecipeBook  # noqa: E402
 
 #: run 25, ninja's seconds for each unit in the six builds (0D 1P 2P 3D 4D 5P)

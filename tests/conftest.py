@@ -31,7 +31,7 @@ IN_CI = os.environ.get("CI") == "true"
 # build) is off for the tests whose subject is something else: they build fixture wheels by
 # the hundred.  tests/test_stack.py and tests/test_e2e_stack.py run it for real.
 os.environ["WHEELFORGE_STACK_CHECK"] = "off"
-#: the platform tag an extension built here gets (builder/platform.py: the newest manylinux
+#: the platform tag an extension built here gets (builder/artifact/platform.py: the newest manylinux
 #: policy its symbols allow, which the host's compiler and glibc decide)
 MANYLINUX = r"manylinux_2_[0-9]+_x86_64"
 

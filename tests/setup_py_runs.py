@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from conftest import PACKAGES, REPO
-from wheelforge.builder.patch import apply_series
-from wheelforge.builder.source import extract
+from wheelforge.builder.source.fetch import extract
+from wheelforge.builder.source.patch import apply_series
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.model import ExtractLimits, Recipe
 

@@ -25,13 +25,21 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "wheelforge.workdirs"),
     ("wheelforge.recipe",),
     ("wheelforge.index",),
+    # builder/ in rooms: the source and the build environment, compiling, the settings,
+    # the artifact's checks, the machine's checks, then the pipeline over them all
+    ("wheelforge.builder.source", "wheelforge.builder.env"),
+    ("wheelforge.builder.compiling",),
+    ("wheelforge.builder.config",),
+    ("wheelforge.builder.artifact",),
+    ("wheelforge.builder.checks",),
     ("wheelforge.builder",),
     ("wheelforge.consume", "wheelforge.maintain"),  # the nightly checks the stack
     ("wheelforge.nightly",),
     ("wheelforge.cli", "wheelforge.__main__"),
 )
 #: Packages of one layer that must not import each other.
-SIBLINGS: set[tuple[str, str]] = {("wheelforge.consume", "wheelforge.maintain")}
+SIBLINGS: set[tuple[str, str]] = {("wheelforge.consume", "wheelforge.maintain"),
+                                   ("wheelforge.builder.source", "wheelforge.builder.env")}
 LAZY_IMPORTS_ALLOWED = ("wheelforge.cli",)
 
 

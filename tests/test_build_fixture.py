@@ -24,8 +24,8 @@ from conftest import (
     tinyext_project,
     tinypure_project,
 )
-from wheelforge.builder import nvccsteps
-from wheelforge.builder.verify import shared_object_archs
+from wheelforge.builder.artifact.verify import shared_object_archs
+from wheelforge.builder.compiling import nvccsteps
 
 pytestmark = pytest.mark.nvcc
 
@@ -79,7 +79,7 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     assert ", and the free ones to ptxas's parts (--split-compile 8) and each unit's host " \
            "compile through the pool's jobserver" in res.stderr
     # through ccache (the default compile cache; CCACHE_RECACHE: compiled, not taken from
-    # the shared cache), each CUDA unit's steps ran as builder/nvccsteps.py runs them, the
+    # the shared cache), each CUDA unit's steps ran as builder/compiling/nvccsteps.py runs them, the
     # host compile beside ptxas or after it: ccache's prefix
     hows = [line.split()[0] for line in steps.read_text().splitlines()]
     assert hows and set(hows) <= {"beside", "after"}, hows
@@ -167,8 +167,8 @@ def test_the_backend_is_asked_for_a_stored_wheel(tmp_path: Path, stored: bool) -
     setuptools' bdist_wheel not to (``--compression=stored``): the compile's last
     seconds on one core.  The published wheels are deflated (test_fixture_recipe_to_index
     and every other build's test read them)."""
-    from wheelforge.builder.backend import build_wheel
-    from wheelforge.builder.buildenv import inspect_env
+    from wheelforge.builder.compiling.backend import build_wheel
+    from wheelforge.builder.env.buildenv import inspect_env
 
     tree = tmp_path / "tinypure"
     shutil.copytree(PACKAGES / "tinypure", tree)
@@ -202,8 +202,8 @@ def test_the_hook_interpreter_ends_without_its_teardown(tmp_path: Path, thread: 
     build environment's interpreter ends with os._exit: tearing down one that imported
     torch takes about 0.3 s of one core at the end of every build (bench/hook_exit.py).
     Its output is flushed first; a thread it left running gets the usual exit."""
-    from wheelforge.builder.backend import build_wheel
-    from wheelforge.builder.buildenv import inspect_env
+    from wheelforge.builder.compiling.backend import build_wheel
+    from wheelforge.builder.env.buildenv import inspect_env
 
     tree = tmp_path / "tinypure"
     shutil.copytree(PACKAGES / "tinypure", tree)

@@ -1,4 +1,4 @@
-"""builder/bytecode.py: the build's imports keep their bytecode where the caller's
+"""builder/env/bytecode.py: the build's imports keep their bytecode where the caller's
 environment says to write none; a given environment is never written to."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.builder import bytecode
+from wheelforge.builder.env import bytecode
 
 BASE = {"PATH": os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1"}
 
@@ -95,7 +95,7 @@ def test_the_import_check_keeps_the_environments_bytecode_and_forgets_the_wheels
     """A given environment's import check, cold and warm: torch's bytecode stays in the
     cache for the next check; what the wheel's modules left in the mirror of their
     temporary directory is removed; the user's environment gets nothing."""
-    from wheelforge.builder.importcheck import WarmImports, cold_problems
+    from wheelforge.builder.artifact.importcheck import WarmImports, cold_problems
 
     cache = tmp_path / "cache"
     environ = bytecode.environ({**os.environ, **BASE}, python=env, managed=False,

@@ -22,7 +22,7 @@ from setup_py_runs import (
     pip_toolkit,
     threads,
 )
-from wheelforge.builder.source import fetch
+from wheelforge.builder.source.fetch import fetch
 
 
 @pytest.fixture(scope="module")

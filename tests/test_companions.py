@@ -17,9 +17,10 @@ from conftest import make_wheel, write_recipe
 from test_nightly import pure_project, write_matrix
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import identity, pipeline
-from wheelforge.builder.buildenv import BuildEnv
+from wheelforge.builder import pipeline
+from wheelforge.builder.artifact import identity
 from wheelforge.builder.config import BuildConfig, resolve
+from wheelforge.builder.env.buildenv import BuildEnv
 from wheelforge.errors import BuildError
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.matrix import load_matrix

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.builder.diagnose import (
+from wheelforge.builder.compiling.diagnose import (
     Diagnosis,
     diagnose,
     first_error_line,
@@ -325,7 +325,7 @@ def test_a_build_backend_killed_by_sigkill_is_out_of_memory(tmp_path: Path,
     """The OOM killer may take the build backend's Python (the largest process: it holds
     torch) rather than a compiler; its log then ends with no compiler message at all."""
     from wheelforge._proc import CommandFailed
-    from wheelforge.builder.backend import failure
+    from wheelforge.builder.compiling.backend import failure
 
     log_file = tmp_path / "build.log"
     log_file.write_text("running build_ext\nbuilding 'tinyext_cuda' extension\n")

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from wheelforge.arch import parse_arch_list
-from wheelforge.builder.doctor import Finding, failures, render, run_checks
+from wheelforge.builder.checks.doctor import Finding, failures, render, run_checks
 
 GiB = 2**30
 
@@ -82,7 +82,7 @@ def bin_dir(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No real /usr/local/cuda; plenty of disk and memory unless a test says otherwise."""
-    monkeypatch.setattr("wheelforge.builder.toolchain.STANDARD_PREFIXES",
+    monkeypatch.setattr("wheelforge.builder.compiling.toolchain.STANDARD_PREFIXES",
                         (str(tmp_path / "no-cuda"),))
     set_disk(monkeypatch, free_gib=200)
     set_memory(monkeypatch, gib=128, cores=16)
@@ -234,7 +234,7 @@ def test_without_python_the_managed_torch_is_judged_by_its_requirement(
 
 def test_without_python_an_existing_managed_env_is_inspected(tmp_path: Path,
                                                              bin_dir: Path) -> None:
-    from wheelforge.builder.buildenv import BASE_REQUIREMENTS, MARKER, env_key
+    from wheelforge.builder.env.buildenv import BASE_REQUIREMENTS, MARKER, env_key
 
     base = Path(sys.executable)
     root = tmp_path / "cache" / "envs" / env_key(base, "torch==2.9.1", BASE_REQUIREMENTS, ())
@@ -331,7 +331,7 @@ def test_objcopy_found_or_missing(tmp_path: Path, bin_dir: Path) -> None:
 
 
 def test_ninja_of_an_existing_managed_env_is_checked(tmp_path: Path) -> None:
-    from wheelforge.builder.buildenv import BASE_REQUIREMENTS, MARKER, env_key
+    from wheelforge.builder.env.buildenv import BASE_REQUIREMENTS, MARKER, env_key
 
     root = tmp_path / "cache" / "envs" / env_key(Path(sys.executable), "torch==2.9.1",
                                                  BASE_REQUIREMENTS, ())
@@ -431,7 +431,7 @@ def test_a_crashing_check_is_a_finding_not_an_exception(tmp_path: Path, bin_dir:
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setattr("wheelforge.builder.doctor.inspect_env", boom)
+    monkeypatch.setattr("wheelforge.builder.checks.doctor.inspect_env", boom)
     python = fake_python(tmp_path / "venv" / "bin" / "python")
     findings = check(tmp_path, env(bin_dir, fake_cuda(tmp_path, "13.0")), python=python)
     torch = one(findings, "torch")

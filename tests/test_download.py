@@ -19,8 +19,8 @@ import pytest
 
 from test_source import recipe_for, sdist_bytes, sdist_entry
 from wheelforge import _proc
-from wheelforge.builder import buildenv
-from wheelforge.builder.source import NetLimits, cache_path, fetch
+from wheelforge.builder.env import buildenv
+from wheelforge.builder.source.fetch import NetLimits, cache_path, fetch
 from wheelforge.errors import SourceError, ToolchainError
 
 DATA = sdist_bytes()

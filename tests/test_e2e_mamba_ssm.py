@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import IN_CI, MANYLINUX, REPO, built_wheel, require_python311
-from wheelforge.builder.verify import shared_object_archs
+from wheelforge.builder.artifact.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from wheelforge._fs import locked
-from wheelforge.builder import buildenv, envlock
+from wheelforge.builder.env import buildenv, envlock
 
 BASE = Path(getattr(sys, "_base_executable", sys.executable))
 
@@ -30,7 +30,7 @@ HOLDER = """
 import sys
 from pathlib import Path
 from wheelforge._fs import locked
-from wheelforge.builder import envlock
+from wheelforge.builder.env import envlock
 lock, use = Path(sys.argv[1]), Path(sys.argv[2])
 hold = envlock.Hold()
 with locked(lock):

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import IN_CI, make_wheel
 from test_nightly import clean_env, pure_project, wheelforge, write_matrix
-from wheelforge.builder.sbom import read_sbom
+from wheelforge.builder.artifact.sbom import read_sbom
 from wheelforge.errors import ConfigError
 from wheelforge.nightly import fanout
 from wheelforge.nightly.durations import read_durations

@@ -1,4 +1,5 @@
-"""wheelforge.builder.fatbin: synthetic ELF and fatbin bytes first, then real nvcc output."""
+"""wheelforge.builder.artifact.fatbin: synthetic ELF and fatbin bytes first, then real nvcc
+output."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.builder.fatbin import (
+from wheelforge.builder.artifact.fatbin import (
     CudaArchs,
     FatbinError,
     cuda_archs,

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import make_wheel
 from wheelforge import index
-from wheelforge.builder import jobserver
+from wheelforge.builder.compiling import jobserver
 
 CU130: dict[str, Any] = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": "2.14.1",
                          "archs": ["sm_120"], "build_key": "key-1"}
@@ -110,8 +110,8 @@ def test_a_typo_of_a_top_level_key_of_the_project_file_is_an_error(tmp_path: Pat
 def test_a_missing_build_requirement_is_named_once(tmp_path: Path) -> None:
     """`wheel` in pyproject's build-system.requires and in the recipe's build.requires was
     listed twice (`wheel, wheel, ninja`)."""
-    from wheelforge.builder.backend import check_build_requires
-    from wheelforge.builder.buildenv import BuildEnv
+    from wheelforge.builder.compiling.backend import check_build_requires
+    from wheelforge.builder.env.buildenv import BuildEnv
     from wheelforge.errors import ToolchainError
 
     tree = tmp_path / "src"
@@ -189,8 +189,8 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """setuptools' deprecation banners (BuildBackendWarning, re-raised by pyproject_hooks in
     wheelforge's process) once appeared between the step lines."""
-    from wheelforge.builder.backend import build_wheel
-    from wheelforge.builder.buildenv import BuildEnv
+    from wheelforge.builder.compiling.backend import build_wheel
+    from wheelforge.builder.env.buildenv import BuildEnv
 
     tree = tmp_path / "demo"
     tree.mkdir()

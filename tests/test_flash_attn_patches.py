@@ -34,10 +34,10 @@ from setup_py_runs import (
     pip_toolkit,
     std_flags,
 )
-from wheelforge.builder import buildenv
+from wheelforge.builder.artifact.verify import content_problems
 from wheelforge.builder.config import DEFAULT_TORCH
-from wheelforge.builder.source import fetch
-from wheelforge.builder.verify import content_problems
+from wheelforge.builder.env import buildenv
+from wheelforge.builder.source.fetch import fetch
 from wheelforge.recipe.model import Recipe
 
 RECIPE = BOOK.load("flash-attn")

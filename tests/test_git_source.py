@@ -14,7 +14,7 @@ import pytest
 
 from conftest import write_recipe
 from wheelforge.builder.config import resolve
-from wheelforge.builder.source import (
+from wheelforge.builder.source.fetch import (
     cache_path,
     extract,
     fetch,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, require_python311
-from wheelforge.builder import buildenv
 from wheelforge.builder.config import DEFAULT_TORCH
+from wheelforge.builder.env import buildenv
 from wheelforge.consume.gputest import can_run
 
 

@@ -339,7 +339,7 @@ def _snapshot(root: Path) -> dict[str, str]:
                          ids=[c[0] for c in PATCH_CASES])
 def test_hostile_patch_refused_before_anything_is_applied(src_tree: Path, tmp_path: Path,
                                                           text: str, named: str) -> None:
-    from wheelforge.builder.patch import apply_series
+    from wheelforge.builder.source.patch import apply_series
     from wheelforge.errors import PatchError
 
     good = tmp_path / "0001-good.patch"
@@ -360,7 +360,7 @@ def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_pat
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The second line of defence: were the header checks fooled, the tree is checked after
     each patch (here the checks are switched off to show it)."""
-    from wheelforge.builder import patch as patch_mod
+    from wheelforge.builder.source import patch as patch_mod
     from wheelforge.errors import PatchError
 
     monkeypatch.setattr(patch_mod, "check_patch", lambda _p: None)
@@ -374,7 +374,7 @@ def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_pat
 
 
 def test_escaping_link_in_the_tree_is_caught(src_tree: Path, tmp_path: Path) -> None:
-    from wheelforge.builder.patch import apply_series
+    from wheelforge.builder.source.patch import apply_series
     from wheelforge.errors import PatchError
 
     (src_tree / "pkg" / "out").symlink_to("../../..")
@@ -417,7 +417,7 @@ new file mode 100755
 def test_benign_patches_pass_the_checks() -> None:
     """Hunk lines that look like headers ('--- /x' removing '-- /x') are content, a commit
     message is not a header, and 100755 is a normal mode; the shipped series passes."""
-    from wheelforge.builder.patch import refusals
+    from wheelforge.builder.source.patch import refusals
 
     assert refusals(BENIGN) == []
     for p in sorted((REPO / "patches").rglob("*.patch")):
@@ -568,7 +568,7 @@ BROKEN_CASES = [
 @pytest.mark.parametrize("make, expected", [c[1:] for c in ARCHIVE_CASES + BROKEN_CASES],
                          ids=[c[0] for c in ARCHIVE_CASES + BROKEN_CASES])
 def test_hostile_archive(tmp_path: Path, make: object, expected: str) -> None:
-    from wheelforge.builder.source import extract
+    from wheelforge.builder.source.fetch import extract
     from wheelforge.errors import SourceError
 
     archive = make(tmp_path / "demo-1.0.tar.gz")  # type: ignore[operator]
@@ -591,7 +591,7 @@ def test_hostile_archive(tmp_path: Path, make: object, expected: str) -> None:
 @pytest.mark.parametrize("fmt", ["tar", "zip"])
 def test_archive_bounds(tmp_path: Path, fmt: str, limits: dict[str, int],
                         members: list[tuple[str, str, bytes | str]], expected: str) -> None:
-    from wheelforge.builder.source import extract
+    from wheelforge.builder.source.fetch import extract
     from wheelforge.errors import SourceError
     from wheelforge.recipe.model import ExtractLimits
 
@@ -607,7 +607,7 @@ def test_archive_bound_counts_bytes_written_not_declared(tmp_path: Path) -> None
     """A zip whose directory declares 1 KiB for a 3 MiB member: the bytes written count."""
     import struct
 
-    from wheelforge.builder.source import extract
+    from wheelforge.builder.source.fetch import extract
     from wheelforge.errors import SourceError
     from wheelforge.recipe.model import ExtractLimits
 
@@ -626,7 +626,7 @@ def test_default_member_bound_refuses_before_extracting(tmp_path: Path) -> None:
     """100,001 members (the issue's 100,000 were extracted and built) with the defaults."""
     import zipfile
 
-    from wheelforge.builder.source import extract
+    from wheelforge.builder.source.fetch import extract
     from wheelforge.errors import SourceError
 
     archive = tmp_path / "demo-1.0.zip"
@@ -645,7 +645,7 @@ def test_benign_archives_extract(tmp_path: Path) -> None:
     import os
     import stat
 
-    from wheelforge.builder.source import extract
+    from wheelforge.builder.source.fetch import extract
 
     members = [("./demo-1.0/", "d", ""), ("./demo-1.0/setup.py", "f", "x = 1\n"),
                ("demo-1.0/pkg/mod.py", "f", "y = 2\n"), ("demo-1.0/pkg/alias.py", "l", "mod.py"),
@@ -891,7 +891,7 @@ def _pure_recipe(tmp: Path) -> object:
                          ids=[c[0] for c in WHEEL_CASES])
 def test_hostile_wheel_fails_verification(tmp_path: Path, make: object, named: str,
                                           everywhere: bool) -> None:
-    from wheelforge.builder.verify import verify_wheel
+    from wheelforge.builder.artifact.verify import verify_wheel
     from wheelforge.errors import VerifyError
     from wheelforge.wheel import relabel
 
@@ -984,9 +984,9 @@ def test_mutated_inputs_fail_cleanly(tmp_path: Path, kind: str) -> None:
     import shutil
 
     from conftest import make_wheel
-    from wheelforge.builder.patch import check_patch
-    from wheelforge.builder.source import extract
-    from wheelforge.builder.verify import verify_wheel
+    from wheelforge.builder.artifact.verify import verify_wheel
+    from wheelforge.builder.source.fetch import extract
+    from wheelforge.builder.source.patch import check_patch
     from wheelforge.errors import PatchError, SourceError, VerifyError
     from wheelforge.wheel import relabel
 
@@ -1048,7 +1048,7 @@ def test_structured_archives_stay_inside(tmp_path: Path) -> None:
     import shutil
     import stat
 
-    from wheelforge.builder.source import extract
+    from wheelforge.builder.source.fetch import extract
     from wheelforge.errors import SourceError
 
     rnd = random.Random("issue16-structured-tar")
@@ -1096,7 +1096,7 @@ def test_structured_patches_with_real_git(tmp_path: Path) -> None:
     import random
     import shutil
 
-    from wheelforge.builder.patch import apply_series
+    from wheelforge.builder.source.patch import apply_series
     from wheelforge.errors import PatchError
 
     rnd = random.Random("issue16-structured-patch")

@@ -1,4 +1,4 @@
-"""The import check's warm interpreter (builder/importcheck.py), with real interpreters:
+"""The import check's warm interpreter (builder/artifact/importcheck.py), with real interpreters:
 it answers as the cold check does, each check starts from the same state, a crash in an
 import is reported and the interpreter serves the next check, a changed environment or an
 interpreter that did not start leaves the check to the cold path, and close() leaves no
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from wheelforge import _proc
-from wheelforge.builder.importcheck import MARK, WarmImports, cold_problems
+from wheelforge.builder.artifact.importcheck import MARK, WarmImports, cold_problems
 
 PY = Path(sys.executable)
 

@@ -15,12 +15,12 @@ import pytest
 
 from conftest import tinyext_project, tinypure_project
 from wheelforge._proc import descendants
-from wheelforge.builder.importcheck import MARK
+from wheelforge.builder.artifact.importcheck import MARK
 
 pytestmark = pytest.mark.nvcc
 
 COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "cc1plus", "cudafe++")
-WARM: set[int] = set()  # the warm interpreters (builder/importcheck.py) seen in the trees
+WARM: set[int] = set()  # the warm interpreters (builder/artifact/importcheck.py) seen in the trees
 
 
 def _comm(pid: int) -> str:

@@ -30,9 +30,9 @@ from setup_py_runs import (
     std_flags,
     threads,
 )
-from wheelforge.builder import buildenv
 from wheelforge.builder.config import DEFAULT_TORCH
-from wheelforge.builder.source import fetch
+from wheelforge.builder.env import buildenv
+from wheelforge.builder.source.fetch import fetch
 
 MAMBA_URL = "https://github.com/state-spaces/mamba"
 BUNDLE = REPO.parent / "shared" / "upstream" / "state-spaces-mamba.bundle"

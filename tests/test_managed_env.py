@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import broken_torch, make_wheel
-from wheelforge.builder import buildenv, pipconfig
+from wheelforge.builder.env import buildenv, pipconfig
 from wheelforge.errors import ToolchainError
 
 BASE = Path(getattr(sys, "_base_executable", sys.executable))

@@ -40,7 +40,9 @@ from conftest import (
 from wheelforge import _proc, index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
-from wheelforge.builder import compilecache, identity, pipeline
+from wheelforge.builder import pipeline
+from wheelforge.builder.artifact import identity
+from wheelforge.builder.compiling import compilecache
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError, ConfigError
 from wheelforge.recipe.format import RecipeBook
@@ -160,8 +162,8 @@ def test_published_cells_are_skipped_without_a_build_or_an_environment(
 
     def no_env(*a: object, **kw: object) -> None:
         raise AssertionError("a build environment was asked for")
-    monkeypatch.setattr("wheelforge.builder.buildenv.managed_env", no_env)
-    monkeypatch.setattr("wheelforge.builder.buildenv.inspect_env", no_env)
+    monkeypatch.setattr("wheelforge.builder.env.buildenv.managed_env", no_env)
+    monkeypatch.setattr("wheelforge.builder.env.buildenv.inspect_env", no_env)
     second = run_fake(tmp_path, pure_book, fake_builder(calls), ["purea", "pureb"])
     assert [r.status for r in second.results] == ["skipped", "skipped"]
     assert sorted(calls) == ["purea", "pureb"]  # nothing built again
@@ -289,7 +291,7 @@ def test_cells_at_once_share_a_pool_that_the_deferred_cells_do_not_use(
     """wheelforge's own builder: the cells built at once get one open pool of compile
     slots; a cell taken up last (another run held it) is built after that pool has
     closed, without it."""
-    from wheelforge.builder import jobserver
+    from wheelforge.builder.compiling import jobserver
     from wheelforge.nightly import inprocess
 
     seen: list[tuple[str, bool]] = []

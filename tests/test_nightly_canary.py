@@ -19,7 +19,8 @@ from conftest import make_sdist, make_wheel, write_recipe
 from test_outdated import PATCH, SETUP, mirror_of, serve, tag_release, tree, upstream_repo
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import identity, pipeline
+from wheelforge.builder import pipeline
+from wheelforge.builder.artifact import identity
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import VerifyError
 from wheelforge.nightly.canary import CANARY_DIR, STACK_OFF

@@ -21,7 +21,8 @@ from conftest import make_sdist, make_wheel, pure_recipe, require_tool, write_re
 from test_landing_page import decode_png
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import identity, pipeline
+from wheelforge.builder import pipeline
+from wheelforge.builder.artifact import identity
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import BuildError
 from wheelforge.recipe.format import RecipeBook

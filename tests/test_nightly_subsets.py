@@ -26,7 +26,9 @@ from setup_py_runs import make_fake_cuda
 from test_nightly import wheelforge
 from wheelforge import index, nightly
 from wheelforge._log import Reporter
-from wheelforge.builder import identity, pipeline, toolchain
+from wheelforge.builder import pipeline
+from wheelforge.builder.artifact import identity
+from wheelforge.builder.compiling import toolchain
 from wheelforge.builder.config import BuildConfig
 from wheelforge.errors import PublishError
 from wheelforge.nightly import fanout, publishing

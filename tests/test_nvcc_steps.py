@@ -1,4 +1,4 @@
-"""builder/nvccsteps.py: a unit's host compile beside its ptxas, with the real nvcc.
+"""builder/compiling/nvccsteps.py: a unit's host compile beside its ptxas, with the real nvcc.
 
 Each compile here is the CUDA unit below (a template kernel, three instantiations: a few
 seconds), with the options a build gives nvcc; the objects are linked into a shared
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.builder import jobserver, nvccsteps, reproducible
+from wheelforge.builder.artifact import reproducible
+from wheelforge.builder.compiling import jobserver, nvccsteps
 
 pytestmark = pytest.mark.nvcc
 
@@ -66,7 +67,8 @@ def tokens_in(fd: int) -> int:
 def compile_args(nvcc: str, src: Path, out: Path) -> list[str]:
     """The unit's nvcc command as torch's ninja file writes it (``-MD -MF``, ``-c`` at the
     end of its cflags and again before ``SRC -o OUT``, ``--threads NVCC_THREADS``), with
-    the options a build adds (builder/reproducible.py's and builder/jobserver.py's)."""
+    the options a build adds (builder/artifact/reproducible.py's and
+    builder/compiling/jobserver.py's)."""
     flags = reproducible.nvcc_flags(Path(nvcc)) + jobserver.nvcc_flags(Path(nvcc))
     return [nvcc, *flags, "-MD", "-MF", f"{out}.d", "-I/usr/include", "-c", "-c", str(src),
             "-o", str(out), "-O3", "-lineinfo", "--compiler-options", "-fPIC", "--threads",

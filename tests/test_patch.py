@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelforge.builder.patch import apply_series, hunks
+from wheelforge.builder.source.patch import apply_series, hunks
 from wheelforge.errors import PatchError
 
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 31))

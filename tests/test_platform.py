@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_wheel, require_tool
-from wheelforge.builder.platform import platform_tag
-from wheelforge.builder.toolchain import host_compiler
+from wheelforge.builder.artifact.platform import platform_tag
+from wheelforge.builder.compiling.toolchain import host_compiler
 from wheelforge.wheel import check_wheel, relabel, relabeled_name
 
 LINUX = "cp311-cp311-linux_x86_64"

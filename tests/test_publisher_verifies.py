@@ -21,7 +21,7 @@ import pytest
 from conftest import make_wheel, require_tool
 from test_nightly import wheelforge
 from wheelforge import index
-from wheelforge.builder.backend import check_wheel_name
+from wheelforge.builder.compiling.backend import check_wheel_name
 from wheelforge.errors import VerifyError
 from wheelforge.nightly.stagecheck import verify_stage_wheel
 from wheelforge.wheel import check_wheel, integrity_problems

@@ -1,4 +1,4 @@
-"""Reproducible bytes (builder/reproducible.py, docs/reproducible.md): one build key, built
+"""Reproducible bytes (builder/artifact/reproducible.py, docs/reproducible.md): one build key, built
 twice in different work directories, cache roots, umasks and times, gives byte-identical
 wheels; the compile cache serves what the compiler would write.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tinyext_project, tinypure_project, wheel_differences
-from wheelforge.builder import reproducible
+from wheelforge.builder.artifact import reproducible
 from wheelforge.errors import ToolchainError
 
 

@@ -18,8 +18,8 @@ from cyclonedx.schema import OutputFormat, SchemaVersion
 from cyclonedx.validation import make_schemabased_validator
 
 from conftest import REPO, make_wheel
-from wheelforge.builder.platform import PlatformTag
-from wheelforge.builder.sbom import SBOM_PATH, Toolchain, add_sbom, read_sbom
+from wheelforge.builder.artifact.platform import PlatformTag
+from wheelforge.builder.artifact.sbom import SBOM_PATH, Toolchain, add_sbom, read_sbom
 from wheelforge.cli.main import cli
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.wheel import add_files, check_wheel, record_problems, relabel

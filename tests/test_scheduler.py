@@ -29,7 +29,9 @@ from test_companions import companion_book
 from test_first_hour import FakeTty
 from wheelforge import _proc
 from wheelforge._log import Reporter, clear_live
-from wheelforge.builder import jobserver, reproducible, scheduler
+from wheelforge.builder import scheduler
+from wheelforge.builder.artifact import reproducible
+from wheelforge.builder.compiling import jobserver
 from wheelforge.builder.config import resolve
 from wheelforge.builder.pipeline import BuildResult, Pending
 from wheelforge.errors import BuildError, ConfigError, SourceError
@@ -341,7 +343,7 @@ def _stand_in(events: list[str], fail: str | None = None, slow: str | None = Non
         for p in (companions or {}).values():
             events.append(f"{name} publishes after {p.result().wheel.name}")
         assert pool is not None and pool.size >= 1
-        assert warm is not None  # the command's warm interpreters (builder/importcheck.py)
+        assert warm is not None  # the command's warm interpreters (builder/artifact/importcheck.py)
         events.append(f"{name} done")
         return BuildResult(recipe, Path(f"/i/{name}-0.1.0+wf-py3-none-any.whl"), (), None,
                            f"key-{name}")
@@ -485,7 +487,7 @@ def test_backend_warnings_of_builds_at_once_go_to_each_builds_log(tmp_path: Path
     back afterwards."""
     import warnings
 
-    from wheelforge.builder.backend import backend_warnings_to
+    from wheelforge.builder.compiling.backend import backend_warnings_to
 
     before = (list(warnings.filters), warnings.showwarning)
     logs = [tmp_path / "a.log", tmp_path / "b.log"]

@@ -19,7 +19,7 @@ import pytest
 
 import servers
 from conftest import tinyext_project
-from wheelforge.builder import compilecache
+from wheelforge.builder.compiling import compilecache
 from wheelforge.errors import ConfigError
 
 # --------------------------------------------------------------------------- settings

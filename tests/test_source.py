@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_recipe
-from wheelforge.builder.source import cache_path, extract, fetch
+from wheelforge.builder.source.fetch import cache_path, extract, fetch
 from wheelforge.errors import SourceError
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.model import Recipe

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_units_stable, setup_py_function, tree_files
-from wheelforge.builder.patch import apply_series
-from wheelforge.builder.source import extract, fetch
+from wheelforge.builder.source.fetch import extract, fetch
+from wheelforge.builder.source.patch import apply_series
 from wheelforge.recipe.format import RecipeBook
 
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")

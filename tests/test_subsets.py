@@ -10,8 +10,8 @@ import pytest
 
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.builder import config as cfg
-from wheelforge.builder.identity import build_key, local_label, without_subset
-from wheelforge.builder.verify import content_problems
+from wheelforge.builder.artifact.identity import build_key, local_label, without_subset
+from wheelforge.builder.artifact.verify import content_problems
 from wheelforge.errors import ConfigError, RecipeError
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.model import Recipe

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from wheelforge.arch import parse_arch_list
-from wheelforge.builder.toolchain import check_archs, check_torch_cuda, find_cuda
+from wheelforge.builder.compiling.toolchain import check_archs, check_torch_cuda, find_cuda
 from wheelforge.errors import ToolchainError
 
 
@@ -77,7 +77,8 @@ def test_torch_cuda_major_mismatch(tmp_path: Path) -> None:
 
 
 def test_nothing_found_lists_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("wheelforge.builder.toolchain.STANDARD_PREFIXES", (str(tmp_path / "std"),))
+    monkeypatch.setattr("wheelforge.builder.compiling.toolchain.STANDARD_PREFIXES",
+                        (str(tmp_path / "std"),))
     with pytest.raises(ToolchainError) as exc:
         find_cuda({"PATH": str(tmp_path / "bin")})
     assert exc.value.what == "nvcc, the CUDA compiler, was not found"

@@ -20,10 +20,10 @@ from packaging.version import Version
 
 from conftest import REPO, require_tool, setup_py_function, tinyext_project
 from test_mamba_ssm_patches import MAMBA_URL, mirror
-from wheelforge.builder import jobserver, unitcosts
-from wheelforge.builder.identity import tree_id
-from wheelforge.builder.patch import apply_series
-from wheelforge.builder.source import extract, fetch
+from wheelforge.builder.artifact.identity import tree_id
+from wheelforge.builder.compiling import jobserver, unitcosts
+from wheelforge.builder.source.fetch import extract, fetch
+from wheelforge.builder.source.patch import apply_series
 from wheelforge.recipe.format import RecipeBook
 
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from fla.layers import GatedDeltaNet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -26,13 +26,12 @@ from ..arch import Arch, parse_arch_list, torch_arch_list
 from ..errors import ConfigError
 from ..recipe.matrix import PROJECT_KEYS
 from ..recipe.model import Choice
-from . import compilecache
-from .source import iter_git_mirrors, normalize_git_url
+from .compiling import compilecache
+from .compiling.diagnose import DEFAULT_GIB_PER_JOB as DEFAULT_GIB_PER_JOB
+from .source.fetch import iter_git_mirrors, normalize_git_url
 
 DEFAULT_ARCH = "12.0"
 DEFAULT_TORCH = "torch==2.14.1"
-#: Memory one nvcc job may take at its peak (cicc on heavy templates).
-DEFAULT_GIB_PER_JOB = 4.0
 PROJECT_FILE = "wheelforge.yaml"
 _DEFAULT_KEYS = ("arch", "torch", "torch-pip-args", "python", "index", "gib-per-job",
                  "git-mirrors")

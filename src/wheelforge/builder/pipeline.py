@@ -6,7 +6,7 @@ compile -> relabel -> SBOM (PEP 770) -> verify -> publish.  A build holds its bu
 publish, in a work directory of its own; the directory is removed after a successful
 publish and kept (and named) after a failure.  The source is compiled at a fixed path with
 the source's date and a fixed umask, so a build key gives the same bytes on every builder
-(builder/reproducible.py, docs/reproducible.md).
+(builder/artifact/reproducible.py, docs/reproducible.md).
 """
 
 from __future__ import annotations
@@ -33,26 +33,8 @@ from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError
 from ..recipe.model import Recipe
 from ..recipe.subsets import subset_environment, subset_label
 from ..wheel import labeled_version, relabel, relabeled_name, wheel_version
-from . import (
-    buildenv,
-    bytecode,
-    compilecache,
-    doctor,
-    envlock,
-    importcheck,
-    jobserver,
-    platform,
-    preflight,
-    reproducible,
-    sbom,
-    toolchain,
-    unitcosts,
-)
-from .backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
-from .buildenv import BuildEnv
-from .compilecache import CacheStats
-from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
-from .identity import (
+from .artifact import importcheck, platform, reproducible, sbom
+from .artifact.identity import (
     build_key,
     key_lock_path,
     local_label,
@@ -62,10 +44,17 @@ from .identity import (
     toolchain_identity,
     tree_id,
 )
-from .patch import apply_series
-from .platform import PlatformTag
-from .source import extract, fetch
-from .verify import verify_wheel
+from .artifact.platform import PlatformTag
+from .artifact.verify import verify_wheel
+from .checks import doctor, preflight
+from .compiling import compilecache, jobserver, toolchain, unitcosts
+from .compiling.backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
+from .compiling.compilecache import CacheStats
+from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
+from .env import buildenv, bytecode, envlock
+from .env.buildenv import BuildEnv
+from .source.fetch import extract, fetch
+from .source.patch import apply_series
 
 
 @dataclass(frozen=True)
@@ -103,7 +92,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     if cuda is not None:  # torch's nvcc command: the cache's (or the toolkit's) + options
         flags = reproducible.nvcc_flags(cuda.nvcc)
-        if cache is None or cache.backend != "sccache":  # (builder/jobserver.py: why)
+        if cache is None or cache.backend != "sccache":  # (builder/compiling/jobserver.py: why)
             flags += jobserver.nvcc_flags(cuda.nvcc)
         if flags:
             nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
@@ -184,9 +173,9 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     exact versions (local label included) into the wheel's requirements.
     ``inspections``: the interpreters the command inspected already (one import of torch
     per interpreter and command).  ``pool``: the command's compile slots, shared with the
-    builds beside this one (builder/jobserver.py).  ``warm``: the command's warm
+    builds beside this one (builder/compiling/jobserver.py).  ``warm``: the command's warm
     interpreters, one per interpreter: started when an extension's compile starts, they
-    serve its import check (builder/importcheck.py); without, it runs cold.  ``on_key``
+    serve its import check (builder/artifact/importcheck.py); without, it runs cold.  ``on_key``
     hears the build key as soon as it is known, ``on_version`` the wheel's exact version
     (the recipe's, its local label) once the build environment is: a build that pins this
     one post-processes and verifies its wheel while this one compiles, and waits for this
@@ -199,7 +188,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
         raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
                           fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
 
-    # this build's hold on its managed environment (builder/envlock.py), let go while it
+    # this build's hold on its managed environment (builder/env/envlock.py), let go while it
     # waits for a companion's build, which might wait for another process's install
     env_hold = envlock.Hold()
 
@@ -504,7 +493,7 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
     recorded unit costs) go first.  ``environ`` is completed for the compile.
 
     Without a command's pool (one build), a gated compile gets a pool of its own: its
-    jobserver serves the threads of its ptxas (see builder/jobserver.py)."""
+    jobserver serves the threads of its ptxas (see builder/compiling/jobserver.py)."""
     environ.pop("MAKEFLAGS", None)  # a make's jobserver of the caller: not ours to join
     gated = _gated(env, environ)
     if pool is None:
@@ -549,7 +538,7 @@ def _compile_cache(stack: contextlib.ExitStack, extension: bool, env: BuildEnv,
     to compile, or the tool missing from an as-is environment.
 
     No base directories: the tree and the environment are at fixed paths
-    (builder/reproducible.py), so command lines are the same on every builder as they
+    (builder/artifact/reproducible.py), so command lines are the same on every builder as they
     are, and a cached object is what the compiler writes for exactly that command line."""
     settings = config.compile_cache
     backend = settings.backend

@@ -4,7 +4,7 @@
 one build per recipe, companions first.  Each build runs :func:`pipeline.build_one` in a
 thread of its own, so the fixed steps of one (fetch, environment, verify imports,
 publish) overlap the compiles of the others, and every compile takes its jobs from the
-command's pool (builder/jobserver.py) one unit at a time: a slot one compile's unit
+command's pool (builder/compiling/jobserver.py) one unit at a time: a slot one compile's unit
 gives back goes to the next waiting unit of any build, so the cores stay busy as long
 as any build has work (and, through the pool's jobserver, ptxas's threads take the
 slots no unit asks for).  ``WHEELFORGE_BUILDS_AT_ONCE=off`` builds them one after another
@@ -19,7 +19,7 @@ Each build reports through a view of the command's reporter (its lines prefixed 
 the recipe's name, one live line per running build).  A failed build does not stop the
 others; the builds that need it are not built, and the command raises the first failure
 once the rest have ended.  The command's builds share its warm interpreters
-(builder/importcheck.py): torch is imported once per interpreter for every extension's
+(builder/artifact/importcheck.py): torch is imported once per interpreter for every extension's
 import check, while the compiles run.  Ctrl-C (or SIGTERM, --timeout) stops every build's commands
 (``_proc.stop_all``) and raises KeyboardInterrupt in the caller.
 """
@@ -42,9 +42,11 @@ from ..errors import BuildError, ConfigError, RecipeError
 from ..recipe.format import RecipeBook
 from ..recipe.model import Recipe
 from ..wheel import wheel_version
-from . import buildenv, importcheck, jobserver, unitcosts
+from .artifact import importcheck
+from .artifact.identity import tree_id, without_subset
+from .compiling import jobserver, unitcosts
 from .config import BuildConfig
-from .identity import tree_id, without_subset
+from .env import buildenv
 from .pipeline import BuildResult, Pending, build_one
 
 T = TypeVar("T")

@@ -266,9 +266,9 @@ def inspect(wheel: Path) -> None:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import InvalidWheelFilename
 
-    from ..builder.fatbin import FatbinError
-    from ..builder.sbom import read_sbom, summary_lines
-    from ..builder.verify import shared_object_archs
+    from ..builder.artifact.fatbin import FatbinError
+    from ..builder.artifact.sbom import read_sbom, summary_lines
+    from ..builder.artifact.verify import shared_object_archs
     from ..errors import VerifyError
     from ..wheel import inspect_wheel, read_metadata
 
@@ -349,7 +349,7 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     starts. Without --python, the torch of the managed environment is checked: inspected
     when the environment exists, else judged from its requirement.
     """
-    from ..builder import doctor as doc
+    from ..builder.checks import doctor as doc
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
                      work_dir=work_dir, project_file=project_file)

@@ -35,7 +35,7 @@ cache_option = click.option(
 
 def _fetch(recipe: Recipe, cache_dir: Path | None, sources_dirs: tuple[Path, ...],
            git_mirrors: tuple[str, ...], reporter: Reporter) -> Path:
-    from ..builder.source import fetch
+    from ..builder.source.fetch import fetch
 
     config = resolve(cache_dir=cache_dir, sources_dirs=sources_dirs, git_mirrors=git_mirrors)
     fetched = fetch(recipe, config.cache_dir, config.sources_dirs, progress=reporter.info,
@@ -298,7 +298,7 @@ def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
       wheelforge clean --work-dir /scratch/wf-work
     """
     from .. import workdirs
-    from ..builder.jobserver import DIR_PREFIX, pools_dir
+    from ..builder.compiling.jobserver import DIR_PREFIX, pools_dir
 
     config = resolve(cache_dir=cache_dir, work_dir=work_dir)
     places = [(config.work_dir, "*"), (config.cache_dir / "stack", "*"),

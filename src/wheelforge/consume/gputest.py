@@ -25,9 +25,9 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from .. import _proc, index
-from ..builder.buildenv import BuildEnv, inspect_env, missing_requirements
-from ..builder.patch import apply_series
-from ..builder.source import extract, fetch
+from ..builder.env.buildenv import BuildEnv, inspect_env, missing_requirements
+from ..builder.source.fetch import extract, fetch
+from ..builder.source.patch import apply_series
 from ..errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
 from ..recipe.model import Recipe
 

@@ -47,7 +47,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import _proc
 from .._fs import atomic_write
-from ..builder import buildenv
+from ..builder.env import buildenv
 from ..errors import ConfigError, InstallError
 from .install import Plan
 
@@ -274,7 +274,7 @@ def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
     """Step 3 with pip's resolution and uv's hands: ``pip install --dry-run --report``
     (what pip would install, with every setting pip reads), then ``uv pip install
     --no-deps`` of exactly those versions, with pip's configuration carried over
-    (builder/pipconfig.py), then a check that the venv holds what pip chose.  False,
+    (builder/env/pipconfig.py), then a check that the venv holds what pip chose.  False,
     having installed nothing, when uv cannot serve: pip installs them then."""
     installer = buildenv.choose_installer(python, list(source), environ=env)
     if installer.uv is None or installer.uv_args is None:

@@ -6,7 +6,7 @@ request with a deadline); for a git source, the tags and the default branch from
 commits after the pin are counted too).  For each newer release the series is tried in a
 scratch directory: the release's sdist (or the tag's tree) is fetched and verified into
 a temporary cache, extracted and patched with
-:func:`~wheelforge.builder.patch.apply_series`.  The recipes, the patches and the cache of
+:func:`~wheelforge.builder.source.patch.apply_series`.  The recipes, the patches and the cache of
 pinned sources are never written.
 """
 
@@ -30,8 +30,8 @@ from packaging.version import InvalidVersion, Version
 
 from .. import _proc
 from .._fs import TMP_PREFIX
-from ..builder.patch import apply_series
-from ..builder.source import NetLimits, extract, fetch, mirror_for
+from ..builder.source.fetch import NetLimits, extract, fetch, mirror_for
+from ..builder.source.patch import apply_series
 from ..errors import WheelforgeError
 from ..recipe.model import GitSource, Recipe, SdistSource, Source
 

@@ -7,8 +7,8 @@ commits there.  :func:`export` writes ``upstream..HEAD`` back as the recipe's se
 ``git format-patch --zero-commit --no-signature`` files named ``NNNN-slug.patch``, the
 recipe's ``patches:`` list edited as text, the files the old series had and the new one
 has not removed.  A patch whose commit did not change since :func:`start` keeps its file
-byte for byte.  Every patch is held to :func:`wheelforge.builder.patch.refusals`, and the
-series must apply to the pristine tree with :func:`~wheelforge.builder.patch.apply_series`
+byte for byte.  Every patch is held to :func:`wheelforge.builder.source.patch.refusals`, and the
+series must apply to the pristine tree with :func:`~wheelforge.builder.source.patch.apply_series`
 before anything is written.  :func:`rebase` commits a new upstream tree on top of the old
 one, moves the tag and replays the series onto it with ``git rebase``, stopping at the
 first conflict with the patch and the file and line named.
@@ -33,8 +33,8 @@ from typing import Any
 
 from .. import _proc
 from .._fs import TMP_PREFIX, atomic_write, sha256_file
-from ..builder.patch import apply_series, refusals
-from ..builder.source import extract
+from ..builder.source.fetch import extract
+from ..builder.source.patch import apply_series, refusals
 from ..errors import ConfigError, PatchError
 from ..recipe.model import Recipe
 from .recipefile import listed_patches, set_patches

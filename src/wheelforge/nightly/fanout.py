@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 from .. import __version__, index
 from .._fs import atomic_write
 from .._log import Reporter
-from ..builder import identity
+from ..builder.artifact import identity
 from ..builder.config import BuildConfig, recorded_gib_per_job
 from ..errors import ConfigError, PublishError, ToolchainError, VerifyError, WheelforgeError
 from ..recipe.format import RecipeBook

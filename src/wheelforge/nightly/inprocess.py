@@ -9,7 +9,7 @@ by the parts of :mod:`fanout` (``nightly run`` and ``nightly publish``), and a f
 recorded and the run goes on.
 
 Up to :data:`CELLS_AT_ONCE` cells build at once, in threads, within one pool of compile
-slots (builder/jobserver.py), as the recipes of ``wheelforge build A B`` do: one cell's
+slots (builder/compiling/jobserver.py), as the recipes of ``wheelforge build A B`` do: one cell's
 fixed steps (environment, verify imports, publish) overlap another's compile, and each
 compile unit takes its slot as it starts, so a compile's tail leaves its slots to the
 others.  A cell starts once the cells of its
@@ -46,7 +46,8 @@ from pathlib import Path
 from .. import _proc, index
 from .._fs import locked, owned_lock
 from .._log import Reporter
-from ..builder import identity, scheduler
+from ..builder import scheduler
+from ..builder.artifact import identity
 from ..errors import WheelforgeError
 from ..index.health import StackStatus
 from ..recipe.format import RecipeBook

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import index
 from .._log import Reporter
-from ..builder import identity
+from ..builder.artifact import identity
 from ..errors import ConfigError, PublishError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arch import parse_arch_list
-from ..builder.verify import code_problems, content_problems
+from ..builder.artifact.verify import code_problems, content_problems
 from ..errors import VerifyError
 from ..wheel import integrity_problems
 

@@ -15,7 +15,10 @@ from typing import Any, TypeVar
 
 from .. import index
 from .._log import Reporter
-from ..builder import buildenv, config, identity, jobserver, scheduler, toolchain
+from ..builder import config, scheduler
+from ..builder.artifact import identity
+from ..builder.compiling import jobserver, toolchain
+from ..builder.env import buildenv
 from ..errors import ConfigError, ToolchainError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix

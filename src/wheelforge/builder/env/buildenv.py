@@ -35,9 +35,9 @@ try:  # a dependency of wheelforge; without it (a partial install) pip makes env
 except ImportError:  # pragma: no cover
     uv_package = None  # type: ignore[assignment]
 
-from .. import _proc
-from .._fs import atomic_write, locked
-from ..errors import ToolchainError
+from ... import _proc
+from ..._fs import atomic_write, locked
+from ...errors import ToolchainError
 from . import envlock, pipconfig
 
 Progress = Callable[[str], None]
@@ -339,7 +339,7 @@ def managed_env(
     key = env_key(base_python, torch_req, BASE_REQUIREMENTS, pip_args)
     root = cache_dir / "envs" / key
     lock = cache_dir / "envs" / f"{key}.lock"  # who creates or changes it, one at a time
-    use = cache_dir / "envs" / f"{key}.use"  # who builds with it (builder/envlock.py)
+    use = cache_dir / "envs" / f"{key}.use"  # who builds with it (builder/env/envlock.py)
     waited = 0.0
     while True:
         with locked(lock):

@@ -29,7 +29,7 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   it starts (:meth:`Pool.slots`).
 * **The units' own seconds.**  ninja's log counts a unit's wait at the gate as part of
   it; the gate writes the seconds its unit ran beside the unit's object
-  (:data:`SECONDS_SUFFIX`), which builder/unitcosts.py records instead: its wall, or, if
+  (:data:`SECONDS_SUFFIX`), which builder/compiling/unitcosts.py records instead: its wall, or, if
   more, its CPU seconds over its slots (ptxas's threads on lent slots shorten a unit's
   wall, not its work, and the next build packs its units by these seconds).
 * **ptxas's threads.**  ptxas can cut one unit's functions into parts compiled on
@@ -81,8 +81,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .. import _proc, workdirs
-from .._fs import write_script
+from ... import _proc, workdirs
+from ..._fs import write_script
 from . import nvccsteps
 from .toolchain import nvcc_help
 
@@ -118,7 +118,7 @@ SECONDS_SUFFIX = ".wf-seconds"
 
 #: The gate, run as ``python -I -S gate SOCKET SLOTS PRIORITY COMMAND...`` (stdlib only).
 _GATE = '''\
-"""wheelforge: a compile unit's slots from the command's pool (builder/jobserver.py)."""
+"""wheelforge: a compile unit's slots from the command's pool (builder/compiling/jobserver.py)."""
 import os, signal, socket, sys, time
 
 signal.signal(signal.SIGINT, signal.SIG_DFL)  # stopped while it waits: it just ends
@@ -183,7 +183,7 @@ def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
 
 
 def steps_in_front(command: str, environ: dict[str, str], directory: Path) -> str:
-    """``command`` (shell words: nvcc, or ccache and nvcc) with builder/nvccsteps.py in
+    """``command`` (shell words: nvcc, or ccache and nvcc) with builder/compiling/nvccsteps.py in
     front of nvcc, so that each unit's host compile takes a free slot of the jobserver
     beside its ptxas: as ccache's ``CCACHE_PREFIX`` (ccache runs it with nvcc and its
     arguments when it compiles, and does not hash it; a prefix is one word, so not where

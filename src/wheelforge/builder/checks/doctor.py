@@ -20,12 +20,13 @@ from typing import Literal
 
 from packaging.version import Version
 
-from .. import _proc
-from ..arch import Arch, min_cuda
-from ..errors import WheelforgeError
-from . import config, reproducible
-from .buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
-from .toolchain import Cuda, find_cuda, supported_sass
+from ... import _proc
+from ...arch import Arch, min_cuda
+from ...errors import WheelforgeError
+from .. import config
+from ..artifact import reproducible
+from ..compiling.toolchain import Cuda, find_cuda, supported_sass
+from ..env.buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 
 __all__ = [
     "DISK_FAIL_GIB",
@@ -405,7 +406,7 @@ def _check_ninja(python: Path | None, env: Mapping[str, str]) -> Finding:
 
 def _check_objcopy(env: Mapping[str, str]) -> Finding:
     """binutils' objcopy: each CUDA unit's host compile beside its ptxas needs it
-    (builder/nvccsteps.py); without it nvcc runs its steps itself, one after another."""
+    (builder/compiling/nvccsteps.py); without it nvcc runs its steps itself, one after another."""
     exe = shutil.which("objcopy", path=env.get("PATH"))
     if exe is not None:
         done = _proc.run([exe, "--version"], env=env, check=False, timeout=_TIMEOUT)

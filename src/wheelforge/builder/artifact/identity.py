@@ -12,15 +12,17 @@ from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from .. import __version__, index
-from ..arch import label as arch_label
-from ..errors import RecipeError
-from ..recipe.format import RecipeBook
-from ..recipe.model import Recipe, Subset
-from ..recipe.subsets import select_subset, subset_label
-from . import buildenv, reproducible, toolchain
-from .buildenv import BuildEnv
-from .config import BuildConfig
+from ... import __version__, index
+from ...arch import label as arch_label
+from ...errors import RecipeError
+from ...recipe.format import RecipeBook
+from ...recipe.model import Recipe, Subset
+from ...recipe.subsets import select_subset, subset_label
+from ..compiling import toolchain
+from ..config import BuildConfig
+from ..env import buildenv
+from ..env.buildenv import BuildEnv
+from . import reproducible
 
 
 def build_key(recipe: Recipe, config: BuildConfig, toolchain_identity: dict[str, str],

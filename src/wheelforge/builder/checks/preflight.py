@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import PublishError
-from .config import BuildConfig
+from ...errors import PublishError
+from ..config import BuildConfig
 
 #: Free space wanted beyond the expected wheel: pages, records, the copy into files/.
 FLOOR_BYTES = 1 << 20

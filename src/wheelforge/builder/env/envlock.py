@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._fs import locked
+from ..._fs import locked
 
 __all__ = ["Hold", "changing", "others"]
 

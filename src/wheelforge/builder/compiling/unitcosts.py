@@ -5,7 +5,7 @@ and ended (``.ninja_log`` beside the ``build.ninja`` it writes under ``build/tem
 After a cold compile (nothing served by the compile cache) wheelforge records, per
 recipe and arch list, every unit's source, seconds (ninja's, or what the unit's gate in
 the command's pool wrote: its wall, or its CPU seconds over its slots where ptxas ran
-threads on lent ones: builder/jobserver.py) and, for a generated unit that
+threads on lent ones: builder/compiling/jobserver.py) and, for a generated unit that
 only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
 ``CACHE/stats/NAME.units.json``, with the units of up to :data:`KEEP` - 1 builds before
 it (``earlier``, newest first; those of the same source tree, arch list, jobs and
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._fs import atomic_write
+from ..._fs import atomic_write
 from .jobserver import SECONDS_SUFFIX
 
 __all__ = ["ENV", "KEEP", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
@@ -107,7 +107,7 @@ def read_ninja_costs(tree: Path) -> list[UnitCost]:
 
 
 def _own_seconds(build_dir: Path, out: str, logged: float) -> float:
-    """The seconds a unit ran: what its gate wrote (builder/jobserver.py; ninja's log
+    """The seconds a unit ran: what its gate wrote (builder/compiling/jobserver.py; ninja's log
     also counts the unit's wait for a slot of the command's pool), else ninja's."""
     try:
         return float((build_dir / (out + SECONDS_SUFFIX)).read_text())

@@ -52,10 +52,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _proc
-from .._fs import owned_lock
-from ..errors import SourceError, ToolchainError
-from .toolchain import nvcc_help
+from ... import _proc
+from ..._fs import owned_lock
+from ...errors import SourceError, ToolchainError
+from ..compiling.toolchain import nvcc_help
 
 __all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED", "SCHEME", "UMASK",
            "FixedPaths", "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch",

@@ -18,9 +18,8 @@ from typing import Any
 
 import yaml
 
-from ..arch import MIN_CUDA_FOR_ARCH
-from ..errors import WheelforgeError
-from .config import DEFAULT_GIB_PER_JOB
+from ...arch import MIN_CUDA_FOR_ARCH
+from ...errors import WheelforgeError
 
 __all__ = [
     "Diagnosis",
@@ -32,6 +31,9 @@ __all__ = [
     "parse_signatures",
 ]
 
+#: Memory one nvcc job may take at its peak (cicc on heavy templates); the settings
+#: (builder/config.py) plan jobs with it unless a project declares or a build records more.
+DEFAULT_GIB_PER_JOB = 4.0
 TABLE = "failures.yaml"
 FORMAT = 1
 #: Placeholders a cause or fix may use besides the named groups of its patterns.

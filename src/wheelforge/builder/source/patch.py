@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _proc
-from .._fs import escaping_links, symlinks
-from ..errors import PatchError
+from ... import _proc
+from ..._fs import escaping_links, symlinks
+from ...errors import PatchError
 
 _FAILED = re.compile(r"patch failed: (?P<file>.+?):(?P<line>\d+)")
 _NO_FILE = re.compile(r"error: (?P<file>.+?): No such file or directory")

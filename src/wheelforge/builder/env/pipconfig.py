@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import _proc
+from ... import _proc
 
 __all__ = ["CARRIED", "UvArgs", "config_args", "parse_config_list", "read_pip_config",
            "to_uv"]

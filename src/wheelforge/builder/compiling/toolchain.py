@@ -15,9 +15,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from .. import _proc
-from ..arch import Arch, min_cuda
-from ..errors import ToolchainError
+from ... import _proc
+from ...arch import Arch, min_cuda
+from ...errors import ToolchainError
 
 #: Where nvcc may live, in search order, besides CUDA_HOME / CUDA_PATH / PATH.
 STANDARD_PREFIXES = ("/usr/local/cuda",)
@@ -129,8 +129,8 @@ def host_compiler(environ: Mapping[str, str] | None = None) -> str:
 
 def nvcc_help(nvcc: Path) -> str:
     """``nvcc --help`` ("" when it fails), asked once per nvcc binary and process: the
-    options a build gives nvcc are those it lists (builder/reproducible.py's,
-    builder/jobserver.py's)."""
+    options a build gives nvcc are those it lists (builder/artifact/reproducible.py's,
+    builder/compiling/jobserver.py's)."""
     try:
         st = nvcc.stat()
     except OSError:

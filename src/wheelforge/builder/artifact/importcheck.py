@@ -36,8 +36,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from .. import _proc
-from .buildenv import site_stamp
+from ... import _proc
+from ..env.buildenv import site_stamp
 
 __all__ = ["WarmImports", "cold_problems"]
 
@@ -154,7 +154,7 @@ def cold_problems(python: Path, where: Path, modules: tuple[str, ...], extension
     """A fresh ``python`` imports ``modules`` from the unpacked wheel at ``where``
     (``PYTHONPATH``, the working directory); the problems, one line per failed import.
     ``environ``: the interpreter's environment (default: this process's), as
-    builder/bytecode.py makes it."""
+    builder/env/bytecode.py makes it."""
     result = _proc.run([str(python), "-c", _script(modules, extension)], cwd=where,
                        env=_environ(where, environ), check=False, log=log)
     return _problems(result.returncode, result.output)
@@ -264,7 +264,7 @@ class WarmImports:
 
     def start(self, python: Path, environ: Mapping[str, str] | None = None) -> None:
         """Start ``python``'s warm interpreter unless it runs already; returns at once.
-        ``environ``: its environment (default: this process's), as builder/bytecode.py
+        ``environ``: its environment (default: this process's), as builder/env/bytecode.py
         makes it; the checks' children inherit it."""
         key = self._key(python)
         with self._lock:

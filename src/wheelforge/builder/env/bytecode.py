@@ -20,7 +20,7 @@ backend's process (setup.py), :func:`environ` lets the bytecode be written once:
 A caller's own ``PYTHONPYCACHEPREFIX`` is kept as it is.  A wheel never holds bytecode
 either way (bdist_wheel does not compile; tests/test_bytecode.py).
 
-The import check's interpreters (builder/importcheck.py) run under the same environment:
+The import check's interpreters (builder/artifact/importcheck.py) run under the same environment:
 ``import mamba_ssm`` also imports triton and transformers, about 3 s of compiling from
 source at every verify where their bytecode is never kept (measured: docs/performance.md).
 The wheel's own modules are imported from a temporary directory; under a prefix their

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from .._fs import escaping_links
-from ..errors import SourceError
-from ..recipe.model import ExtractLimits
+from ..._fs import escaping_links
+from ...errors import SourceError
+from ...recipe.model import ExtractLimits
 
 _CHUNK = 1 << 20
 #: What reading a broken tar, gzip, bzip2, xz or zip stream raises, besides OSError.

@@ -7,7 +7,7 @@ it was built from (a git commit as ``pkg:github/OWNER/REPO@COMMIT``, else
 sha256) and each patch of the recipe, with its diff, as an ``unofficial`` patch; the
 toolchain that built it (nvcc, the host C++ compiler, Python, torch and its CUDA) as
 tools; the archs, the build key and the recipe as properties.  The timestamp is
-the source's SOURCE_DATE_EPOCH (builder/reproducible.py) and the serial number a uuid5 of
+the source's SOURCE_DATE_EPOCH (builder/artifact/reproducible.py) and the serial number a uuid5 of
 the build key: the same build writes the same bytes.
 """
 
@@ -46,9 +46,9 @@ from cyclonedx.model.tool import ToolRepository
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
-from .. import __version__
-from ..recipe.model import GitSource, Recipe, Source
-from ..wheel import add_files, read_dist_info_file
+from ... import __version__
+from ...recipe.model import GitSource, Recipe, Source
+from ...wheel import add_files, read_dist_info_file
 from .platform import PlatformTag
 
 __all__ = ["SBOM_PATH", "Toolchain", "add_sbom", "make_sbom", "read_sbom", "summary_lines"]

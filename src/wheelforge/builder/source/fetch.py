@@ -4,7 +4,7 @@ Sources are mirrors of one release, tried in order: the cache first, then any
 ``--sources`` directories, then the network.  Every candidate is verified (an
 sdist by sha256, a git checkout by commit and tag); a mismatch is an error,
 never a reason to try the next mirror.  Extraction (safe and bounded) is
-:func:`wheelforge.builder.archive.extract`, re-exported here.
+:func:`wheelforge.builder.source.archive.extract`, re-exported here.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .. import _proc
-from .._fs import TMP_PREFIX, atomic_copy, atomic_file, atomic_write, discard, sha256_file
-from ..errors import SourceError
-from ..recipe.model import GitSource, Recipe, SdistSource, Source
+from ... import _proc
+from ..._fs import TMP_PREFIX, atomic_copy, atomic_file, atomic_write, discard, sha256_file
+from ...errors import SourceError
+from ...recipe.model import GitSource, Recipe, SdistSource, Source
 from .archive import extract
 
 Progress = Callable[[str], None]

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from ..arch import Arch, expected_ptx, expected_sass
-from ..errors import VerifyError
-from ..recipe.model import Recipe
-from ..wheel import WheelInfo, inspect_wheel, integrity_problems, reading
-from . import bytecode
-from .buildenv import BuildEnv
+from ...arch import Arch, expected_ptx, expected_sass
+from ...errors import VerifyError
+from ...recipe.model import Recipe
+from ...wheel import WheelInfo, inspect_wheel, integrity_problems, reading
+from ..env import bytecode
+from ..env.buildenv import BuildEnv
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 from .importcheck import WarmImports, cold_problems
 
@@ -153,7 +153,7 @@ def verify_wheel(
 ) -> Verified:
     """Run every check; raise one VerifyError with all issues, or return what was found.
     ``warm``: the command's warm interpreters, which serve an extension's import check
-    (builder/importcheck.py); without one, or when none can serve, it runs cold.
+    (builder/artifact/importcheck.py); without one, or when none can serve, it runs cold.
     ``environ``: the cold check's interpreter's environment (default: this process's;
     a warm interpreter has the one it was started with)."""
     issues: list[str] = []

@@ -16,9 +16,9 @@ from packaging.requirements import Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion
 
-from .. import _proc
-from ..errors import BuildError, ToolchainError, VerifyError
-from .buildenv import BuildEnv, missing_requirements
+from ... import _proc
+from ...errors import BuildError, ToolchainError, VerifyError
+from ..env.buildenv import BuildEnv, missing_requirements
 from .diagnose import diagnose, first_error_line
 
 NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")

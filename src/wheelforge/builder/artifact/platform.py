@@ -29,7 +29,7 @@ from auditwheel.error import AuditwheelError, NonPlatformWheelError
 from auditwheel.libc import Libc
 from auditwheel.wheel_abi import analyze_wheel_abi
 
-from .. import _proc
+from ... import _proc
 
 __all__ = ["TORCH_PROVIDES", "PlatformTag", "platform_tag"]
 
@@ -77,7 +77,7 @@ _MARK = "wheelforge-platform-tag: "
 _CHILD = ("import dataclasses, json, sys\n"
           "sys.path[:0] = json.loads(sys.argv[2])\n"  # what this process imports from
           "from pathlib import Path\n"
-          "from wheelforge.builder.platform import _MARK, _analyse\n"
+          "from wheelforge.builder.artifact.platform import _MARK, _analyse\n"
           "print(_MARK + json.dumps(dataclasses.asdict(_analyse(Path(sys.argv[1])))))\n")
 
 

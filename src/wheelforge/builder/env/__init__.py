@@ -1,0 +1,7 @@
+"""The build environment a wheel is compiled in.
+
+:mod:`.buildenv` makes or inspects it (an interpreter, or a cached managed venv);
+:mod:`.pipconfig` carries pip's configuration over to uv; :mod:`.envlock` says who may
+change a managed environment and when; :mod:`.bytecode` compiles the bytecode of the
+build's imports where the caller's environment writes none.
+"""
