@@ -30,8 +30,17 @@ from packaging.version import InvalidVersion, Version
 
 from .. import _proc
 from .._fs import TMP_PREFIX
-from ..builder.source.fetch import (DownloadError, NetLimits, bare_name, check_url, extract,
-                                    fetch, fetch_bytes, is_hex, mirror_for)
+from ..builder.source.fetch import (
+    DownloadError,
+    NetLimits,
+    bare_name,
+    check_url,
+    extract,
+    fetch,
+    fetch_bytes,
+    is_hex,
+    mirror_for,
+)
 from ..builder.source.patch import apply_series
 from ..errors import ConfigError, SourceError, WheelforgeError
 from ..recipe.matrix import MAX_CANARY_TIMEOUT
