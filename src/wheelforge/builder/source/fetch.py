@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from ... import _proc
 from ..._fs import TMP_PREFIX, atomic_copy, atomic_file, atomic_write, discard, sha256_file
@@ -244,14 +244,14 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
     """Redirects are followed to http(s) URLs only: a server cannot send the download to
     file:///dev/zero or to ftp://."""
 
-    def redirect_request(self, req: urllib.request.Request, fp: BinaryIO, code: int,
-                         msg: str, headers: Mapping[str, str], newurl: str
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int,
+                         msg: str, headers: http.client.HTTPMessage, newurl: str
                          ) -> urllib.request.Request | None:
         problem = check_url(urllib.parse.urljoin(req.full_url, newurl))
         if problem:
             raise _Failed(f"HTTP {code} redirect to {newurl!r} refused: {problem}",
                           transient=False)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)  # type: ignore[arg-type]
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 class _Sockets:
