@@ -363,7 +363,7 @@ def try_series(recipe: Recipe, version: Version, source: Source,
                 raise SourceError(f"{fetched.archive} is outside the scratch directory {tmp}")
             tree = extract(fetched.archive, Path(tmp) / "tree", recipe.extract)
         except WheelforgeError as exc:
-            return "fetch failed", exc.what
+            return "fetch failed", exc.what + (f": {exc.why}" if exc.why else "")
         if not recipe.patches:
             return "applies", "no patches"
         try:

@@ -392,7 +392,7 @@ def fetch_bytes(url: str, limits: NetLimits, *, fix: str) -> bytes:
         except _Failed as exc:
             left = give_up_at - time.monotonic()
             if not exc.transient or attempt == limits.retries or pause >= left:
-                err = DownloadError(f"{url} could not be read", why=str(exc), fix=fix)
+                err = DownloadError(f"{url}: cannot be read", why=str(exc), fix=fix)
                 err.status = exc.status
                 raise err from None
             _proc.pause(pause)
