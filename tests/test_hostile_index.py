@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.version import Version
@@ -54,7 +55,7 @@ def tree_of(root: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
-def outdated_json(root: Path, *args: str, tmpdir: Path) -> tuple[dict[str, object], str]:
+def outdated_json(root: Path, *args: str, tmpdir: Path) -> tuple[dict[str, Any], str]:
     """`wheelforge outdated --json` (its scratch directories under ``tmpdir``)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(tmpdir))
@@ -92,7 +93,7 @@ def test_a_crafted_name_writes_nothing_outside_the_scratch_directory(
                             tmpdir=tmp_path / "tmpdir")
     assert tree_of(tmp_path) == before  # nothing written (the scratch directory is gone)
     assert not list((tmp_path / "tmpdir").iterdir())
-    [newer] = demo["newer"]  # type: ignore[misc]
+    [newer] = demo["newer"]
     assert newer["series"] == "no sdist"
     assert "the index's sdist is refused" in newer["detail"], newer
     assert "/files/x.tar.gz" not in "".join(hostile.asked)  # never downloaded
@@ -111,7 +112,7 @@ def test_a_wrong_hash_deletes_nothing(tmp_path: Path, hostile: Hostile) -> None:
     demo, _ = outdated_json(tmp_path / "project", "--index-url", hostile.url,
                             tmpdir=tmp_path / "tmpdir")
     assert victim.read_bytes() == b"keep me"
-    [newer] = demo["newer"]  # type: ignore[misc]
+    [newer] = demo["newer"]
     assert "is not a bare sdist file name" in newer["detail"]
 
 
@@ -127,7 +128,7 @@ def test_an_sdist_url_that_is_not_http_is_refused(tmp_path: Path, hostile: Hosti
     hostile.routes["/pypi/demo/json"] = body(pypi_doc("demo-1.1.tar.gz", url, "0" * 64))
     demo, _ = outdated_json(tmp_path / "project", "--index-url", hostile.url,
                             tmpdir=tmp_path / "tmpdir")
-    [newer] = demo["newer"]  # type: ignore[misc]
+    [newer] = demo["newer"]
     assert newer["series"] == "no sdist" and said in newer["detail"], newer
 
 
@@ -139,7 +140,7 @@ def test_a_dripping_index_meets_the_deadline(tmp_path: Path, hostile: Hostile) -
     hostile.routes["/pypi/demo/json"] = drip(b'{"releases": {}}', every=0.2)
     demo, _ = outdated_json(tmp_path / "project", "--index-url", hostile.url, "--timeout",
                             "1", tmpdir=tmp_path / "tmpdir")
-    [problem] = demo["problems"]  # type: ignore[misc]
+    [problem] = demo["problems"]
     assert problem.startswith(f"{hostile.url}/pypi/demo/json: cannot be read"), problem
     assert "not complete within the deadline of 1 s" in problem
     assert "--timeout" in problem
