@@ -20,7 +20,6 @@ from packaging.version import Version
 from conftest import make_sdist, write_recipe
 from hostile_http import Hostile, body, drip, endless, hostile_server, redirect
 from test_outdated import PATCH, SETUP, tree, wf
-from wheelforge.builder.source.fetch import DownloadError, NetLimits, fetch_bytes
 from wheelforge.maintain import outdated
 from wheelforge.recipe.format import RecipeBook
 from wheelforge.recipe.model import SdistSource
@@ -180,6 +179,8 @@ def test_a_redirect_away_from_http_is_refused(tmp_path: Path, hostile: Hostile,
 
 
 def test_fetch_bytes_refuses_what_is_not_http(hostile: Hostile, tmp_path: Path) -> None:
+    from wheelforge.builder.source.fetch import DownloadError, NetLimits, fetch_bytes
+
     limits = NetLimits(connect_timeout=2, stall_timeout=2, deadline=2, retries=0,
                        max_bytes=1000)
     (tmp_path / "f").write_text("secret")
