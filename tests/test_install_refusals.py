@@ -18,7 +18,7 @@ from conftest import REPO
 from hostile_http import body, drip, hostile_server
 from test_index_clients import pub
 from wheelforge.errors import ConfigError
-from wheelforge.index.pins import constraints_text, parse_constraints
+from wheelforge.index.pins import constraints_text
 
 WF = [sys.executable, "-m", "wheelforge"]
 
@@ -43,6 +43,8 @@ def wf(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProces
 # -- the constraints file of a served index: requirements only ---------------------------
 
 def test_what_wheelforge_writes_parses() -> None:
+    from wheelforge.index.pins import parse_constraints
+
     text = constraints_text([("wf-demo", "1.7.0+cu130torch2.14sm120"), ("fla-core", "0.6.0+wf"),
                              ("gone", None)], "simple/")
     assert [str(r) for r in parse_constraints(text, "u")] == [
@@ -57,6 +59,8 @@ def test_what_wheelforge_writes_parses() -> None:
     "https://evil.example/x.whl", "./local-dir", "wf-demo==1.0 \\", "\x1b[2Jwf-demo==1",
 ])
 def test_anything_else_is_refused_naming_the_line(line: str) -> None:
+    from wheelforge.index.pins import parse_constraints
+
     text = "# wheelforge: pins\nwf-demo==1.0\n" + line + "\n"
     with pytest.raises(ConfigError) as info:
         parse_constraints(text, "http://h/ch/constraints.txt")
