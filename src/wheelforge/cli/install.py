@@ -27,7 +27,8 @@ CONSTRAINTS_MAX_BYTES = 1 << 20
 @click.argument("projects", nargs=-1)
 @click.option("--python", "target", type=click.Path(path_type=Path),
               help="The venv to install into: its directory (made when it does not exist) or "
-                   "its interpreter. Default: the active venv ($VIRTUAL_ENV).")
+                   "its interpreter; an interpreter outside a venv (/usr/bin/python3) is "
+                   "refused. Default: the active venv ($VIRTUAL_ENV).")
 @click.option("--index", "index", metavar="PATH|URL",
               help="The index: its directory (default: defaults.index of wheelforge.yaml, "
                    "else ./index) or a channel's in it (INDEX/CHANNEL/), or the URL of a "
