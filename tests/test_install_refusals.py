@@ -165,6 +165,23 @@ def test_a_link_to_a_venvs_interpreter_outside_it_is_not_a_venv(tmp_path: Path) 
     assert not (tmp_path / "pip.conf").exists() and not (tmp_path / "venv" / "pip.conf").exists()
 
 
+def test_an_interpreter_claiming_a_prefix_without_pyvenv_cfg_is_refused(tmp_path: Path) -> None:
+    """A program that says it is a venv's python, naming a prefix that is no venv (no
+    pyvenv.cfg there): nothing is written into that prefix."""
+    target = tmp_path / "not-a-venv"
+    target.mkdir()
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho '[\"{target}\", \"/\"]'\n")
+    fake.chmod(0o755)
+    index = local_index(tmp_path / "index", tmp_path / "dist")
+    done = wf("install", "--index", str(index), "--python", str(fake),
+              env=env_for(tmp_path / "home"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"is not in a virtual environment (its prefix is {target})" in done.stderr
+    assert list(target.iterdir()) == [] and not (tmp_path / "pip.conf").exists()
+
+
 # -- a path with a space, with real pip -----------------------------------------------
 
 def test_an_index_path_with_a_space_gives_a_pip_conf_that_pip_reads(tmp_path: Path) -> None:

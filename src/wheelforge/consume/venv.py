@@ -118,7 +118,8 @@ _PREFIXES = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix]))"
 
 def venv_prefix(python: Path, environ: Mapping[str, str] | None = None) -> Path:
     """The venv ``python`` runs in, as the interpreter itself says (``sys.prefix`` differs
-    from ``sys.base_prefix`` only in a venv).  ConfigError, before anything is written,
+    from ``sys.base_prefix`` only in a venv, whose prefix holds the ``pyvenv.cfg`` that made
+    it one).  ConfigError, before anything is written,
     for an interpreter outside a venv (the system's, a conda base, a prefix install):
     wheelforge installs only into a venv, and writes nothing outside it."""
     done = _proc.run([str(python), "-I", "-c", _PREFIXES], env=child_env(environ),
@@ -129,7 +130,8 @@ def venv_prefix(python: Path, environ: Mapping[str, str] | None = None) -> Path:
         raise ConfigError(f"{python} does not run as a Python interpreter",
                           why=last_error(done.output),
                           fix="pass --python a venv's directory or its interpreter") from None
-    if os.path.realpath(prefix) == os.path.realpath(base):
+    if (os.path.realpath(prefix) == os.path.realpath(base)
+            or not (Path(prefix) / "pyvenv.cfg").is_file()):
         raise ConfigError(
             f"{python} is not in a virtual environment (its prefix is {prefix})",
             why="wheelforge install installs only into a venv: it writes the venv's pip.conf "
