@@ -99,6 +99,19 @@ def test_a_dripping_index_meets_the_deadline(monkeypatch: pytest.MonkeyPatch) ->
     assert "answers within 1 s" in info.value.fix
 
 
+def test_a_served_wheelforge_index_still_plans(tmp_path: Path) -> None:
+    """The constraints.txt wheelforge's own index writes, served over HTTP, passes."""
+    from test_outdated import serve
+    from wheelforge.cli import install as cli_install
+
+    root = local_index(tmp_path / "index", tmp_path / "dist")
+    pub(root, tmp_path / "dist", "wf-other", "2.0+wf", "local")
+    with serve(root) as url:
+        plan = cli_install._served_plan(url + "/")
+    assert plan.pins == ("wf-other==2.0+wf", "wf-spaced==1.0+wf")
+    assert plan.constraints == f"{url}/constraints.txt"
+
+
 @pytest.mark.parametrize("index", ["http://[::1/ch/", "ftp://127.0.0.1:9/ch/"])
 def test_a_malformed_index_url_is_exit_2(tmp_path: Path, index: str) -> None:
     done = wf("install", "--index", index, "--python", str(tmp_path / "v"),
