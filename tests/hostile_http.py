@@ -41,6 +41,26 @@ def drip(data: bytes, every: float, stop_after: float = 20.0) -> Answer:
     return answer
 
 
+def drip_head(every: float, ended: list[str], stop_after: float = 20.0) -> Answer:
+    """The status line, then one header a byte every ``every`` seconds: the response never
+    begins, and each read gets a byte well within any per-read timeout.  ``ended`` gets
+    "client hung up" when the client closed the connection first, else "sent all"."""
+    def answer(h: http.server.BaseHTTPRequestHandler) -> None:
+        started = time.monotonic()
+        try:
+            h.wfile.write(b"HTTP/1.0 200 OK\r\nX-Slow: ")
+            while time.monotonic() - started < stop_after:
+                h.wfile.write(b"a")
+                h.wfile.flush()
+                time.sleep(every)
+            h.wfile.write(b"\r\nContent-Length: 2\r\n\r\n{}")
+            h.wfile.flush()
+            ended.append("sent all")
+        except OSError:
+            ended.append("client hung up")
+    return answer
+
+
 def endless(chunk: int = 1 << 16, limit: int = 256 << 20) -> Answer:
     """Bytes as fast as the client reads them, up to ``limit`` (a sane end for a test)."""
     def answer(h: http.server.BaseHTTPRequestHandler) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import make_sdist, write_recipe
-from hostile_http import Hostile, body, drip, endless, hostile_server, redirect
+from hostile_http import Hostile, body, drip, drip_head, endless, hostile_server, redirect
 from test_outdated import PATCH, SETUP, tree, wf
 from wheelforge.maintain import outdated
 from wheelforge.recipe.format import RecipeBook
@@ -143,6 +144,25 @@ def test_a_dripping_index_meets_the_deadline(tmp_path: Path, hostile: Hostile) -
     assert problem.startswith(f"{hostile.url}/pypi/demo/json: cannot be read"), problem
     assert "not complete within the deadline of 1 s" in problem
     assert "--timeout" in problem
+
+
+def test_an_index_dripping_its_headers_meets_the_deadline(tmp_path: Path,
+                                                          hostile: Hostile) -> None:
+    """The response never starts: the deadline cuts the connection while the headers
+    are still being read."""
+    recipe(tmp_path / "project", PAYLOAD_SHA)
+    (tmp_path / "tmpdir").mkdir()
+    ended: list[str] = []
+    hostile.routes["/pypi/demo/json"] = drip_head(every=0.2, ended=ended)
+    demo, _ = outdated_json(tmp_path / "project", "--index-url", hostile.url, "--timeout",
+                            "1", tmpdir=tmp_path / "tmpdir")
+    [problem] = demo["problems"]
+    assert "not complete within the deadline of 1 s" in problem, problem
+    for _ in range(50):  # the server notices the closed connection at its next byte
+        if ended:
+            break
+        time.sleep(0.1)
+    assert ended == ["client hung up"]  # cut during the headers, not waited out
 
 
 def trial(tmp_path: Path, url: str) -> tuple[str, str]:

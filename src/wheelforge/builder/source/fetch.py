@@ -9,6 +9,7 @@ never a reason to try the next mirror.  Extraction (safe and bounded) is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import io
@@ -18,6 +19,7 @@ import socket
 import ssl
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -255,9 +257,30 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 
 
 class _Sockets:
-    """The socket of the current attempt, so that each read gets the time that is left."""
+    """The socket of the current attempt, so that each read gets the time that is left,
+    and so that the deadline can cut it wherever the attempt waits (a server dripping its
+    status line and headers never trips a per-read timeout)."""
 
-    sock: socket.socket | None = None
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.cut = False
+        self._lock = threading.Lock()
+
+    def opened(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sock = sock
+            if self.cut:
+                self._shutdown()
+
+    def cut_now(self) -> None:
+        with self._lock:
+            self.cut = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _connection_classes(
@@ -268,14 +291,14 @@ def _connection_classes(
             super().connect()  # within self.timeout, the connect timeout
             assert self.sock is not None
             self.sock.settimeout(limits.stall_timeout)
-            sockets.sock = self.sock
+            sockets.opened(self.sock)
 
     class Https(http.client.HTTPSConnection):
         def connect(self) -> None:
             super().connect()  # the TCP connect and the TLS handshake
             assert self.sock is not None
             self.sock.settimeout(limits.stall_timeout)
-            sockets.sock = self.sock
+            sockets.opened(self.sock)
 
     return Http, Https
 
@@ -303,11 +326,29 @@ def _opener(sockets: _Sockets, limits: NetLimits) -> urllib.request.OpenerDirect
 
 def _attempt(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
              give_up_at: float) -> None:
-    """One download of ``url`` into ``out``; raises :class:`_Failed`."""
+    """One download of ``url`` into ``out``; raises :class:`_Failed`.  A timer cuts the
+    connection at ``give_up_at``, whatever the attempt is waiting for."""
     problem = check_url(url)
     if problem:
         raise _Failed(f"refused: {problem}", transient=False)
     sockets = _Sockets()
+    timer = threading.Timer(max(0.0, give_up_at - time.monotonic()), sockets.cut_now)
+    timer.daemon = True
+    timer.start()
+    try:
+        _attempt_on(url, out, h, limits, give_up_at, sockets)
+    except _Failed:
+        if not sockets.cut:
+            raise
+    finally:
+        timer.cancel()
+    if sockets.cut:
+        raise _Failed(f"not complete within the deadline of {limits.deadline:g} s",
+                      transient=False)
+
+
+def _attempt_on(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
+                give_up_at: float, sockets: _Sockets) -> None:
     opener = _opener(sockets, limits)
     connect = min(limits.connect_timeout, max(0.1, give_up_at - time.monotonic()))
     try:
