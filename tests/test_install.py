@@ -79,7 +79,7 @@ def test_one_command_makes_the_venv_installs_and_later_pip_commands_keep_the_whe
     assert "WARNING" not in done.stdout + done.stderr
     assert f"installed into {venv}: wf-demo=={DEMO_LOCAL} wf-helper==0.6.0" in done.stdout
     conf = (venv / "pip.conf").read_text()
-    assert f"find-links = {local.resolve() / 'files'}" in conf
+    assert f"find-links = {(local.resolve() / 'files').as_uri()}" in conf
     assert f"constraint = {(local.resolve() / CHANNEL / 'constraints.txt').as_uri()}" in conf
     # later commands, as users type them in that venv: the public index offers both higher
     for later in (["install", "-U", "wf-demo", "wf-helper"],

@@ -363,8 +363,18 @@ def test_every_canary_problem_at_once(tmp_path: Path) -> None:
         "matrix.canary.recipes[4]: 'mamba_ssm' is listed twice",
         "matrix.canary.index-url: must be an http(s) URL of an index with the PyPI JSON "
         "API (e.g. https://pypi.org), got 'pypi.org'",
-        "matrix.canary.timeout: must be a positive number of seconds, got 0",
+        "matrix.canary.timeout: must be a number of seconds above 0 and at most 3600, got 0",
     ] or found
+
+
+@pytest.mark.parametrize("value, shown", [(".nan", "nan"), ("1.0e+308", "1e+308"),
+                                          (".inf", "inf"), ("3601", "3601")])
+def test_a_canary_timeout_is_finite_and_bounded(tmp_path: Path, value: str, shown: str) -> None:
+    """Before: NaN and 1e308 passed `> 0`, and the night met them as a traceback."""
+    canary = f"  canary: {{recipes: [mamba-ssm], timeout: {value}}}\n"
+    found = problems(tmp_path, CANARY_BASE + canary, known=KNOWN)
+    assert found == ["matrix.canary.timeout: must be a number of seconds above 0 and at most "
+                     f"3600, got {shown}"], found
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -14,19 +14,21 @@ import click
 
 from .._log import Reporter
 from ..consume.venv import Installer
-from ..errors import ConfigError
+from ..errors import ConfigError, SourceError
 from ._options import EPILOG_SHORT, existing_index
 from .stack import deps_dir_option
 
-#: seconds to wait for a served index's constraints file
+#: seconds a served index's constraints file may take, all of it; the most it may hold
 FETCH_TIMEOUT_S = 30
+CONSTRAINTS_MAX_BYTES = 1 << 20
 
 
 @click.command("install", epilog=EPILOG_SHORT)
 @click.argument("projects", nargs=-1)
 @click.option("--python", "target", type=click.Path(path_type=Path),
               help="The venv to install into: its directory (made when it does not exist) or "
-                   "its interpreter. Default: the active venv ($VIRTUAL_ENV).")
+                   "its interpreter; an interpreter outside a venv (/usr/bin/python3) is "
+                   "refused. Default: the active venv ($VIRTUAL_ENV).")
 @click.option("--index", "index", metavar="PATH|URL",
               help="The index: its directory (default: defaults.index of wheelforge.yaml, "
                    "else ./index) or a channel's in it (INDEX/CHANNEL/), or the URL of a "
@@ -79,6 +81,8 @@ def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-de
     from .. import index as idx
     from ..consume import install as consumer
 
+    if index and index.lower().startswith("file://"):  # a directory, as a URL
+        index = urllib.request.url2pathname(urllib.parse.urlsplit(index).path)
     if index and "://" in index:
         if channel:
             raise ConfigError("--channel goes with a directory index",
@@ -106,22 +110,36 @@ def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-de
 
 
 def _served_plan(url: str):  # type: ignore[no-untyped-def]
+    """The plan of a served channel: its constraints file, read within a deadline and a
+    size cap and parsed as requirements only (an option line is refused, never handed to
+    pip)."""
+    from ..builder.source.fetch import NetLimits, check_url, fetch_bytes
     from ..consume.install import Plan
-    from ..index.pins import CONSTRAINTS_FILE
+    from ..index.pins import CONSTRAINTS_FILE, parse_constraints
 
+    problem = check_url(url)
+    if problem:
+        raise ConfigError(f"--index {url} cannot be used", why=problem,
+                          fix="pass the URL wheelforge serve printed for a channel, e.g. "
+                              "http://HOST:8765/cu130-torch2.14/, or the index's directory")
     base = url.rstrip("/")
     if base.endswith("/simple"):
         base = base[: -len("/simple")]
     where = f"{base}/{CONSTRAINTS_FILE}"
+    limits = NetLimits(connect_timeout=FETCH_TIMEOUT_S, stall_timeout=FETCH_TIMEOUT_S,
+                       deadline=FETCH_TIMEOUT_S, retries=1, max_bytes=CONSTRAINTS_MAX_BYTES)
     try:
-        with urllib.request.urlopen(where, timeout=FETCH_TIMEOUT_S) as resp:  # noqa: S310
-            text = resp.read(1 << 20).decode("utf-8")
-    except (urllib.error.URLError, OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"cannot read {where}", why=str(getattr(exc, "reason", exc)),
-                          fix="pass the URL wheelforge serve printed for a channel, e.g. "
-                              "http://HOST:8765/cu130-torch2.14/") from None
-    pins = tuple(line.strip() for line in text.splitlines()
-                 if line.strip() and not line.startswith("#") and "==" in line)
+        text = fetch_bytes(where, limits, fix=(
+            f"check that {url} is the URL wheelforge serve printed for a channel (e.g. "
+            f"http://HOST:8765/cu130-torch2.14/) and that the server answers within "
+            f"{FETCH_TIMEOUT_S} s")).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not UTF-8 text", why=str(exc),
+                          fix="point --index at a wheelforge index") from None
+    except SourceError as exc:
+        raise ConfigError(f"cannot read {where}", why=exc.why, fix=exc.fix) from None
+    pins = tuple(str(r) for r in parse_constraints(text, where)
+                 if [s.operator for s in r.specifier] == ["=="])
     if not pins:
         raise ConfigError(f"{where} pins nothing", why="the index holds no installable wheels",
                           fix="build and publish wheels first")

@@ -244,8 +244,9 @@ def _new_pin(recipe: Recipe, onto: str, sdist: str | None, sha256: str | None,
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout, for a "
                                                       "scheduled job.")
 @click.option("--no-check", is_flag=True, help="Do not try the series on newer releases.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              metavar="SECONDS", help="Deadline of each request to the index.")
+@click.option("--timeout", type=float, default=30.0, show_default=True, metavar="SECONDS",
+              help="Deadline of each request to the index, every byte of it (at most 3600); "
+                   "an sdist tried gets ten times as long.")
 @git_mirror_option
 @recipes_option
 def outdated(names: tuple[str, ...], index_url: str, as_json: bool, no_check: bool,
@@ -256,8 +257,10 @@ def outdated(names: tuple[str, ...], index_url: str, as_json: bool, no_check: bo
     newer release (a dry run in a scratch directory: recipes and the source cache are
     never touched). Exit 0 whatever it finds; an unreachable index or repository is
     reported per recipe."""
-    from ..maintain.outdated import check_recipes
+    from ..maintain.outdated import check_index_url, check_recipes, check_timeout
 
+    check_index_url(index_url)
+    check_timeout(timeout)
     book = _book(recipes, nonempty=True)
     loaded = [book.load(n) for n in names] if names else book.load_all()
     config = resolve(git_mirrors=git_mirrors)

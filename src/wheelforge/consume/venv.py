@@ -112,6 +112,37 @@ def venv_python(target: Path) -> Path:
                       fix="pass e.g. --python ~/venvs/stack")
 
 
+#: what an interpreter says of itself: its prefix and its base's (equal outside a venv)
+_PREFIXES = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix]))"
+
+
+def venv_prefix(python: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """The venv ``python`` runs in, as the interpreter itself says (``sys.prefix`` differs
+    from ``sys.base_prefix`` only in a venv, whose prefix holds the ``pyvenv.cfg`` that made
+    it one).  ConfigError, before anything is written,
+    for an interpreter outside a venv (the system's, a conda base, a prefix install):
+    wheelforge installs only into a venv, and writes nothing outside it."""
+    done = _proc.run([str(python), "-I", "-c", _PREFIXES], env=child_env(environ),
+                     check=False, timeout=60)
+    try:
+        prefix, base = json.loads(done.output.strip().splitlines()[-1])
+    except (ValueError, IndexError, TypeError):
+        raise ConfigError(f"{python} does not run as a Python interpreter",
+                          why=last_error(done.output),
+                          fix="pass --python a venv's directory or its interpreter") from None
+    if (os.path.realpath(prefix) == os.path.realpath(base)
+            or not (Path(prefix) / "pyvenv.cfg").is_file()):
+        raise ConfigError(
+            f"{python} is not in a virtual environment (its prefix is {prefix})",
+            why="wheelforge install installs only into a venv: it writes the venv's pip.conf "
+                f"and its packages, and would otherwise change {prefix} for every user of "
+                "that interpreter",
+            fix=f"make a venv ({python} -m venv ~/venvs/stack) and pass --python "
+                "~/venvs/stack, or pass --python a path that does not exist yet: "
+                "wheelforge install makes the venv there")
+    return Path(prefix)
+
+
 def make_venv(target: Path, installer: Installer, *, environ: Mapping[str, str] | None = None,
               say: Progress = lambda _: None) -> Path:
     """A new venv at ``target`` (which must not exist) from wheelforge's own interpreter
@@ -149,8 +180,8 @@ def lasting_settings(p: Plan) -> dict[str, str]:
     """The venv's pip.conf [global] settings that keep later pip commands on the local
     wheels: the constraints, and the local wheels as find-links (an index on disk) or an
     extra index (a served one)."""
-    if p.files_dir is not None:
-        return {"find-links": str(p.files_dir), "constraint": p.constraints}
+    if p.files_dir is not None:  # a file:// URL: pip splits values on white space
+        return {"find-links": p.files_dir.as_uri(), "constraint": p.constraints}
     return {"extra-index-url": p.index_url, "constraint": p.constraints}
 
 
@@ -234,11 +265,12 @@ def install(p: Plan, python: Path, *, installer: Installer = "pip",
     InstallError (``.stage``: "local" for the wheels themselves, "dependencies" for the
     rest, ``.unreachable`` when an index could not be reached) when pip or uv fail."""
     env = child_env(environ)
+    prefix = venv_prefix(python, env)  # before anything is written
     if installer == "uv":
         return _with_uv(p, python, env=env, deps_dir=deps_dir, log=log, say=say)
     pip = pip_command(python, env)
     inherited = _config_values(pip, env)
-    conf = write_pip_conf(python.parent.parent, lasting_settings(p), inherited, root=p.root)
+    conf = write_pip_conf(prefix, lasting_settings(p), inherited, root=p.root)
     for key, value in lasting_settings(p).items():
         var = "PIP_" + key.upper().replace("-", "_")
         if env.get(var) and value not in env[var].split():
@@ -256,8 +288,8 @@ def install(p: Plan, python: Path, *, installer: Installer = "pip",
                                                "your usual index (pip's configuration)"))
     source = (["--no-index", "--find-links", str(deps_dir)] if deps_dir
               else list(PIP_NET_ARGS))
-    if files_by == "uv" and _pip_resolution_by_uv(pip, p, python, env=env, source=source,
-                                                  log=log, say=say):
+    if files_by == "uv" and _pip_resolution_by_uv(pip, p, python, prefix, env=env,
+                                                  source=source, log=log, say=say):
         return Done(python=python, pip_conf=conf, pins=p.pins, installer="pip")
     deps = _proc.run([*pip, "install", "--disable-pip-version-check",
                       "--progress-bar", "off", *source, *p.pins], env=env, log=log,
@@ -268,7 +300,7 @@ def install(p: Plan, python: Path, *, installer: Installer = "pip",
     return Done(python=python, pip_conf=conf, pins=p.pins, installer="pip")
 
 
-def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
+def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, prefix: Path, *,
                           env: Mapping[str, str], source: Sequence[str],
                           log: Path | None, say: Progress) -> bool:
     """Step 3 with pip's resolution and uv's hands: ``pip install --dry-run --report``
@@ -280,7 +312,7 @@ def _pip_resolution_by_uv(pip: Sequence[str], p: Plan, python: Path, *,
     if installer.uv is None or installer.uv_args is None:
         say(f"install: pip writes the dependencies (uv cannot: {installer.why})")
         return False
-    report = python.parent.parent / "wheelforge-pip-report.json"
+    report = prefix / "wheelforge-pip-report.json"
     dry = _proc.run([*pip, "install", "--disable-pip-version-check", "--progress-bar", "off",
                      "--dry-run", "--report", str(report), *source, *p.pins],
                     env=env, log=log, check=False, timeout=INSTALL_TIMEOUT_S,

@@ -10,13 +10,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Sequence
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from ..errors import ConfigError
 from .records import CONSTRAINTS_FILE, WheelRecord
 
 __all__ = ["CONSTRAINTS_FILE", "channels", "constraints_text", "first_command", "is_pure",
-           "newest", "pin"]
+           "newest", "parse_constraints", "pin"]
 
 
 def pin(project: str, version: str) -> str:
@@ -35,6 +37,38 @@ def constraints_text(newest: Iterable[tuple[str, str | None]], pages: str) -> st
         else:
             lines.append(pin(project, version))
     return "\n".join(lines) + "\n"
+
+
+def parse_constraints(text: str, where: str) -> tuple[Requirement, ...]:
+    """The requirements of a constraints file an index serves (``where``: its URL), one
+    per line; blank lines and ``#`` comments are allowed, nothing else.  ConfigError naming
+    the line and its number for anything that is not a requirement by name: an option
+    (``--log=...``, ``-r``, ``-c``, ``-e``, ``--index-url``), a URL or path requirement,
+    a line continued with a backslash.  What :func:`constraints_text` writes passes."""
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #", 1)[0].split("\t#", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        why = None
+        if line.startswith("-"):
+            why = "it is a pip option, which a constraints file from an index may not hold"
+        else:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement as exc:
+                why = f"it is not a requirement ({str(exc).splitlines()[0]})"
+            else:
+                if req.url:
+                    why = "it installs from a URL; wheelforge's pins name versions only"
+        if why:
+            shown = raw if len(raw) <= 120 else raw[:117] + "..."
+            raise ConfigError(f"{where}, line {number}: {shown!r} is refused", why=why,
+                              fix="point --index at a wheelforge index (its constraints.txt "
+                                  "holds NAME==VERSION lines only), or rebuild that index "
+                                  "with wheelforge index rebuild")
+        out.append(req)
+    return tuple(out)
 
 
 def is_pure(filename: str) -> bool:

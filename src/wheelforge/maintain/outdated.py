@@ -13,30 +13,52 @@ pinned sources are never written.
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
+import math
 import os
+import re
 import subprocess
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .. import _proc
 from .._fs import TMP_PREFIX
-from ..builder.source.fetch import NetLimits, extract, fetch, mirror_for
+from ..builder.source.fetch import (
+    DownloadError,
+    NetLimits,
+    bare_name,
+    check_url,
+    extract,
+    fetch,
+    fetch_bytes,
+    is_hex,
+    mirror_for,
+)
 from ..builder.source.patch import apply_series
-from ..errors import WheelforgeError
+from ..errors import ConfigError, SourceError, WheelforgeError
+from ..recipe.matrix import MAX_CANARY_TIMEOUT
 from ..recipe.model import GitSource, Recipe, SdistSource, Source
 
 Progress = Callable[[str], None]
+#: the most an index's JSON document of one project may hold
 MAX_JSON_BYTES = 32 << 20
+#: the most a release's sdist may hold, and its deadline in request deadlines (--timeout)
+MAX_SDIST_BYTES = 1 << 30
+SDIST_DEADLINE_FACTOR = 10
+#: the longest --timeout accepted (the canary's timeout: has the same bound)
+MAX_TIMEOUT_S = MAX_CANARY_TIMEOUT
+SLOW_INDEX_FIX = ("check the index URL and the network; a slow index needs a longer "
+                  "deadline than {timeout:g} s (outdated --timeout, the canary's timeout: "
+                  "in wheelforge.yaml)")
+#: PEP 625: {normalized name}-{version}.tar.gz
+_PEP625 = re.compile(r"(?P<name>[a-z0-9]+(?:_[a-z0-9]+)*)-(?P<version>[^-/\\\s]+)\.tar\.gz")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,10 +125,11 @@ def releases(recipe: Recipe, *, index_url: str, timeout: float,
     if git_src is None or any(isinstance(s, SdistSource) for s in recipe.sources):
         say(f"{recipe.name}: asking {index_url}")
         try:
-            candidates += [(v, "index", s) for v, s in index_releases(
-                index_url, recipe.name, recipe.version, timeout)]
+            listed, refused = index_releases(index_url, recipe.name, recipe.version, timeout)
+            candidates += [(v, "index", s) for v, s in listed]
+            problems += refused
         except WheelforgeError as exc:
-            problems.append(f"{exc.what} ({exc.why})" if exc.why else exc.what)
+            problems.append(problem_line(exc))
     if git_src is not None:
         say(f"{recipe.name}: listing {git_src.url}")
         try:
@@ -115,8 +138,14 @@ def releases(recipe: Recipe, *, index_url: str, timeout: float,
             candidates += [(v, f"tag {t}", GitSource(url=git_src.url, commit=c, tag=t))
                            for v, t, c in tags if v not in seen]
         except WheelforgeError as exc:
-            problems.append(f"{exc.what} ({exc.why})" if exc.why else exc.what)
+            problems.append(problem_line(exc))
     return sorted(candidates, key=lambda c: c[0]), head, ahead, problems
+
+
+def problem_line(exc: WheelforgeError) -> str:
+    """One line for a report: what failed, why, and what to do."""
+    return exc.what + (f" ({exc.why})" if exc.why else "") + (
+        f"; fix: {exc.fix}" if exc.fix else "")
 
 
 def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
@@ -127,8 +156,11 @@ def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
     newer = []
     for version, found, source in candidates:
         if source is None:
+            refused = [x for x in problems if x.startswith(f"{version}: ")]
+            problems = [x for x in problems if x not in refused]
             newer.append(Newer(version=str(version), found=found, source="",
-                               series="no sdist", detail="the release has no sdist"))
+                               series="no sdist", detail="; ".join(refused)
+                               or "the release has no sdist"))
             continue
         series, detail = "not checked", ""
         if try_patches:
@@ -141,24 +173,40 @@ def check_recipe(recipe: Recipe, *, index_url: str, timeout: float,
                   problems=tuple(problems))
 
 
+def check_index_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host; ConfigError (exit 2) saying why not."""
+    problem = check_url(url)
+    if problem:
+        raise ConfigError(f"the index URL {url!r} cannot be used", why=problem,
+                          fix="pass the root of an index with the PyPI JSON API, e.g. "
+                              "--index-url https://pypi.org")
+    return url
+
+
+def check_timeout(seconds: float) -> float:
+    """``seconds`` when it is a finite number above 0 and at most :data:`MAX_TIMEOUT_S`;
+    ConfigError (exit 2) saying why not."""
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ConfigError(f"--timeout {seconds!r} is not a usable deadline",
+                          why=f"it must be a number of seconds above 0 and at most "
+                              f"{MAX_TIMEOUT_S:g}",
+                          fix="pass e.g. --timeout 30")
+    return seconds
+
+
 def _get_json(url: str, timeout: float) -> Any:
-    req = urllib.request.Request(url, headers={"Accept": "application/json",
-                                               "User-Agent": "wheelforge"})
+    """The JSON document at ``url``, read whole within ``timeout`` seconds (every byte,
+    not each read) and :data:`MAX_JSON_BYTES`."""
+    limits = NetLimits(connect_timeout=timeout, stall_timeout=timeout, deadline=timeout,
+                       retries=1, max_bytes=MAX_JSON_BYTES)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
-            data = resp.read(MAX_JSON_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
+        data = fetch_bytes(url, limits, fix=SLOW_INDEX_FIX.format(timeout=timeout))
+    except DownloadError as exc:
+        if exc.status == 404:
             raise WheelforgeError(f"{url}: not on the index (HTTP 404)",
                                   fix="a project the index does not have has no releases "
                                       "to list") from None
-        raise WheelforgeError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise WheelforgeError(f"{url}: cannot be read", why=str(reason),
-                              fix="check --index-url and the network") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise WheelforgeError(f"{url}: larger than {MAX_JSON_BYTES} bytes")
+        raise
     try:
         return json.loads(data)
     except ValueError as exc:
@@ -166,10 +214,11 @@ def _get_json(url: str, timeout: float) -> Any:
 
 
 def index_releases(index_url: str, name: str, pinned: Version, timeout: float
-                   ) -> list[tuple[Version, SdistSource | None]]:
+                   ) -> tuple[list[tuple[Version, SdistSource | None]], list[str]]:
     """The releases after ``pinned`` (no pre-releases unless the pin is one; none whose
-    files are all yanked), each with its sdist when it has one."""
-    url = f"{index_url.rstrip('/')}/pypi/{urllib.parse.quote(name)}/json"
+    files are all yanked), each with its sdist when it has one the checks of
+    :func:`sdist_of` accept; and why each sdist it refused was refused."""
+    url = f"{check_index_url(index_url).rstrip('/')}/pypi/{urllib.parse.quote(name)}/json"
     doc = _get_json(url, timeout)
     releases = doc.get("releases") if isinstance(doc, dict) else None
     if not isinstance(releases, dict):
@@ -178,6 +227,7 @@ def index_releases(index_url: str, name: str, pinned: Version, timeout: float
                               fix="pass --index-url the root of an index that does "
                                   "(https://pypi.org)")
     out: list[tuple[Version, SdistSource | None]] = []
+    refused: list[str] = []
     for raw, files in releases.items():
         try:
             version = Version(str(raw))
@@ -190,13 +240,43 @@ def index_releases(index_url: str, name: str, pinned: Version, timeout: float
             continue
         sdist = None
         for f in files:
-            sha = (f.get("digests") or {}).get("sha256")
-            if f.get("packagetype") == "sdist" and f.get("url") and sha and not f.get("yanked"):
-                sdist = SdistSource(filename=str(f.get("filename") or f["url"].rsplit("/")[-1]),
-                                    sha256=str(sha), url=str(f["url"]))
-                break
+            if f.get("packagetype") != "sdist" or f.get("yanked"):
+                continue
+            found = sdist_of(name, version, f)
+            if isinstance(found, str):
+                refused.append(f"{version}: the index's sdist is refused: {found}")
+                continue
+            sdist = found
+            break
         out.append((version, sdist))
-    return out
+    return out, refused
+
+
+def sdist_of(name: str, version: Version, entry: Mapping[str, Any]) -> SdistSource | str:
+    """The sdist an index's file entry describes, or why it is refused: its filename must
+    be the bare PEP 625 name of ``name`` ``version`` (``{name}-{version}.tar.gz``, the
+    name normalized), its sha256 64 hex digits, its URL http(s)."""
+    filename, url = entry.get("filename"), entry.get("url")
+    sha = (entry.get("digests") or {}).get("sha256") if isinstance(
+        entry.get("digests"), dict) else None
+    if not isinstance(filename, str) or not isinstance(url, str) or not isinstance(sha, str):
+        return "it lacks a filename, a URL or a sha256"
+    match = _PEP625.fullmatch(filename)
+    want = str(canonicalize_name(name)).replace("-", "_")
+    if not bare_name(filename) or match is None or match["name"] != want:
+        return (f"{filename!r} is not a bare sdist file name ({want}-{version}.tar.gz, "
+                "PEP 625)")
+    try:
+        if Version(match["version"]) != version:
+            return f"{filename!r} is not a file of version {version}"
+    except InvalidVersion:
+        return f"{filename!r} does not name a version"
+    if not is_hex(sha, 64):
+        return f"the sha256 of {filename} is not 64 hex digits: {sha[:80]!r}"
+    problem = check_url(url)
+    if problem:
+        return f"the URL of {filename} ({url[:200]!r}) is refused: {problem}"
+    return SdistSource(filename=filename, sha256=sha.lower(), url=url)
 
 
 def remote_refs(url: str, git_mirrors: Mapping[str, Path],
@@ -273,14 +353,17 @@ def try_series(recipe: Recipe, version: Version, source: Source,
     """("applies" | "does not apply" | "fetch failed", detail): the series on ``source``,
     fetched into a scratch cache and patched in a scratch tree."""
     trial = dataclasses.replace(recipe, version=version, sources=(source,))
-    limits = NetLimits(connect_timeout=timeout, stall_timeout=timeout, retries=1)
+    limits = NetLimits(connect_timeout=timeout, stall_timeout=timeout, retries=1,
+                       deadline=timeout * SDIST_DEADLINE_FACTOR, max_bytes=MAX_SDIST_BYTES)
     with tempfile.TemporaryDirectory(prefix=TMP_PREFIX) as tmp:
         try:
             fetched = fetch(trial, Path(tmp) / "cache", (), limits=limits,
                             git_mirrors=git_mirrors)
+            if not fetched.archive.resolve().is_relative_to(Path(tmp).resolve()):
+                raise SourceError(f"{fetched.archive} is outside the scratch directory {tmp}")
             tree = extract(fetched.archive, Path(tmp) / "tree", recipe.extract)
         except WheelforgeError as exc:
-            return "fetch failed", exc.what
+            return "fetch failed", exc.what + (f": {exc.why}" if exc.why else "")
         if not recipe.patches:
             return "applies", "no patches"
         try:

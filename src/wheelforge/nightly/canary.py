@@ -99,7 +99,10 @@ def _one(name: str, matrix: Matrix, canary: Canary, book: RecipeBook, settings: 
         version, where, source = found[-1]
         base = dataclasses.replace(base, version=str(version), cell=cell.label)
         if source is None:
-            return dataclasses.replace(base, reason=f"{version} ({where}) has no sdist")
+            refused = [x for x in problems if x.startswith(f"{version}: ")]
+            return dataclasses.replace(base, reason=f"{version} ({where}) has no sdist"
+                                       + (f" wheelforge accepts ({'; '.join(refused)})"
+                                          if refused else ""))
         base = dataclasses.replace(base, source=source.identity)
         reporter.info(f"{name} {recipe.version} -> {version} ({where}): {source.identity}")
         series, detail = outdated.try_series(recipe, version, source, mirrors, canary.timeout)

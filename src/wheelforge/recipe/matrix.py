@@ -55,6 +55,8 @@ DEFAULT_KEEP = 5
 PROJECT_KEYS = ("defaults", "matrix", "compile-cache")
 _MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention", "subsets", "canary")
 _CANARY_KEYS = ("recipes", "index-url", "timeout")
+#: the longest deadline of a request to the canary's index (and outdated --timeout)
+MAX_CANARY_TIMEOUT = 3600.0
 #: where a canary looks for the newest release (``wheelforge outdated --index-url``)
 DEFAULT_CANARY_INDEX = "https://pypi.org"
 DEFAULT_CANARY_TIMEOUT = 30.0
@@ -413,8 +415,10 @@ def _canary(p: Problems, raw: Any, matrix_recipes: Sequence[str],
                                          f"JSON API (e.g. {DEFAULT_CANARY_INDEX}), got "
                                          f"{index_url!r}")
     timeout = data.get("timeout", DEFAULT_CANARY_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        p.add(join(where, "timeout"), f"must be a positive number of seconds, got {timeout!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not 0 < timeout <= MAX_CANARY_TIMEOUT):  # NaN fails both comparisons
+        p.add(join(where, "timeout"), f"must be a number of seconds above 0 and at most "
+                                       f"{MAX_CANARY_TIMEOUT:g}, got {timeout!r}")
     if not names:
         return None
     return Canary(recipes=tuple(names), index_url=str(index_url).rstrip("/"),

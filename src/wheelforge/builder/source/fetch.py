@@ -9,21 +9,25 @@ never a reason to try the next mirror.  Extraction (safe and bounded) is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
+import io
 import json
 import os
 import socket
 import ssl
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from ... import _proc
 from ..._fs import TMP_PREFIX, atomic_copy, atomic_file, atomic_write, discard, sha256_file
@@ -33,7 +37,11 @@ from .archive import extract
 
 Progress = Callable[[str], None]
 
-__all__ = ["FetchedSource", "cache_path", "extract", "fetch"]
+__all__ = ["DownloadError", "FetchedSource", "NetLimits", "cache_path", "check_url",
+           "extract", "fetch", "fetch_bytes"]
+
+#: the only URL schemes wheelforge downloads from (never file://, ftp:// or data:)
+SCHEMES = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -44,9 +52,38 @@ class FetchedSource:
 
 
 def cache_path(cache_dir: Path, source: Source) -> Path:
+    """Where the cache keeps ``source``: always inside ``cache_dir`` (SourceError for a
+    file name that is not one bare name, or a hash or commit that is not hex: a source
+    from an index's JSON is not trusted to name a path)."""
     if isinstance(source, SdistSource):
-        return cache_dir / "sources" / "sha256" / source.sha256 / source.filename
+        name, sha = source.filename, source.sha256
+        if not bare_name(name):
+            raise SourceError(f"the source file name {name!r} is not a bare file name",
+                              why="it holds a path separator, '..' or a control character",
+                              fix="a source is named by its file name alone "
+                                  "(NAME-VERSION.tar.gz)")
+        if not is_hex(sha, 64):
+            raise SourceError(f"the sha256 {sha!r} of {name} is not 64 hex digits",
+                              fix="give the file's sha256 (sha256sum FILE)")
+        path = cache_dir / "sources" / "sha256" / sha / name
+        if not Path(os.path.normpath(path)).is_relative_to(os.path.normpath(cache_dir)):
+            raise SourceError(f"{name} would land outside the cache {cache_dir}")
+        return path
+    if not is_hex(source.commit, 40) and not is_hex(source.commit, 64):
+        raise SourceError(f"the commit {source.commit!r} is not a full commit id",
+                          fix="pin the full 40-hex commit")
     return cache_dir / "sources" / "git" / f"{source.commit}.tar"
+
+
+def bare_name(name: str) -> bool:
+    """``name`` is one path component: no separator, not ``.``/``..``, no control
+    character, not empty."""
+    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+            and all(ch.isprintable() for ch in name))
+
+
+def is_hex(text: str, length: int) -> bool:
+    return len(text) == length and all(c in "0123456789abcdef" for c in text.lower())
 
 
 def manifest_path(archive: Path) -> Path:
@@ -150,7 +187,8 @@ class NetLimits:
     and ``min_rate``: the transfer fails when no byte arrives for ``stall_timeout``
     seconds, or when fewer than ``min_rate`` bytes a second arrive on average over a
     ``stall_timeout`` window (a server that drips a byte every few seconds).
-    ``deadline``: the whole download, every attempt and pause included.  A transient
+    ``deadline``: the whole download, every attempt and pause included.  ``max_bytes``:
+    the most a response may hold (a server that never stops sending).  A transient
     failure (refused, reset, timed out, stalled, truncated, HTTP 408, 425, 429, 500,
     502, 503, 504) is tried again up to ``retries`` times, after ``backoff`` seconds,
     doubling (or the server's Retry-After, when shorter than what is left).
@@ -162,6 +200,7 @@ class NetLimits:
     deadline: float = 1800.0
     retries: int = 3
     backoff: float = 1.0
+    max_bytes: int = 4 << 30
 
 
 DEFAULT_NET_LIMITS = NetLimits()
@@ -171,16 +210,77 @@ _TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 class _Failed(Exception):
     """One attempt failed: ``transient`` says whether another may succeed."""
 
-    def __init__(self, what: str, *, transient: bool, retry_after: float | None = None):
+    def __init__(self, what: str, *, transient: bool, retry_after: float | None = None,
+                 status: int | None = None):
         super().__init__(what)
         self.transient = transient
         self.retry_after = retry_after
+        self.status = status
+
+
+class DownloadError(SourceError):
+    """:func:`fetch_bytes` could not read a URL; ``status`` is the HTTP status when the
+    server answered with an error."""
+
+    status: int | None = None
+
+
+def check_url(url: str) -> str | None:
+    """None when ``url`` is an http(s) URL with a host, else what is wrong with it."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (a port that is not a number raises here)
+    except ValueError as exc:
+        return f"it is not a URL ({exc})"
+    if parts.scheme.lower() not in SCHEMES:
+        return (f"its scheme is {parts.scheme + '://' if parts.scheme else 'missing'}; "
+                "only http:// and https:// URLs are followed")
+    if not parts.hostname:
+        return "it names no host"
+    if any(not ch.isprintable() or ch.isspace() for ch in url):
+        return "it holds white space or a control character"
+    return None
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are followed to http(s) URLs only: a server cannot send the download to
+    file:///dev/zero or to ftp://."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int,
+                         msg: str, headers: http.client.HTTPMessage, newurl: str
+                         ) -> urllib.request.Request | None:
+        problem = check_url(urllib.parse.urljoin(req.full_url, newurl))
+        if problem:
+            raise _Failed(f"HTTP {code} redirect to {newurl!r} refused: {problem}",
+                          transient=False)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 class _Sockets:
-    """The socket of the current attempt, so that each read gets the time that is left."""
+    """The socket of the current attempt, so that each read gets the time that is left,
+    and so that the deadline can cut it wherever the attempt waits (a server dripping its
+    status line and headers never trips a per-read timeout)."""
 
-    sock: socket.socket | None = None
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.cut = False
+        self._lock = threading.Lock()
+
+    def opened(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sock = sock
+            if self.cut:
+                self._shutdown()
+
+    def cut_now(self) -> None:
+        with self._lock:
+            self.cut = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
 
 
 def _connection_classes(
@@ -191,14 +291,14 @@ def _connection_classes(
             super().connect()  # within self.timeout, the connect timeout
             assert self.sock is not None
             self.sock.settimeout(limits.stall_timeout)
-            sockets.sock = self.sock
+            sockets.opened(self.sock)
 
     class Https(http.client.HTTPSConnection):
         def connect(self) -> None:
             super().connect()  # the TCP connect and the TLS handshake
             assert self.sock is not None
             self.sock.settimeout(limits.stall_timeout)
-            sockets.sock = self.sock
+            sockets.opened(self.sock)
 
     return Http, Https
 
@@ -215,13 +315,40 @@ def _opener(sockets: _Sockets, limits: NetLimits) -> urllib.request.OpenerDirect
         def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             return self.do_open(https_class, req, context=context)
 
-    return urllib.request.build_opener(HttpHandler, HttpsHandler)  # proxies from the environment
+    # no FileHandler, FTPHandler or DataHandler: only http(s) is ever opened
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.ProxyHandler(), urllib.request.UnknownHandler(),
+                    urllib.request.HTTPDefaultErrorHandler(), _HttpOnlyRedirects(),
+                    urllib.request.HTTPErrorProcessor(), HttpHandler(), HttpsHandler()):
+        opener.add_handler(handler)  # proxies from the environment
+    return opener
 
 
 def _attempt(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
              give_up_at: float) -> None:
-    """One download of ``url`` into ``out``; raises :class:`_Failed`."""
+    """One download of ``url`` into ``out``; raises :class:`_Failed`.  A timer cuts the
+    connection at ``give_up_at``, whatever the attempt is waiting for."""
+    problem = check_url(url)
+    if problem:
+        raise _Failed(f"refused: {problem}", transient=False)
     sockets = _Sockets()
+    timer = threading.Timer(max(0.0, give_up_at - time.monotonic()), sockets.cut_now)
+    timer.daemon = True
+    timer.start()
+    try:
+        _attempt_on(url, out, h, limits, give_up_at, sockets)
+    except _Failed:
+        if not sockets.cut:
+            raise
+    finally:
+        timer.cancel()
+    if sockets.cut:
+        raise _Failed(f"not complete within the deadline of {limits.deadline:g} s",
+                      transient=False)
+
+
+def _attempt_on(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
+                give_up_at: float, sockets: _Sockets) -> None:
     opener = _opener(sockets, limits)
     connect = min(limits.connect_timeout, max(0.1, give_up_at - time.monotonic()))
     try:
@@ -230,7 +357,8 @@ def _attempt(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
     except urllib.error.HTTPError as exc:
         retry_after = exc.headers.get("Retry-After", "") if exc.headers else ""
         raise _Failed(f"HTTP {exc.code} {exc.reason}", transient=exc.code in _TRANSIENT_STATUS,
-                      retry_after=float(retry_after) if retry_after.isdigit() else None) from None
+                      retry_after=float(retry_after) if retry_after.isdigit() else None,
+                      status=exc.code) from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, TimeoutError):
@@ -248,6 +376,10 @@ def _attempt(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
     got = 0
     window_start, window_got = time.monotonic(), 0
     with resp:
+        declared = resp.headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+            raise _Failed(f"larger than the limit of {limits.max_bytes} bytes ({declared} "
+                          "declared)", transient=False)
         while True:
             now = time.monotonic()
             if now >= give_up_at:
@@ -267,6 +399,9 @@ def _attempt(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
                               transient=True) from None
             if not chunk:
                 break
+            if got + len(chunk) > limits.max_bytes:
+                raise _Failed(f"larger than the limit of {limits.max_bytes} bytes",
+                              transient=False)
             h.update(chunk)
             out.write(chunk)
             got += len(chunk)
@@ -282,6 +417,28 @@ def _attempt(url: str, out: BinaryIO, h: hashlib._Hash, limits: NetLimits,
         length = resp.headers.get("Content-Length")
         if length is not None and length.isdigit() and int(length) != got:
             raise _Failed(f"truncated: {got} of {length} bytes", transient=True)
+
+
+def fetch_bytes(url: str, limits: NetLimits, *, fix: str) -> bytes:
+    """The body of ``url`` (http(s) only; redirects too), read whole within ``limits``:
+    the overall ``deadline``, ``max_bytes``, the stall and rate limits, ``retries`` for a
+    transient failure.  DownloadError (``fix``: what to do) naming the URL and why."""
+    give_up_at = time.monotonic() + limits.deadline
+    pause = limits.backoff
+    for attempt in range(limits.retries + 1):
+        out = io.BytesIO()
+        try:
+            _attempt(url, out, hashlib.sha256(), limits, give_up_at)
+            return out.getvalue()
+        except _Failed as exc:
+            left = give_up_at - time.monotonic()
+            if not exc.transient or attempt == limits.retries or pause >= left:
+                err = DownloadError(f"{url}: cannot be read", why=str(exc), fix=fix)
+                err.status = exc.status
+                raise err from None
+            _proc.pause(pause)
+            pause *= 2
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _download(src: SdistSource, cache_dir: Path, limits: NetLimits = DEFAULT_NET_LIMITS) -> Path:
