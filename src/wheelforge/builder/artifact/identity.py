@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -174,3 +175,30 @@ def key_lock_path(cache_dir: Path, key: str) -> Path:
     """The lock a build of ``key`` holds from before the fetch to the end of its publish
     (`wheelforge build` and `wheelforge nightly` alike)."""
     return cache_dir / "locks" / f"{key}.lock"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a build is, computed once before anything is fetched: its build key, the lock a
+    build of the key holds (:func:`key_lock_path`), the key's label in messages (its first
+    16 hex digits) and the index it is looked up in (:meth:`published`)."""
+
+    key: str
+    lock: Path
+    label: str
+    index_dir: Path
+
+    def published(self) -> index.WheelRecord | None:
+        """The wheel published with this build key, or None (asked under the lock)."""
+        return published_with_key(self.index_dir, self.key)
+
+
+def identify(recipe: Recipe, config: BuildConfig, cuda: toolchain.Cuda | None,
+             companion_keys: dict[str, str],
+             inspect: buildenv.Inspect = buildenv.inspect_env) -> Identity:
+    """The identity of the build of ``recipe`` for ``config`` with the toolchain ``cuda``
+    (None for a pure wheel) and its companions' build keys."""
+    key = build_key(recipe, config, toolchain_identity(recipe, config, cuda, inspect),
+                    companion_keys)
+    return Identity(key=key, lock=key_lock_path(config.cache_dir, key), label=key[:16],
+                    index_dir=config.index_dir)
