@@ -89,9 +89,8 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ.pop("PYTHONPATH", None)
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     if cuda is not None:  # torch's nvcc command: the cache's (or the toolkit's) + options
-        flags = reproducible.nvcc_flags(cuda.nvcc)
-        if cache is None or cache.backend != "sccache":  # (builder/compiling/jobserver.py: why)
-            flags += jobserver.nvcc_flags(cuda.nvcc)
+        flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.lent_flags(
+            cuda.nvcc, config.compile_cache.backend)  # (builder/compiling/jobserver.py: why)
         if flags:
             nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
             environ["PYTORCH_NVCC"] = " ".join([nvcc, *flags])
@@ -663,7 +662,8 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
         if not gated:
             yield
             return
-        with jobserver.Pool(config.jobs * config.nvcc_threads) as own, \
+        with jobserver.Pool(config.jobs * config.nvcc_threads,
+                            lend=jobserver.lends()) as own, \
                 _compile_slots(own, config, env, environ, reporter, costs):
             yield
         return
@@ -672,15 +672,17 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
         nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
         lends = any(jobserver.NVCC_JOBSERVER[-1] in word for word in shlex.split(nvcc))
-        if lends:  # each unit's host compile beside its ptxas, on a lent slot
+        steps = lends and jobserver.runs_steps()  # WHEELFORGE_NVCC_STEPS=1
+        if steps:  # each unit's host compile beside its ptxas, on a lent slot
             nvcc = jobserver.steps_in_front(nvcc, environ, config.cache_dir / "nvcc-steps")
         environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
         reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
                       f"for each CUDA unit as it starts (at most {config.jobs} units of "
                       "this build at once)" + (
                           ", and the free ones to ptxas's parts (--split-compile "
-                          f"{jobserver.SPLIT_COMPILE}) and each unit's host compile "
-                          "through the pool's jobserver"
+                          f"{jobserver.SPLIT_COMPILE})" + (
+                              " and each unit's host compile" if steps else "")
+                          + " through the pool's jobserver"
                           if lends else ""))
         yield
         return

@@ -19,7 +19,7 @@ from ...errors import RecipeError
 from ...recipe.format import RecipeBook
 from ...recipe.model import Recipe, Subset
 from ...recipe.subsets import select_subset, subset_label
-from ..compiling import toolchain
+from ..compiling import jobserver, toolchain
 from ..config import BuildConfig
 from ..env import buildenv
 from ..env.buildenv import BuildEnv
@@ -122,9 +122,11 @@ def toolchain_identity(recipe: Recipe, config: BuildConfig,
         torch = " ".join([config.torch, *config.torch_pip_args])
     if recipe.build.kind == "pure":
         return {"python": "py3"}
-    # the host compiler decides the glibc/libstdc++ symbol versions, hence the manylinux tag
+    # the host compiler decides the glibc/libstdc++ symbol versions, hence the manylinux tag;
+    # the pool's lending puts ptxas's options into each cubin (builder/compiling/jobserver.py)
+    lent = jobserver.lent_flags(cuda.nvcc, config.compile_cache.backend) if cuda else ()
     return {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else "",
-            "cxx": toolchain.host_compiler()}
+            "cxx": toolchain.host_compiler(), "nvcc-options": " ".join(lent)}
 
 
 def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:
