@@ -32,31 +32,32 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   (:data:`SECONDS_SUFFIX`), which builder/compiling/unitcosts.py records instead: its wall, or, if
   more, its CPU seconds over its slots (ptxas's threads on lent slots shorten a unit's
   wall, not its work, and the next build packs its units by these seconds).
-* **ptxas's threads.**  ptxas can cut one unit's functions into parts compiled on
-  several threads (``--split-compile``) and take a GNU make jobserver token for every
-  thread past its first (``--jobserver``).  Where nvcc lists both (CUDA 13.0 does), the
-  pool is also a jobserver (a named pipe, ``MAKEFLAGS= --jobserver-auth=fifo:PATH``, set
-  by each gate for its own nvcc and the ptxas it runs, never for ninja, which would join
-  it too) and torch's nvcc command gets ``--ptxas-options=--split-compile=8,--jobserver``
-  (:func:`nvcc_flags`).  The pool puts its free slots in the pipe once no gate has
-  asked for :data:`LEND_AFTER_S` nor ended for :data:`LEND_AFTER_END_S` and none is
-  waiting (:meth:`Pool._lend_idle`),
-  and takes them back, as the threads give them back, when a gate waits
-  (:meth:`Pool._reclaim`).  So the cores a build's last units leave free compile the
-  ptxas phase of the units still running, and a busy machine compiles each unit as
-  before.  A unit's gate still takes its ``NVCC_THREADS`` slots (nvcc's ``--threads``
-  are not the jobserver's).
-  Why ptxas's split only: nvcc's own ``--split-compile`` also splits cicc, whose PTX
-  then differs (nvcc 13.0, torch's argument order: the CUDA fixture's kernel computes its
+* **ptxas's threads (opt-in: ``WHEELFORGE_JOBSERVER=1``, :func:`lends`; by default nvcc
+  runs as the toolkit runs it and the pool lends nothing: side by side the lending did
+  not pay in wall time, docs/performance.md).**  ptxas can cut one unit's functions into
+  parts compiled on several threads (``--split-compile``) and take a GNU make jobserver
+  token for every thread past its first (``--jobserver``).  Where nvcc lists both (CUDA
+  13.0 does), the pool is also a jobserver (a named pipe, ``MAKEFLAGS=
+  --jobserver-auth=fifo:PATH``, set by each gate for its own nvcc and the ptxas it runs,
+  never for ninja, which would join it too) and torch's nvcc command gets
+  ``--ptxas-options=--split-compile=8,--jobserver`` (:func:`nvcc_flags`).  The pool puts
+  its free slots in the pipe once no gate has asked for :data:`LEND_AFTER_S` nor ended
+  for :data:`LEND_AFTER_END_S` and none is waiting (:meth:`Pool._lend_idle`), and takes
+  them back, as the threads give them back, when a gate waits (:meth:`Pool._reclaim`).
+  So the cores a build's last units leave free compile the ptxas phase of the units
+  still running, and a busy machine compiles each unit as before.  A unit's gate still
+  takes its ``NVCC_THREADS`` slots (nvcc's ``--threads`` are not the jobserver's). Why
+  ptxas's split only: nvcc's own ``--split-compile`` also splits cicc, whose PTX then
+  differs (nvcc 13.0, torch's argument order: the CUDA fixture's kernel computes its
   thread's index twice; not in ccache's order, so a cached object would differ), while
   ptxas's gives the same machine code as no split, whatever the tokens (mamba-ssm's
   costliest unit: all 96 ``.text`` sections the same bytes; only ``.note.nv.tkinfo``,
   which records ptxas's options, differs from a build without it).  The part count is
   fixed (:data:`SPLIT_COMPILE`), so the object's bytes never depend on the machine or on
-  the tokens (tests/test_scheduler.py compiles with and without free slots and compares).
-  Not under sccache: its server runs ptxas without the build's ``MAKEFLAGS`` (ptxas warns
-  that it found no jobserver and runs every part at once), and sccache 0.16 mis-parses
-  nvcc's own ``--jobserver`` (fatbinary: "Could not open input file").
+  the tokens (tests/test_scheduler.py compiles with and without free slots and
+  compares). Not under sccache: its server runs ptxas without the build's ``MAKEFLAGS``
+  (ptxas warns that it found no jobserver and runs every part at once), and sccache 0.16
+  mis-parses nvcc's own ``--jobserver`` (fatbinary: "Could not open input file").
 
 Host C++ units (``$cxx`` in the ninja file, one or two per recipe here) are not gated:
 they run within their build's ``MAX_JOBS``.

@@ -7,6 +7,12 @@ units a build's ninja runs last spend that host compile (2-5 s of each of mamba-
 units) on one core while the cores the other units left stand idle (docs/performance.md,
 "the host compile beside ptxas").
 
+Opt-in: a build puts it in front of nvcc only with ``WHEELFORGE_NVCC_STEPS=1``
+(builder/compiling/jobserver.py's ``runs_steps``); by default nvcc runs its own steps.  It
+depends on nvcc's undocumented ``--dryrun`` output and on the text fatbinary writes, so each
+toolkit is a new risk for it, and side by side it gained 1.00-1.06x in wall time on 16
+cores and nothing on 2 (docs/performance.md).
+
 This script runs in front of nvcc (``python -I -S nvccsteps.py NVCC ARGS...``: the gate's
 command, or ccache's ``CCACHE_PREFIX``, through a launcher that builder/compiling/jobserver.py's
 ``steps_in_front`` writes; stdlib only).  It runs nvcc's own steps, as
