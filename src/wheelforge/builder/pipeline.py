@@ -229,7 +229,7 @@ class _Relabeling:
     plat: PlatformTag | None
 
     def __call__(self, tag: str | None) -> Path:
-        name, version, _build, _tags = parse_wheel_filename(self.unnumbered(tag))
+        name, version, _build, _tags = parse_wheel_filename(self.filename(tag))
         bom = sbom.make_sbom(name=str(name), version=str(version), recipe=self.recipe,
                              archs=self.archs, build_key=self.key, toolchain=self.made_by,
                              epoch=self.epoch, platform=self.plat)
@@ -238,7 +238,8 @@ class _Relabeling:
                        build_tag=tag, pins=self.pins, platform=self.manylinux,
                        files={sbom.SBOM_PATH: bom}, epoch=self.epoch)
 
-    def unnumbered(self, tag: str | None = None) -> str:
+    def filename(self, tag: str | None = None) -> str:
+        """The relabeled wheel's file name with build tag ``tag`` (None: none)."""
         return relabeled_name(self.raw.name, self.local, tag, self.manylinux)
 
 
@@ -525,7 +526,7 @@ class _Build:
             relabeling = self._relabeling(raw, env, cuda, epoch, ident, pins)
             # a name published with another build key gets the next build number; the
             # number is decided again under the index lock at the publish
-            final = relabeling(next_build_tag(self.config.index_dir, relabeling.unnumbered()))
+            final = relabeling(next_build_tag(self.config.index_dir, relabeling.filename()))
             self.reporter.info(final.name)
             for cname, cversion in pins.items():
                 self.reporter.info(f"requires its companion {cname}=={cversion}")
