@@ -482,7 +482,7 @@ class _Build:
                 _compile_slots(self.pool, config, fixed_env, environ, reporter, costs)
             with slots, reporter.heartbeat("building"):  # a pure build compiles nothing
                 raw = _build_raw(tree, fixed_env, environ, self.work / "dist", self.log,
-                                 on_line, config.jobs, extension)
+                                 on_line, config.jobs, extension, named=env)
             stats = _cache_stats(cache, reporter)
         return raw, stats, tree_key
 
@@ -623,16 +623,18 @@ class _Build:
 
 
 def _build_raw(tree: Path, env: BuildEnv, environ: dict[str, str], out_dir: Path, log: Path,
-               on_line: Callable[[str], None], jobs: int, extension: bool) -> Path:
-    """The backend's build of the raw wheel; a failed build whose torch cannot be imported
-    names that instead (its version was read, not imported)."""
+               on_line: Callable[[str], None], jobs: int, extension: bool, *,
+               named: BuildEnv) -> Path:
+    """The backend's build of the raw wheel in ``env`` (through the fixed link); a failed
+    build whose torch cannot be imported names that instead (its version was read, not
+    imported), in ``named``, the environment as the user knows it."""
     try:
         return build_wheel(tree=tree, env=env, environ=environ, out_dir=out_dir, log=log,
                            on_line=on_line, jobs=jobs, stored=extension)
     except BuildError as exc:
-        if env.torch_version is not None:
+        if named.torch_version is not None:
             try:
-                buildenv.check_torch_imports(env.python)
+                buildenv.check_torch_imports(named.python)
             except ToolchainError as broken:
                 raise broken from exc
         raise
