@@ -10,15 +10,20 @@
      kernels into as many units as MAX_JOBS can use, 0006 drops debug info from the
      binding unit, 0007 compresses every unit's fatbin; mamba-ssm's 0008 splits every
      dispatcher by launch configuration into units sized by MAX_JOBS
-  D  C's tree compiled and packed as `wheelforge build` does: each unit's nvcc behind
-     the gate of a pool of MAX_JOBS slots, with the options a build gives nvcc
-     (builder/artifact/reproducible.py's, and builder/compiling/jobserver.py's: ptxas
-     splits each unit on as many threads as the pool's jobserver lends it); setuptools'
-     wheel stored, then relabelled (wheel.relabel: the extension deflated once, on every core).
+  G  C's tree compiled as `wheelforge build` compiles it by default: each unit's nvcc
+     behind the gate of a pool of MAX_JOBS slots that lends nothing, with
+     builder/artifact/reproducible.py's options: nvcc as the toolkit runs it (no ptxas
+     split, no step runner); setuptools' wheel stored, then relabelled (wheel.relabel: the
+     extension deflated once, on every core).  --builds GD: the default against the
+     opt-in lending and runner
+  D  G as `wheelforge build` compiles with WHEELFORGE_NVCC_STEPS=1 (the default until
+     issue 51): the pool lends its free slots through its jobserver, with
+     builder/compiling/jobserver.py's options (ptxas splits each unit on as many threads as
+     the pool's jobserver lends it) and the step runner in front of nvcc.
      --builds DC runs both, D first; CD, C first
   E  D with the units packed by recorded costs, as `wheelforge build` packs them once an
      earlier build has recorded them: the split patch gets the record
-     (WHEELFORGE_UNIT_COSTS, builder/compiling/unitcosts.py) of this run's D, E, S and P
+     (WHEELFORGE_UNIT_COSTS, builder/compiling/unitcosts.py) of this run's D, E, G, S and P
      builds before it, as wheelforge keeps one: the latest and up to three before it (E needs one
      before it).  A letter may repeat (--builds DEEE: the model, then the record of one,
      two, three builds); each build has a tree of its own
@@ -260,7 +265,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--builds", default="CBA",
                     help="which builds, in the order given, a letter may repeat (default "
-                         "CBA; CB leaves out upstream's; DC and CD: the pool's jobserver "
+                         "CBA; CB leaves out upstream's; GD: the default build against "
+                         "the opt-in lending and runner; DC and CD: the pool's jobserver "
                          "against none; DE: packed by the model against by the record; DP: "
                          "lent 0.25 s after a unit's end against as before)")
     ap.add_argument("--skip-upstream", action="store_true", help="same as --builds CB")
@@ -320,10 +326,11 @@ def main() -> None:
           f"MAX_JOBS={config.jobs}, arch {config.arch_list}, {env.describe()}", flush=True)
     builds = "CB" if args.skip_upstream else args.builds.upper()
     names = {"A": "A upstream", "B": "B one arch", "C": "C split", "D": "D split, pool",
+             "G": "G split, pool, as nvcc runs",
              "E": "E split, pool, recorded", "P": "P split, pool, lent as before",
              "S": "S split, pool, recorded, nvcc's steps"}
     if set(builds) - set(names) or not builds:
-        ap.error(f"--builds {builds!r}: letters of ABCDEPS")
+        ap.error(f"--builds {builds!r}: letters of ABCDEGPS")
     for packed in "ES":
         if packed in builds and "D" not in builds[:builds.index(packed)]:
             ap.error(f"--builds: {packed} packs by an earlier D's record: put a D before it")
@@ -351,10 +358,16 @@ def main() -> None:
             lend_after_end = jobserver.LEND_AFTER_END_S
             if letter == "P":
                 jobserver.LEND_AFTER_END_S = jobserver.LEND_AFTER_S
-            with jobserver.Pool(config.jobs) as pool:
+            with jobserver.Pool(config.jobs, lend=letter != "G") as pool:
                 # nvcc appends a row per phase per unit to one file (O_APPEND lines)
                 timed = ["--time", str(work / "phases.csv")] if args.phases else []
                 steps_report = work / "nvcc-steps.txt"
+                if letter == "G":  # as `wheelforge build` compiles by default
+                    nvcc = " ".join([str(cuda.nvcc), *reproducible.nvcc_flags(cuda.nvcc),
+                                     *timed])
+                    environ = dict(environ, PYTORCH_NVCC=pool.gate(nvcc, 1, 0.0))
+                    print(f"  G: nvcc as the toolkit runs it, a pool of {pool.size}",
+                          flush=True)
                 if letter in "DEPS":
                     nvcc = " ".join([str(cuda.nvcc), *flags, *timed])
                     if letter != "S":  # as _compile_slots puts it in front of nvcc
@@ -374,7 +387,7 @@ def main() -> None:
                 with Unused(pool) as unused:
                     results.append(build(name, tree, env, environ, work / "out",
                                          args.keep, args.frontend))
-                if letter in "DEPS":
+                if letter in "DEPSG":
                     print(unused.report(tree, ninja_steps(tree)), flush=True)
                     if steps_report.is_file():  # how each unit's host compile ran
                         hows = [line.split()[0] for line in steps_report.read_text().splitlines()]
@@ -383,7 +396,7 @@ def main() -> None:
                     if args.phases:
                         keep_phases(args.keep / letter, f"{i}{letter}", work, tree, unused)
             jobserver.LEND_AFTER_END_S = lend_after_end
-            if letter in "DEPS":  # as the pipeline records a cold compile's units
+            if letter in "DEPSG":  # as the pipeline records a cold compile's units
                 record = unitcosts.record(t, recipe.name, tree=tree_id(recipe),
                                           arch_list=config.arch_list, jobs=config.jobs,
                                           threads=1,
@@ -406,6 +419,9 @@ def main() -> None:
               f"{by['B'].wall / by['C'].wall:6.2f}x")
     if "A" in by and "D" in by:
         print(f"A/D wall ratio (split, pool vs upstream):      {by['A'].wall / by['D'].wall:6.2f}x")
+    if "G" in by and "D" in by:
+        print(f"G/D wall ratio (the opt-in lending and runner vs the default): "
+              f"{by['G'].wall / by['D'].wall:6.2f}x")
     if "C" in by and "D" in by:
         print(f"C/D wall ratio (the pool's jobserver vs none): "
               f"{by['C'].wall / by['D'].wall:6.2f}x")
@@ -420,7 +436,7 @@ def main() -> None:
         es, ss = ([r.wall for r in results if r.name[0] == k] for k in "ES")
         print(f"S/E wall ratio (host compile beside ptxas vs after it, means of "
               f"{len(es)} and {len(ss)}): {sum(ss) / len(ss) / (sum(es) / len(es)):6.2f}x")
-    for c in (r for r in results if r.name[0] in "CDEPS"):
+    for c in (r for r in results if r.name[0] in "CDEGPS"):
         k = c.name[0]
         print(f"{k} wall / ({k} cpu / {cpu_count()} cores):              "
               f"{c.wall / (c.cpu / cpu_count()):6.2f}  (1.0 = every core busy the whole build)")

@@ -75,14 +75,10 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     # the CUDA compile took its units' slots from the command's pool (the gate)
     assert re.search(r"\[tinyext\]\s+compile slots: 1 of the command's \d+ for each CUDA "
                      r"unit", res.stderr), res.stderr[-3000:]
-    # and the free ones to ptxas's threads (nvcc 13.0 knows --jobserver)
-    assert ", and the free ones to ptxas's parts (--split-compile 8) and each unit's host " \
-           "compile through the pool's jobserver" in res.stderr
-    # through ccache (the default compile cache; CCACHE_RECACHE: compiled, not taken from
-    # the shared cache), each CUDA unit's steps ran as builder/compiling/nvccsteps.py runs them, the
-    # host compile beside ptxas or after it: ccache's prefix
-    hows = [line.split()[0] for line in steps.read_text().splitlines()]
-    assert hows and set(hows) <= {"beside", "after"}, hows
+    # nvcc as the toolkit runs it: no lending to ptxas's threads, no step runner (opt-in:
+    # test_the_nvcc_step_runner_is_opt_in)
+    assert "the free ones to ptxas's parts" not in res.stderr
+    assert not steps.exists()
 
     wheel = project / "index" / "files" / ext
     with zipfile.ZipFile(wheel) as zf:  # built stored, deflated by the relabel
@@ -117,6 +113,24 @@ def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
     assert pip.returncode == 0, pip.stdout + pip.stderr
     assert (target / "tinypure" / "__init__.py").is_file()
     assert any(target.glob("tinyext_cuda*.so"))
+
+
+def test_the_nvcc_step_runner_is_opt_in(project: Path, shared_cache: Path) -> None:
+    """WHEELFORGE_NVCC_STEPS=1: the pool lends its free slots to ptxas's threads and each
+    CUDA unit's steps run as builder/compiling/nvccsteps.py runs them, through ccache (the
+    default compile cache; CCACHE_RECACHE: compiled, not taken from the shared cache), the
+    host compile beside ptxas or after it: ccache's prefix."""
+    steps = project / "nvcc-steps.txt"
+    res = wheelforge("build", "tinyext", "--arch", "12.0", *common(project, shared_cache),
+                     cwd=project, extra_env={nvccsteps.REPORT_ENV: str(steps),
+                                             "CCACHE_RECACHE": "1",
+                                             "WHEELFORGE_NVCC_STEPS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    # the free slots to ptxas's threads (nvcc 13.0 knows --jobserver)
+    assert ", and the free ones to ptxas's parts (--split-compile 8) and each unit's host " \
+           "compile through the pool's jobserver" in res.stderr
+    hows = [line.split()[0] for line in steps.read_text().splitlines()]
+    assert hows and set(hows) <= {"beside", "after"}, hows
 
 
 def test_patch_that_does_not_apply_publishes_nothing(project: Path, shared_cache: Path) -> None:

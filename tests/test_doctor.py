@@ -324,7 +324,12 @@ def test_objcopy_found_or_missing(tmp_path: Path, bin_dir: Path) -> None:
     found = one(check(tmp_path, env(bin_dir)), "objcopy")
     assert (found.status, found.detail) == (
         "OK", f"GNU objcopy (GNU Binutils for Debian) 2.40 at {bin_dir / 'objcopy'}")
-    missing = one(check(tmp_path, env(tmp_path / "empty")), "objcopy")
+    # only the opt-in nvcc step runner needs it
+    off = one(check(tmp_path, env(tmp_path / "empty")), "objcopy")
+    assert (off.status, off.detail) == ("SKIP", "not on PATH: only the nvcc step runner needs "
+                                                "it (WHEELFORGE_NVCC_STEPS=1), and it is off")
+    missing = one(check(tmp_path, env(tmp_path / "empty", WHEELFORGE_NVCC_STEPS="1")),
+                  "objcopy")
     assert missing.status == "WARN" and missing.detail.startswith("not on PATH: each CUDA "
                                                                   "unit's host compile runs")
     assert missing.fix == "install binutils (e.g. apt install binutils)"

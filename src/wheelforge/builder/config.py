@@ -320,6 +320,81 @@ def _positive_int(value: str, what: str) -> int:
     return n
 
 
+def _resolve_archs(arch: str | None, defaults: dict[str, Any], env: Mapping[str, str],
+                   origins: dict[str, str]) -> tuple[Arch, ...]:
+    """The arch list: --arch, else $TORCH_CUDA_ARCH_LIST, else the project file's, else
+    the default; a bad one names where it came from."""
+    arch_text, origins["arch"] = DEFAULT_ARCH, "default"
+    if "arch" in defaults:
+        value = defaults["arch"]  # a YAML list is an arch list too
+        arch_text = ";".join(map(str, value)) if isinstance(value, list) else str(value or "")
+        origins["arch"] = PROJECT_FILE
+    if env.get("TORCH_CUDA_ARCH_LIST", "").strip():  # empty: unset, as torch reads it
+        arch_text, origins["arch"] = env["TORCH_CUDA_ARCH_LIST"], "TORCH_CUDA_ARCH_LIST"
+    if arch is not None:  # --arch '' is a mistake, never the default
+        arch_text, origins["arch"] = arch, "--arch"
+    try:
+        return parse_arch_list(arch_text)
+    except ConfigError as exc:
+        if origins["arch"] != "--arch":
+            where = ("defaults.arch of " + PROJECT_FILE if origins["arch"] == PROJECT_FILE
+                     else "$TORCH_CUDA_ARCH_LIST")
+            exc.what = f"{where}: {exc.what}"
+        raise
+
+
+def _resolve_torch(torch: str | None, defaults: dict[str, Any]) -> str:
+    """The torch requirement of managed environments: --torch, else the project file's."""
+    torch_req = str(defaults.get("torch") or DEFAULT_TORCH)
+    if torch:
+        torch_req = torch
+    try:
+        if not Requirement(torch_req).name == "torch":
+            raise InvalidRequirement("not a torch requirement")
+    except InvalidRequirement as exc:
+        raise ConfigError(f"{torch_req!r} is not a torch requirement", why=str(exc),
+                          fix="e.g. --torch 'torch==2.14.1'") from exc
+    return torch_req
+
+
+def _resolve_python(python: str | os.PathLike[str] | None, defaults: dict[str, Any],
+                    env: Mapping[str, str], origins: dict[str, str]) -> Path | None:
+    """Your interpreter (--python, else the project file's), found; None: a managed one."""
+    if python is None and defaults.get("python"):
+        given, origins["python"] = str(defaults["python"]), PROJECT_FILE
+        found = find_python(given, f"defaults.python of {PROJECT_FILE}", env)
+    elif python is not None:
+        given, origins["python"] = os.fspath(python), "--python"
+        found = find_python(python, "--python", env)
+    else:
+        return None
+    if given != str(found):
+        origins["python"] += f" {given}"  # the summary shows the name and what it resolved to
+    return found
+
+
+def _resolve_jobs(jobs: int | None, env: Mapping[str, str], n_archs: int, gib_per_job: float,
+                  origins: dict[str, str]) -> tuple[int, int]:
+    """MAX_JOBS (--jobs, $MAX_JOBS, else what the cores and the memory allow) and
+    NVCC_THREADS ($NVCC_THREADS, else the cores left over)."""
+    cores = cpu_count()
+    if jobs is not None:
+        n_jobs, origins["jobs"] = jobs, "--jobs"
+    elif env.get("MAX_JOBS"):
+        n_jobs, origins["jobs"] = _positive_int(env["MAX_JOBS"], "MAX_JOBS"), "MAX_JOBS"
+    else:
+        mem = memory_available_gib()
+        n_jobs = auto_jobs(cores, mem, gib_per_job)
+        origins["jobs"] = f"auto: {cores} cores, {mem:.0f} GiB available, {gib_per_job:g} GiB/job"
+    if env.get("NVCC_THREADS"):
+        threads = _positive_int(env["NVCC_THREADS"], "NVCC_THREADS")
+        origins["threads"] = "NVCC_THREADS"
+    else:
+        # once the build's translation units are known, jobs_for shares the cores out again
+        threads = _leftover_threads(cores, n_jobs, n_archs)
+    return n_jobs, threads
+
+
 def resolve(
     *,
     arch: str | None = None,
@@ -343,60 +418,12 @@ def resolve(
                                   (project_file or Path(PROJECT_FILE)).parent,
                                   env.get(GIT_MIRRORS_ENV, ""), git_mirrors, origins)
 
-    arch_text, origins["arch"] = DEFAULT_ARCH, "default"
-    if "arch" in defaults:
-        value = defaults["arch"]  # a YAML list is an arch list too
-        arch_text = ";".join(map(str, value)) if isinstance(value, list) else str(value or "")
-        origins["arch"] = PROJECT_FILE
-    if env.get("TORCH_CUDA_ARCH_LIST", "").strip():  # empty: unset, as torch reads it
-        arch_text, origins["arch"] = env["TORCH_CUDA_ARCH_LIST"], "TORCH_CUDA_ARCH_LIST"
-    if arch is not None:  # --arch '' is a mistake, never the default
-        arch_text, origins["arch"] = arch, "--arch"
-    try:
-        archs = parse_arch_list(arch_text)
-    except ConfigError as exc:
-        if origins["arch"] != "--arch":
-            where = ("defaults.arch of " + PROJECT_FILE if origins["arch"] == PROJECT_FILE
-                     else "$TORCH_CUDA_ARCH_LIST")
-            exc.what = f"{where}: {exc.what}"
-        raise
-
-    torch_req = str(defaults.get("torch") or DEFAULT_TORCH)
-    if torch:
-        torch_req = torch
-    try:
-        if not Requirement(torch_req).name == "torch":
-            raise InvalidRequirement("not a torch requirement")
-    except InvalidRequirement as exc:
-        raise ConfigError(f"{torch_req!r} is not a torch requirement", why=str(exc),
-                          fix="e.g. --torch 'torch==2.14.1'") from exc
+    archs = _resolve_archs(arch, defaults, env, origins)
+    torch_req = _resolve_torch(torch, defaults)
     pip_args = tuple(str(a) for a in (defaults.get("torch-pip-args") or []))
-
-    if python is None and defaults.get("python"):
-        given, origins["python"] = str(defaults["python"]), PROJECT_FILE
-        python = find_python(given, f"defaults.python of {PROJECT_FILE}", env)
-    elif python is not None:
-        given, origins["python"] = os.fspath(python), "--python"
-        python = find_python(python, "--python", env)
-    if python is not None and given != str(python):
-        origins["python"] += f" {given}"  # the summary shows the name and what it resolved to
-
-    cores = cpu_count()
+    python = _resolve_python(python, defaults, env, origins)
     gib_per_job = project_gib_per_job(defaults)
-    if jobs is not None:
-        n_jobs, origins["jobs"] = jobs, "--jobs"
-    elif env.get("MAX_JOBS"):
-        n_jobs, origins["jobs"] = _positive_int(env["MAX_JOBS"], "MAX_JOBS"), "MAX_JOBS"
-    else:
-        mem = memory_available_gib()
-        n_jobs = auto_jobs(cores, mem, gib_per_job)
-        origins["jobs"] = f"auto: {cores} cores, {mem:.0f} GiB available, {gib_per_job:g} GiB/job"
-    if env.get("NVCC_THREADS"):
-        threads = _positive_int(env["NVCC_THREADS"], "NVCC_THREADS")
-        origins["threads"] = "NVCC_THREADS"
-    else:
-        # once the build's translation units are known, jobs_for shares the cores out again
-        threads = _leftover_threads(cores, n_jobs, len(archs))
+    n_jobs, threads = _resolve_jobs(jobs, env, len(archs), gib_per_job, origins)
 
     cache = cache_dir or default_cache_dir()
     index = index_dir or Path(str(defaults.get("index") or "index"))

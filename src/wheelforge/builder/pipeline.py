@@ -35,17 +35,15 @@ from ..recipe.subsets import subset_environment, subset_label
 from ..wheel import labeled_version, relabel, relabeled_name, wheel_version
 from .artifact import importcheck, platform, reproducible, sbom
 from .artifact.identity import (
-    build_key,
-    key_lock_path,
+    Identity,
+    identify,
     local_label,
     next_build_tag,
-    published_with_key,
     recipe_subset,
-    toolchain_identity,
     tree_id,
 )
 from .artifact.platform import PlatformTag
-from .artifact.verify import verify_wheel
+from .artifact.verify import Verified, verify_wheel
 from .checks import doctor, preflight
 from .compiling import compilecache, jobserver, toolchain, unitcosts
 from .compiling.backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
@@ -53,7 +51,7 @@ from .compiling.compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
 from .env import buildenv, bytecode, envlock
 from .env.buildenv import BuildEnv
-from .source.fetch import extract, fetch
+from .source.fetch import FetchedSource, extract, fetch
 from .source.patch import apply_series
 
 
@@ -91,9 +89,8 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
     environ.pop("PYTHONPATH", None)
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)
     if cuda is not None:  # torch's nvcc command: the cache's (or the toolkit's) + options
-        flags = reproducible.nvcc_flags(cuda.nvcc)
-        if cache is None or cache.backend != "sccache":  # (builder/compiling/jobserver.py: why)
-            flags += jobserver.nvcc_flags(cuda.nvcc)
+        flags = reproducible.nvcc_flags(cuda.nvcc) + jobserver.lent_flags(
+            cuda.nvcc, config.compile_cache.backend)  # (builder/compiling/jobserver.py: why)
         if flags:
             nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(str(cuda.nvcc))
             environ["PYTORCH_NVCC"] = " ".join([nvcc, *flags])
@@ -180,61 +177,160 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
     (the recipe's, its local label) once the build environment is: a build that pins this
     one post-processes and verifies its wheel while this one compiles, and waits for this
     one's published wheel only before its own publish."""
-    inspections = inspections or buildenv.Inspections()
-    inspect = inspections.inspect
-    companions = companions or {}
-    missing = sorted(set(recipe.companions) - set(companions))
-    if missing:
-        raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} built first",
-                          fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
-
-    # this build's hold on its managed environment (builder/env/envlock.py), let go while it
-    # waits for a companion's build, which might wait for another process's install
-    env_hold = envlock.Hold()
-
-    def companion_version(name: str) -> str:
-        found = companions[name]
-        if isinstance(found, BuildResult):
-            return wheel_version(found.wheel)
-        with env_hold.paused():
-            return found.version()
-
-    def companion_published(name: str, pinned: str) -> None:
-        found = companions[name]
-        if isinstance(found, Pending):
-            reporter.info(f"waiting for its companion {name}")
-            with env_hold.paused():
-                found = found.result()
-        if wheel_version(found.wheel) != pinned:
-            raise BuildError(f"{recipe.name}'s wheel pins {name}=={pinned}, but {name} "
-                             f"was published as {found.wheel.name}",
-                             why="the companion's version changed during its build",
-                             fix="run the command again; if it recurs, report it with "
-                                 "both recipes")
-
-    companion_keys = {str(n): (c.build_key if isinstance(c, BuildResult) else c.key())
-                      for n, c in ((n, companions[n]) for n in recipe.companions)}
-    reporter.header(f"{recipe.name} {recipe.version}")
-    extension = recipe.build.kind == "extension"
-    work: Path | None = None
-    fixed: reproducible.FixedPaths | None = None
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    log = config.cache_dir / "logs" / f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log"
-    held = contextlib.ExitStack()  # the build key's lock, from before the fetch to the end
-    held.enter_context(env_hold)
+    build = _Build(recipe, config, reporter, companions or {},
+                   inspections or buildenv.Inspections(), pool, warm)
     try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        cuda = None
+        with build.kept_on_failure():
+            result = _steps(build, on_key, on_version)
+    finally:
+        build.held.close()  # the build key's lock, the fixed path, the environment's hold
+    if not result.skipped:  # published: the work directory has served
+        assert build.work is not None
+        shutil.rmtree(build.work, ignore_errors=True)
+    return result
+
+
+def _steps(b: _Build, on_key: Callable[[str], None] | None,
+           on_version: Callable[[str], None] | None) -> BuildResult:
+    """The steps of one build, in order; each hands the next what it found."""
+    b.log.parent.mkdir(parents=True, exist_ok=True)
+    cuda, ident, env = b.preflight(on_key)
+    b.hold_key(ident)
+    done = b.already_published(ident)
+    if done is not None:
+        return done
+    b.make_work_dir(ident)
+    fetched, epoch = b.fetch_source()
+    tree = b.extract_and_patch(fetched)
+    env = b.build_environment(tree, env, cuda, on_version)
+    b.fit_jobs(tree)
+    raw, stats = b.compile(tree, env, cuda, epoch)
+    pins = {str(n): b.companion_version(str(n)) for n in b.recipe.companions}
+    final, relabeling = b.post_process(raw, env, cuda, epoch, ident, pins)
+    verified = b.verify(final, env)
+    return b.publish(final, relabeling, verified, env, ident, stats)
+
+
+@dataclass(frozen=True)
+class _Relabeling:
+    """The raw wheel relabeled, with its SBOM, in one pass (one deflate), for a build tag:
+    called once before the verify and again by the publish if the number was taken."""
+    raw: Path
+    work: Path
+    recipe: Recipe
+    local: str
+    torch_pin: str | None
+    pins: dict[str, str]
+    manylinux: str | None
+    archs: tuple[str, ...]
+    key: str
+    made_by: sbom.Toolchain
+    epoch: int
+    plat: PlatformTag | None
+
+    def __call__(self, tag: str | None) -> Path:
+        name, version, _build, _tags = parse_wheel_filename(self.filename(tag))
+        bom = sbom.make_sbom(name=str(name), version=str(version), recipe=self.recipe,
+                             archs=self.archs, build_key=self.key, toolchain=self.made_by,
+                             epoch=self.epoch, platform=self.plat)
+        return relabel(self.raw, self.work / f"final-{tag or 0}", local=self.local,
+                       torch_pin=self.torch_pin, drop_requires=self.recipe.build.drop_requires,
+                       build_tag=tag, pins=self.pins, platform=self.manylinux,
+                       files={sbom.SBOM_PATH: bom}, epoch=self.epoch)
+
+    def filename(self, tag: str | None = None) -> str:
+        """The relabeled wheel's file name with build tag ``tag`` (None: none)."""
+        return relabeled_name(self.raw.name, self.local, tag, self.manylinux)
+
+
+class _Build:
+    """One build's state: what it was given, the resources it holds (``held``: the
+    environment's hold, the build key's lock, the work directory's claim, the fixed path;
+    released when the build ends) and its work directory and log.  Its methods are the
+    build's steps; what a step finds it returns to the next."""
+
+    def __init__(self, recipe: Recipe, config: BuildConfig, reporter: Reporter,
+                 companions: Mapping[str, BuildResult | Pending],
+                 inspections: buildenv.Inspections, pool: jobserver.Pool | None,
+                 warm: importcheck.WarmImports | None) -> None:
+        missing = sorted(set(recipe.companions) - set(companions))
+        if missing:
+            raise RecipeError(f"{recipe.name} needs its companion(s) {', '.join(missing)} "
+                              "built first",
+                              fix=f"run 'wheelforge build {recipe.name}' (it builds them too)")
+        self.recipe, self.config, self.reporter = recipe, config, reporter
+        self.companions, self.inspections = companions, inspections
+        self.pool, self.warm = pool, warm
+        self.extension = recipe.build.kind == "extension"
+        # this build's hold on its managed environment (builder/env/envlock.py), let go while
+        # it waits for a companion's build, which might wait for another process's install
+        self.env_hold = envlock.Hold()
+        self.companion_keys = {str(n): (c.build_key if isinstance(c, BuildResult) else c.key())
+                               for n, c in ((n, companions[n]) for n in recipe.companions)}
+        reporter.header(f"{recipe.name} {recipe.version}")
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        self.log = (config.cache_dir / "logs" /
+                    f"{recipe.name}-{recipe.version}-{stamp}-{os.getpid()}.log")
+        self.work: Path | None = None
+        self.fixed: reproducible.FixedPaths | None = None
+        self.checks: dict[str, str] = {}  # the import check's environment
+        self.held = contextlib.ExitStack()  # from before the fetch to the end of the publish
+        self.held.enter_context(self.env_hold)
+
+    @contextlib.contextmanager
+    def kept_on_failure(self) -> Iterator[None]:
+        """The one place a failed or stopped build keeps its work directory (the source
+        tree moved into it) and names it, with its log."""
+        try:
+            yield
+        except WheelforgeError as exc:
+            kept = self._keep_work()
+            if exc.log is None and self.log.exists():
+                exc.log = str(self.log)
+            if kept:
+                exc.fix = (exc.fix + "; " if exc.fix else "") + kept
+            raise
+        except OSError as exc:  # a full disk, a read-only or unwritable directory
+            kept = self._keep_work()
+            err = index.store.disk_error(exc, f"the build of {self.recipe.name} "
+                                              f"{self.recipe.version} could not write its files",
+                                         self.work or self.config.work_dir)
+            if kept:
+                err.fix += f"; {kept}"
+            err.log = str(self.log) if self.log.exists() else None
+            raise err from None
+        except KeyboardInterrupt:
+            kept = self._keep_work().removesuffix(" (wheelforge clean removes it)")
+            logged = f"; log {self.log}" if self.log.exists() else ""
+            self.reporter.info(f"stopped; nothing was published{'; ' + kept if kept else ''}"
+                               f"{logged}")
+            raise
+
+    def _keep_work(self) -> str:
+        """The failed build's source tree moved into its work directory; what to tell of
+        the directory ("" when there is none)."""
+        if self.fixed is not None and self.work is not None:
+            self.fixed.keep(self.work)
+        if self.work is not None and self.work.exists():
+            return f"work directory kept at {self.work} (wheelforge clean removes it)"
+        return ""
+
+    def preflight(self, on_key: Callable[[str], None] | None
+                  ) -> tuple[toolchain.Cuda | None, Identity, BuildEnv | None]:
+        """The toolchain, the build's identity, the places it writes; your interpreter as
+        it is (``--python``), with what the recipe names installed in it."""
+        recipe, config, reporter = self.recipe, self.config, self.reporter
         with reporter.step("preflight"):
-            if extension:
+            cuda = None
+            if self.extension:
                 cuda = toolchain.find_cuda()
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 toolchain.check_archs(cuda, config.archs)
-            key = build_key(recipe, config, toolchain_identity(recipe, config, cuda, inspect),
-                            companion_keys)
-            reporter.info(f"build key {key[:16]}")
+            ident = identify(recipe, config, cuda, self.companion_keys,
+                             self.inspections.inspect)
+            reporter.info(f"build key {ident.label}")
             if on_key is not None:
-                on_key(key)
+                on_key(ident.key)
             subset = recipe_subset(recipe, config)
             if subset:
                 reporter.info("kernel subset " + " ".join(
@@ -242,185 +338,263 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                     f"{subset_label(recipe, subset)})")
             preflight.check_writable(config, recipe.name)
             index.repair(config.index_dir)  # a change a killed writer left: finished first
-            env: BuildEnv | None = None
+            env = None
             if config.python is not None and recipe.build.requires:
                 # your interpreter, as it is: what the recipe names is known before the
                 # fetch (pyproject's build-system.requires only after it)
-                env = _get_env(recipe, config, reporter, log, inspections)
+                env = _get_env(recipe, config, reporter, self.log, self.inspections)
                 require(env, list(recipe.build.requires), recipe.name)
+        return cuda, ident, env
 
+    def hold_key(self, ident: Identity) -> None:
+        """The build key's lock, held until the build ends: one build of a key at a time."""
         def waiting(holder: str) -> None:
-            reporter.info(f"waiting for build key {key[:16]}: another build holds it, "
-                          f"{holder}")
+            self.reporter.info(f"waiting for build key {ident.label}: another build holds "
+                               f"it, {holder}")
 
-        held.enter_context(owned_lock(key_lock_path(config.cache_dir, key), on_busy=waiting))
-        if not config.force:
-            done = published_with_key(config.index_dir, key)
-            if done is not None:
-                reporter.info(f"already published: {done.filename} (same build key)")
-                return BuildResult(recipe, config.index_dir / "files" / done.filename,
-                                   tuple(done.archs), done.channel, key, skipped=True)
+        self.held.enter_context(owned_lock(ident.lock, on_busy=waiting))
+
+    def already_published(self, ident: Identity) -> BuildResult | None:
+        """The published wheel of this build key (asked under its lock), unless --force."""
+        if self.config.force:
+            return None
+        done = ident.published()
+        if done is None:
+            return None
+        self.reporter.info(f"already published: {done.filename} (same build key)")
+        return BuildResult(self.recipe, self.config.index_dir / "files" / done.filename,
+                           tuple(done.archs), done.channel, ident.key, skipped=True)
+
+    def make_work_dir(self, ident: Identity) -> None:
+        """One directory per run: never shared with, nor removed by, another run."""
+        recipe, config = self.recipe, self.config
         config.work_dir.mkdir(parents=True, exist_ok=True)
-        # one directory per run: never shared with, nor removed by, another run
-        work = Path(tempfile.mkdtemp(prefix=f"{recipe.name}-{recipe.version}-{key[:12]}-",
-                                     dir=config.work_dir))
-        held.enter_context(workdirs.claim(work))  # `wheelforge clean` leaves it alone
-        with reporter.step("fetch source"):
-            fetched = fetch(recipe, config.cache_dir, config.sources_dirs, reporter.info,
-                            git_mirrors=dict(config.git_mirrors))
-            reporter.info(f"{fetched.source.identity} ({fetched.origin})")
-            # reproducible bytes (docs/reproducible.md): the source's date, a fixed path
+        self.work = Path(tempfile.mkdtemp(
+            prefix=f"{recipe.name}-{recipe.version}-{ident.key[:12]}-", dir=config.work_dir))
+        self.held.enter_context(workdirs.claim(self.work))  # `wheelforge clean` leaves it alone
+
+    def fetch_source(self) -> tuple[FetchedSource, int]:
+        """The pinned source, and its date (reproducible bytes, docs/reproducible.md)."""
+        with self.reporter.step("fetch source"):
+            fetched = fetch(self.recipe, self.config.cache_dir, self.config.sources_dirs,
+                            self.reporter.info, git_mirrors=dict(self.config.git_mirrors))
+            self.reporter.info(f"{fetched.source.identity} ({fetched.origin})")
             epoch = reproducible.source_date_epoch(fetched.archive)
-            reporter.info(f"SOURCE_DATE_EPOCH={epoch} ({reproducible.describe_epoch(epoch)}, "
-                          "the source's newest file)")
+            self.reporter.info(f"SOURCE_DATE_EPOCH={epoch} "
+                               f"({reproducible.describe_epoch(epoch)}, the source's newest file)")
+        return fetched, epoch
+
+    def extract_and_patch(self, fetched: FetchedSource) -> Path:
+        """The source tree at its fixed path (held until the build ends), patched."""
+        recipe, reporter = self.recipe, self.reporter
 
         def taking_turns(holder: str) -> None:
             reporter.info(f"waiting for the fixed build path of {recipe.name} "
                           f"{recipe.version}: another build holds it, {holder}")
 
-        fixed = held.enter_context(reproducible.fixed_paths(
+        self.fixed = self.held.enter_context(reproducible.fixed_paths(
             f"{recipe.name}-{recipe.version}", on_busy=taking_turns))
         with reporter.step(f"extract and apply {len(recipe.patches)} patch(es)"):
-            tree = extract(fetched.archive, fixed.src, recipe.extract)
+            tree = extract(fetched.archive, self.fixed.src, recipe.extract)
             reporter.info(f"building at {tree} (a fixed path)")
             apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
+        return tree
+
+    def build_environment(self, tree: Path, env: BuildEnv | None, cuda: toolchain.Cuda | None,
+                          on_version: Callable[[str], None] | None) -> BuildEnv:
+        """The build environment (the one preflight found, or the managed one), checked
+        against the toolchain and the tree's build requirements."""
+        recipe, config, reporter = self.recipe, self.config, self.reporter
         with reporter.step("build environment"):
-            env = env or _get_env(recipe, config, reporter, log, inspections, env_hold)
+            env = env or _get_env(recipe, config, reporter, self.log, self.inspections,
+                                  self.env_hold)
             reporter.info(env.describe())
-            if extension:
+            if self.extension:
                 assert cuda is not None
                 toolchain.check_torch_cuda(cuda, env.torch_cuda, env.torch_version or "?")
                 _doctor(config, env, reporter)
-            check_build_requires(tree, env, recipe.build.requires, recipe.name, log)
+            check_build_requires(tree, env, recipe.build.requires, recipe.name, self.log)
             if on_version is not None:  # what a build that pins this one pins
                 on_version(str(Version(labeled_version(Version(str(recipe.version)).public,
                                                        local_label(recipe, env, config)))))
-        jobs, threads, why_jobs = jobs_for(config, recipe.name,
-                                           compile_units(tree) if extension else None,
-                                           recipe.build.job_memory_gib)
+        return env
+
+    def fit_jobs(self, tree: Path) -> None:
+        """MAX_JOBS and NVCC_THREADS for the tree's units and the memory one job needs."""
+        config = self.config
+        jobs, threads, why_jobs = jobs_for(config, self.recipe.name,
+                                           compile_units(tree) if self.extension else None,
+                                           self.recipe.build.job_memory_gib)
         if (jobs, threads) != (config.jobs, config.nvcc_threads):
-            reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
-            config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
+            self.reporter.info(f"MAX_JOBS={jobs} NVCC_THREADS={threads} ({why_jobs})")
+            self.config = dataclasses.replace(config, jobs=jobs, nvcc_threads=threads)
+
+    def compile(self, tree: Path, env: BuildEnv, cuda: toolchain.Cuda | None,
+                epoch: int) -> tuple[Path, CacheStats | None]:
+        """The raw wheel, compiled at the fixed path; what it cost, recorded."""
+        config, extension = self.config, self.extension
         what = f"compile ({'TORCH_CUDA_ARCH_LIST=' + config.arch_list + ', ' if extension else ''}"\
                f"MAX_JOBS={config.jobs})"
         # the import check's interpreters keep their bytecode as setup.py's does
-        checks = bytecode.environ(os.environ, python=env.python, managed=env.managed,
-                                  cache_dir=config.cache_dir)
-        if warm is not None and extension and recipe.verify.imports:
-            warm.start(env.python, checks)  # torch imported once, while the compile runs
-        with reporter.step(what):
-            def on_line(line: str) -> None:
-                reporter.line(line)
-                m = NINJA_PROGRESS.match(line)
-                if m:
-                    reporter.progress(int(m["done"]), int(m["total"]))
-
-            # the environment through the fixed link: torch's include paths are fixed too
-            fixed_env = dataclasses.replace(env, python=fixed.link_env(env.python))
-            with contextlib.ExitStack() as stack:
-                cache = _compile_cache(stack, extension, fixed_env, config, cuda, log,
-                                       reporter)
-                stack.enter_context(reproducible.umask())
-                environ = _environment(recipe, config, fixed_env, cuda, cache, epoch,
-                                       fixed.tmp)
-                tree_key = tree_id(recipe)  # the record's: which source tree it measured
-                costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list,
-                                           tree_key) if extension else None
-                if costs is not None:
-                    environ[unitcosts.ENV] = str(costs)
-                    reporter.info(f"unit costs recorded by an earlier build: {costs}")
-                slots = contextlib.nullcontext() if not extension else \
-                    _compile_slots(pool, config, fixed_env, environ, reporter, costs)
-                with slots, reporter.heartbeat("building"):  # a pure build compiles nothing
-                    try:
-                        raw = build_wheel(tree=tree, env=fixed_env, environ=environ,
-                                          out_dir=work / "dist", log=log, on_line=on_line,
-                                          jobs=config.jobs, stored=extension)
-                    except BuildError as exc:
-                        if env.torch_version is not None:  # read, not imported: name a
-                            try:                           # torch that cannot be imported
-                                buildenv.check_torch_imports(env.python)
-                            except ToolchainError as broken:
-                                raise broken from exc
-                        raise
-                stats = _cache_stats(cache, reporter)
-            reporter.info(f"built {raw.name}")
+        self.checks = bytecode.environ(os.environ, python=env.python, managed=env.managed,
+                                       cache_dir=config.cache_dir)
+        if self.warm is not None and extension and self.recipe.verify.imports:
+            self.warm.start(env.python, self.checks)  # torch imported once, while it compiles
+        with self.reporter.step(what):
+            raw, stats, tree_key = self._compile_wheel(tree, env, cuda, epoch)
+            self.reporter.info(f"built {raw.name}")
             if extension and (stats is None or stats.hits == 0):
-                # a cold compile: what each unit took, for the packing of the next build
-                units = unitcosts.read_ninja_costs(tree)
-                if unitcosts.record(config.cache_dir, recipe.name, tree=tree_key,
-                                    arch_list=config.arch_list, jobs=config.jobs,
-                                    threads=config.nvcc_threads, costs=units):
-                    reporter.info(f"unit costs recorded: {len(units)} units, longest "
-                                  f"{units[0].seconds:.1f} s ({units[0].source}), sum "
-                                  f"{sum(u.seconds for u in units):.0f} s")
+                self._record_unit_costs(tree, tree_key)
             if extension and (stats is None or stats.misses > 0):
-                # the largest child (a cicc or cc1plus) so far: the memory one job needs;
-                # a build served from the compile cache compiled nothing and says nothing,
-                # one served in part may not have run its heaviest unit: it only raises
-                peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
-                served = stats.hits if stats is not None else 0
-                recorded = record_gib_per_job(config.cache_dir, recipe.name, peak,
-                                              keep_higher=served > 0)
-                reporter.info(f"peak memory of one compile job {peak:.1f} GiB " + (
-                    "(recorded)" if recorded == peak else
-                    f"({recorded:.1f} GiB kept: the compile cache served {served} unit(s), "
-                    "which did not run)"))
-        pins = {str(n): companion_version(str(n)) for n in recipe.companions}
-        with reporter.step("post-process wheel"):
-            pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
-                env.torch_major_minor else None
-            local = local_label(recipe, env, config)
+                self._record_peak_memory(stats)
+        return raw, stats
 
-            plat = platform.platform_tag(raw) if extension else None
-            if plat is not None:
-                reporter.info(f"platform tag {plat.tag}" + (
-                    f" (highest symbol versions {', '.join(plat.symbols)})" if plat.symbols
-                    else "") + (f": {plat.note}" if plat.note else ""))
-            made_by = sbom.Toolchain(
-                python=env.python_version, nvcc=str(cuda.version) if cuda else None,
-                cxx=(toolchain.host_compiler() or None) if extension else None,
-                torch=env.torch_version if extension else None,
-                torch_cuda=env.torch_cuda if extension else None)
-            manylinux = plat.tag if plat is not None and plat.manylinux else None
+    def _compile_wheel(self, tree: Path, env: BuildEnv, cuda: toolchain.Cuda | None,
+                       epoch: int) -> tuple[Path, CacheStats | None, str]:
+        """The backend's build of the raw wheel, in its compile slots and compile cache;
+        the cache's figures and the tree's identity (for the unit-cost record)."""
+        config, reporter, extension = self.config, self.reporter, self.extension
+        assert self.fixed is not None and self.work is not None
 
-            def relabeled(tag: str | None) -> Path:
-                """The raw wheel relabeled, with its SBOM, in one pass (one deflate)."""
-                name, version, _build, _tags = parse_wheel_filename(
-                    relabeled_name(raw.name, local, tag, manylinux))
-                bom = sbom.make_sbom(name=str(name), version=str(version), recipe=recipe,
-                                     archs=tuple(config.arch_list.split(";")) if extension
-                                     else (), build_key=key, toolchain=made_by, epoch=epoch,
-                                     platform=plat)
-                return relabel(raw, work / f"final-{tag or 0}", local=local, torch_pin=pin,
-                               drop_requires=recipe.build.drop_requires, build_tag=tag,
-                               pins=pins, platform=manylinux, files={sbom.SBOM_PATH: bom},
-                               epoch=epoch)
+        def on_line(line: str) -> None:
+            reporter.line(line)
+            m = NINJA_PROGRESS.match(line)
+            if m:
+                reporter.progress(int(m["done"]), int(m["total"]))
 
+        # the environment through the fixed link: torch's include paths are fixed too
+        fixed_env = dataclasses.replace(env, python=self.fixed.link_env(env.python))
+        with contextlib.ExitStack() as stack:
+            cache = _compile_cache(stack, extension, fixed_env, config, cuda, self.log,
+                                   reporter)
+            stack.enter_context(reproducible.umask())
+            environ = _environment(self.recipe, config, fixed_env, cuda, cache, epoch,
+                                   self.fixed.tmp)
+            tree_key = tree_id(self.recipe)  # the record's: which source tree it measured
+            costs = unitcosts.recorded(config.cache_dir, self.recipe.name, config.arch_list,
+                                       tree_key) if extension else None
+            if costs is not None:
+                environ[unitcosts.ENV] = str(costs)
+                reporter.info(f"unit costs recorded by an earlier build: {costs}")
+            slots = contextlib.nullcontext() if not extension else \
+                _compile_slots(self.pool, config, fixed_env, environ, reporter, costs)
+            with slots, reporter.heartbeat("building"):  # a pure build compiles nothing
+                raw = _build_raw(tree, fixed_env, environ, self.work / "dist", self.log,
+                                 on_line, config.jobs, extension, named=env)
+            stats = _cache_stats(cache, reporter)
+        return raw, stats, tree_key
+
+    def _record_unit_costs(self, tree: Path, tree_key: str) -> None:
+        """A cold compile: what each unit took, for the packing of the next build."""
+        config = self.config
+        units = unitcosts.read_ninja_costs(tree)
+        if unitcosts.record(config.cache_dir, self.recipe.name, tree=tree_key,
+                            arch_list=config.arch_list, jobs=config.jobs,
+                            threads=config.nvcc_threads, costs=units):
+            self.reporter.info(f"unit costs recorded: {len(units)} units, longest "
+                               f"{units[0].seconds:.1f} s ({units[0].source}), sum "
+                               f"{sum(u.seconds for u in units):.0f} s")
+
+    def _record_peak_memory(self, stats: CacheStats | None) -> None:
+        """The largest child (a cicc or cc1plus) so far: the memory one job needs.  A build
+        served from the compile cache compiled nothing and says nothing; one served in
+        part may not have run its heaviest unit: it only raises."""
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / (1024 * 1024)
+        served = stats.hits if stats is not None else 0
+        recorded = record_gib_per_job(self.config.cache_dir, self.recipe.name, peak,
+                                      keep_higher=served > 0)
+        self.reporter.info(f"peak memory of one compile job {peak:.1f} GiB " + (
+            "(recorded)" if recorded == peak else
+            f"({recorded:.1f} GiB kept: the compile cache served {served} unit(s), "
+            "which did not run)"))
+
+    def companion_version(self, name: str) -> str:
+        """The exact version of the companion ``name``'s wheel (waiting for it to be known)."""
+        found = self.companions[name]
+        if isinstance(found, BuildResult):
+            return wheel_version(found.wheel)
+        with self.env_hold.paused():
+            return found.version()
+
+    def post_process(self, raw: Path, env: BuildEnv, cuda: toolchain.Cuda | None, epoch: int,
+                     ident: Identity, pins: dict[str, str]) -> tuple[Path, _Relabeling]:
+        """The raw wheel relabeled (its local label, its pins, its platform tag, its SBOM)
+        under the build number its name takes now, and how to relabel it again."""
+        with self.reporter.step("post-process wheel"):
+            relabeling = self._relabeling(raw, env, cuda, epoch, ident, pins)
             # a name published with another build key gets the next build number; the
             # number is decided again under the index lock at the publish
-            final = relabeled(next_build_tag(config.index_dir,
-                                             relabeled_name(raw.name, local, None, manylinux)))
-            reporter.info(final.name)
+            final = relabeling(next_build_tag(self.config.index_dir, relabeling.filename()))
+            self.reporter.info(final.name)
             for cname, cversion in pins.items():
-                reporter.info(f"requires its companion {cname}=={cversion}")
-        with reporter.step("verify"):
-            verified = verify_wheel(final, recipe, archs=config.archs, env=env, log=log,
-                                    warm=warm, environ=checks)
+                self.reporter.info(f"requires its companion {cname}=={cversion}")
+        return final, relabeling
+
+    def _relabeling(self, raw: Path, env: BuildEnv, cuda: toolchain.Cuda | None, epoch: int,
+                    ident: Identity, pins: dict[str, str]) -> _Relabeling:
+        """What the relabel writes: the local label, the torch pin, the platform tag (the
+        manylinux analysis, reported) and the SBOM's toolchain."""
+        recipe, config, extension = self.recipe, self.config, self.extension
+        assert self.work is not None
+        pin = f"=={env.torch_major_minor}.*" if recipe.build.pin_torch and \
+            env.torch_major_minor else None
+        local = local_label(recipe, env, config)
+        plat = platform.platform_tag(raw) if extension else None
+        if plat is not None:
+            self.reporter.info(f"platform tag {plat.tag}" + (
+                f" (highest symbol versions {', '.join(plat.symbols)})" if plat.symbols
+                else "") + (f": {plat.note}" if plat.note else ""))
+        made_by = sbom.Toolchain(
+            python=env.python_version, nvcc=str(cuda.version) if cuda else None,
+            cxx=(toolchain.host_compiler() or None) if extension else None,
+            torch=env.torch_version if extension else None,
+            torch_cuda=env.torch_cuda if extension else None)
+        return _Relabeling(
+            raw=raw, work=self.work, recipe=recipe, local=local, torch_pin=pin, pins=pins,
+            manylinux=plat.tag if plat is not None and plat.manylinux else None,
+            archs=tuple(config.arch_list.split(";")) if extension else (), key=ident.key,
+            made_by=made_by, epoch=epoch, plat=plat)
+
+    def verify(self, final: Path, env: BuildEnv) -> Verified:
+        """The wheel checked as a user would get it: its architectures, its imports."""
+        with self.reporter.step("verify"):
+            verified = verify_wheel(final, self.recipe, archs=self.config.archs, env=env,
+                                    log=self.log, warm=self.warm, environ=self.checks)
             for so, found in verified.archs:
-                reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
-                              f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
+                self.reporter.info(f"{so}: SASS {', '.join(sorted(found.sass)) or 'none'}; "
+                                   f"PTX {', '.join(sorted(found.ptx)) or 'none'}")
+        return verified
+
+    def companion_published(self, name: str, pinned: str) -> None:
+        """The companion ``name`` published (waiting for it) with the version pinned."""
+        found = self.companions[name]
+        if isinstance(found, Pending):
+            self.reporter.info(f"waiting for its companion {name}")
+            with self.env_hold.paused():
+                found = found.result()
+        if wheel_version(found.wheel) != pinned:
+            raise BuildError(f"{self.recipe.name}'s wheel pins {name}=={pinned}, but {name} "
+                             f"was published as {found.wheel.name}",
+                             why="the companion's version changed during its build",
+                             fix="run the command again; if it recurs, report it with "
+                                 "both recipes")
+
+    def publish(self, final: Path, relabeling: _Relabeling, verified: Verified, env: BuildEnv,
+                ident: Identity, stats: CacheStats | None) -> BuildResult:
+        """The wheel into the index, after what it pins; a wheel of the same build key
+        published meanwhile (or the same bytes, rebuilt with --force) is the result."""
+        config, extension, reporter = self.config, self.extension, self.reporter
         channel = None
         if extension and env.torch_cuda and env.torch_version:
             channel = index.channel_name(env.torch_cuda, env.torch_version)
-        for cname, cversion in pins.items():  # a wheel is published after what it pins
-            companion_published(cname, cversion)
+        for cname, cversion in relabeling.pins.items():  # published after what it pins
+            self.companion_published(cname, cversion)
         with reporter.step(f"publish to {config.index_dir}"):
             published = index.publish_build(
-                config.index_dir, final, relabel=relabeled, build_key=key, channel=channel,
-                cuda=env.torch_cuda if extension else None,
+                config.index_dir, final, relabel=relabeling, build_key=ident.key,
+                channel=channel, cuda=env.torch_cuda if extension else None,
                 torch=env.torch_version if extension else None,
                 archs=verified.sass + verified.ptx, force=config.force)
             if not published.published:
@@ -429,10 +603,11 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                     "this build's wheel; nothing written" if published.reproduced else
                     f"already published by another run: {published.path.name} "
                     "(same build key); nothing written")
-                shutil.rmtree(work, ignore_errors=True)
-                return BuildResult(recipe, published.path, tuple(published.record.archs),
-                                   published.record.channel, key, skipped=True,
-                                   reproduced=published.reproduced, log=log,
+                assert self.work is not None
+                shutil.rmtree(self.work, ignore_errors=True)
+                return BuildResult(self.recipe, published.path, tuple(published.record.archs),
+                                   published.record.channel, ident.key, skipped=True,
+                                   reproduced=published.reproduced, log=self.log,
                                    cache=stats)
             if published.differs_from:
                 reporter.info(f"this rebuild differs from {published.differs_from}, published "
@@ -443,36 +618,26 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             elif published.path.name != final.name:
                 reporter.info(f"published as {published.path.name} (another build took "
                               f"{final.name} meanwhile)")
-    except WheelforgeError as exc:
-        if fixed is not None and work is not None:
-            fixed.keep(work)
-        if exc.log is None and log.exists():
-            exc.log = str(log)
-        if work is not None and work.exists():
-            exc.fix = ((exc.fix + "; " if exc.fix else "") + f"work directory kept at {work} "
-                       "(wheelforge clean removes it)")
+        return BuildResult(self.recipe, published.path, verified.sass, channel, ident.key,
+                           log=self.log, cache=stats, platform=relabeling.plat)
+
+
+def _build_raw(tree: Path, env: BuildEnv, environ: dict[str, str], out_dir: Path, log: Path,
+               on_line: Callable[[str], None], jobs: int, extension: bool, *,
+               named: BuildEnv) -> Path:
+    """The backend's build of the raw wheel in ``env`` (through the fixed link); a failed
+    build whose torch cannot be imported names that instead (its version was read, not
+    imported), in ``named``, the environment as the user knows it."""
+    try:
+        return build_wheel(tree=tree, env=env, environ=environ, out_dir=out_dir, log=log,
+                           on_line=on_line, jobs=jobs, stored=extension)
+    except BuildError as exc:
+        if named.torch_version is not None:
+            try:
+                buildenv.check_torch_imports(named.python)
+            except ToolchainError as broken:
+                raise broken from exc
         raise
-    except OSError as exc:  # a full disk, a read-only or unwritable directory
-        if fixed is not None and work is not None:
-            fixed.keep(work)
-        err = index.store.disk_error(exc, f"the build of {recipe.name} {recipe.version} "
-                                          "could not write its files", work or config.work_dir)
-        if work is not None and work.exists():
-            err.fix += f"; work directory kept at {work} (wheelforge clean removes it)"
-        err.log = str(log) if log.exists() else None
-        raise err from None
-    except KeyboardInterrupt:
-        if fixed is not None and work is not None:
-            fixed.keep(work)
-        kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
-        logged = f"; log {log}" if log.exists() else ""
-        reporter.info(f"stopped; nothing was published{kept}{logged}")
-        raise
-    finally:
-        held.close()
-    shutil.rmtree(work, ignore_errors=True)
-    return BuildResult(recipe, published.path, verified.sass, channel, key, log=log,
-                       cache=stats, platform=plat)
 
 
 def _gated(env: BuildEnv, environ: dict[str, str]) -> bool:
@@ -500,7 +665,8 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
         if not gated:
             yield
             return
-        with jobserver.Pool(config.jobs * config.nvcc_threads) as own, \
+        with jobserver.Pool(config.jobs * config.nvcc_threads,
+                            lend=jobserver.lends()) as own, \
                 _compile_slots(own, config, env, environ, reporter, costs):
             yield
         return
@@ -509,15 +675,17 @@ def _compile_slots(pool: jobserver.Pool | None, config: BuildConfig, env: BuildE
         nvcc = environ.get("PYTORCH_NVCC") or shlex.quote(
             str(Path(environ["CUDA_HOME"]) / "bin" / "nvcc"))
         lends = any(jobserver.NVCC_JOBSERVER[-1] in word for word in shlex.split(nvcc))
-        if lends:  # each unit's host compile beside its ptxas, on a lent slot
+        steps = lends and jobserver.runs_steps()  # WHEELFORGE_NVCC_STEPS=1
+        if steps:  # each unit's host compile beside its ptxas, on a lent slot
             nvcc = jobserver.steps_in_front(nvcc, environ, config.cache_dir / "nvcc-steps")
         environ["PYTORCH_NVCC"] = pool.gate(nvcc, config.nvcc_threads, priority)
         reporter.info(f"compile slots: {config.nvcc_threads} of the command's {pool.size} "
                       f"for each CUDA unit as it starts (at most {config.jobs} units of "
                       "this build at once)" + (
                           ", and the free ones to ptxas's parts (--split-compile "
-                          f"{jobserver.SPLIT_COMPILE}) and each unit's host compile "
-                          "through the pool's jobserver"
+                          f"{jobserver.SPLIT_COMPILE})" + (
+                              " and each unit's host compile" if steps else "")
+                          + " through the pool's jobserver"
                           if lends else ""))
         yield
         return

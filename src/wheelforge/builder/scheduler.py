@@ -144,7 +144,7 @@ def shared(planned: list[Planned], also: tuple[str, ...] = ()) -> list[Planned]:
 
 def pool_for(config: BuildConfig) -> jobserver.Pool:
     """The compile slots of a command built with ``config``: MAX_JOBS x NVCC_THREADS."""
-    return jobserver.Pool(config.jobs * config.nvcc_threads)
+    return jobserver.Pool(config.jobs * config.nvcc_threads, lend=jobserver.lends())
 
 
 def at_once(environ: Mapping[str, str] | None = None) -> bool:

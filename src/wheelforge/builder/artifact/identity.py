@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -18,7 +19,7 @@ from ...errors import RecipeError
 from ...recipe.format import RecipeBook
 from ...recipe.model import Recipe, Subset
 from ...recipe.subsets import select_subset, subset_label
-from ..compiling import toolchain
+from ..compiling import jobserver, toolchain
 from ..config import BuildConfig
 from ..env import buildenv
 from ..env.buildenv import BuildEnv
@@ -121,9 +122,11 @@ def toolchain_identity(recipe: Recipe, config: BuildConfig,
         torch = " ".join([config.torch, *config.torch_pip_args])
     if recipe.build.kind == "pure":
         return {"python": "py3"}
-    # the host compiler decides the glibc/libstdc++ symbol versions, hence the manylinux tag
+    # the host compiler decides the glibc/libstdc++ symbol versions, hence the manylinux tag;
+    # the pool's lending puts ptxas's options into each cubin (builder/compiling/jobserver.py)
+    lent = jobserver.lent_flags(cuda.nvcc, config.compile_cache.backend) if cuda else ()
     return {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else "",
-            "cxx": toolchain.host_compiler()}
+            "cxx": toolchain.host_compiler(), "nvcc-options": " ".join(lent)}
 
 
 def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:
@@ -174,3 +177,30 @@ def key_lock_path(cache_dir: Path, key: str) -> Path:
     """The lock a build of ``key`` holds from before the fetch to the end of its publish
     (`wheelforge build` and `wheelforge nightly` alike)."""
     return cache_dir / "locks" / f"{key}.lock"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a build is, computed once before anything is fetched: its build key, the lock a
+    build of the key holds (:func:`key_lock_path`), the key's label in messages (its first
+    16 hex digits) and the index it is looked up in (:meth:`published`)."""
+
+    key: str
+    lock: Path
+    label: str
+    index_dir: Path
+
+    def published(self) -> index.WheelRecord | None:
+        """The wheel published with this build key, or None (asked under the lock)."""
+        return published_with_key(self.index_dir, self.key)
+
+
+def identify(recipe: Recipe, config: BuildConfig, cuda: toolchain.Cuda | None,
+             companion_keys: dict[str, str],
+             inspect: buildenv.Inspect = buildenv.inspect_env) -> Identity:
+    """The identity of the build of ``recipe`` for ``config`` with the toolchain ``cuda``
+    (None for a pure wheel) and its companions' build keys."""
+    key = build_key(recipe, config, toolchain_identity(recipe, config, cuda, inspect),
+                    companion_keys)
+    return Identity(key=key, lock=key_lock_path(config.cache_dir, key), label=key[:16],
+                    index_dir=config.index_dir)

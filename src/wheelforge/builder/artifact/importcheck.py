@@ -2,7 +2,8 @@
 wheel's modules from its unpacked files, torch first for an extension (the extension
 links against torch's libraries).
 
-Cold, :func:`cold_problems`: a fresh interpreter per check (``python -c``).
+Cold, :func:`cold_problems`: a fresh interpreter per check (the program
+``_imports.py``, run by its file path).
 
 Warm, :class:`WarmImports`: importing torch takes 2-4 s of one core, and a command
 imported it once per extension it verified, at the end of each build, where a build's
@@ -38,99 +39,19 @@ from pathlib import Path
 
 from ... import _proc
 from ..env.buildenv import site_stamp
+from . import _imports
 
 __all__ = ["WarmImports", "cold_problems"]
 
 MARK = "wheelforge-import-check: "
 
-#: The check itself, shared by the cold script and the warm interpreter's children.
-_CHECK = r"""
-import importlib, sys
-
-def check(modules):
-    bad = []
-    for m in modules:
-        try:
-            importlib.import_module(m)
-        except Exception as exc:
-            bad.append('import %s failed: %s: %s' % (m, type(exc).__name__, exc))
-    print('\n'.join(bad))
-    return 1 if bad else 0
-"""
-
-#: The warm interpreter: argv[1] the socket to listen on, argv[2] the module to import
-#: once (torch), argv[3] the marker of its answers.  One JSON line per connection:
-#: {"dir": ..., "modules": [...]} forks a child that answers on the connection (its
-#: output, then a MARK line with its exit status).  It says when it started and when it
-#: is ready; :meth:`WarmImports.close` kills its process group.  Only the standard
-#: library: the build environment may lack wheelforge.
-_SERVER = _CHECK + r"""
-import json, os, signal, socket
-
-MARK = sys.argv[3]
-
-def child(conn, request):
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the imports may wait for processes
-    os.dup2(conn.fileno(), 1)
-    os.dup2(conn.fileno(), 2)
-    conn.close()
-    import faulthandler
-    faulthandler.enable()  # a crash in an extension's import says where
-    where = request["dir"]
-    os.environ["PYTHONPATH"] = where
-    os.chdir(where)  # '' (python -c's first path entry) is now the wheel's directory
-    sys.path.insert(1 if sys.path[:1] == [""] else 0, where)  # as PYTHONPATH puts it
-    importlib.invalidate_caches()
-    code = 2
-    try:
-        code = check(request["modules"])
-    finally:
-        print(MARK + json.dumps({"exit": code}))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-def read_line(conn):
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-def serve(path, preload):
-    print(MARK + json.dumps({"started": os.getpid()}), flush=True)
-    importlib.import_module(preload)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(64)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reap themselves
-    print(MARK + json.dumps({"ready": os.getpid()}), flush=True)
-    while True:
-        conn, _ = server.accept()
-        conn.settimeout(30)
-        try:
-            request = json.loads(read_line(conn) or b"null")
-        except (OSError, ValueError):
-            request = None
-        conn.settimeout(None)
-        if not isinstance(request, dict):
-            conn.close()
-            continue
-        if os.fork() == 0:
-            server.close()
-            child(conn, request)
-        conn.close()
-
-serve(sys.argv[1], sys.argv[2])
-"""
+#: The check, run by its file path: cold (``check``) and warm (``serve``), only the
+#: standard library (the build environment may lack wheelforge).
+PROGRAM = os.path.abspath(_imports.__file__)
 
 
-def _script(modules: tuple[str, ...], extension: bool) -> str:
-    first = "import torch  # the extension links against torch's libraries\n" if extension \
-        else ""
-    return _CHECK + first + f"sys.exit(check({list(modules)!r}))\n"
+def _check_args(modules: tuple[str, ...], extension: bool) -> list[str]:
+    return [PROGRAM, "check", *(["--torch"] if extension else []), *modules]
 
 
 def _problems(returncode: int, output: str) -> list[str]:
@@ -155,7 +76,7 @@ def cold_problems(python: Path, where: Path, modules: tuple[str, ...], extension
     (``PYTHONPATH``, the working directory); the problems, one line per failed import.
     ``environ``: the interpreter's environment (default: this process's), as
     builder/env/bytecode.py makes it."""
-    result = _proc.run([str(python), "-c", _script(modules, extension)], cwd=where,
+    result = _proc.run([str(python), *_check_args(modules, extension)], cwd=where,
                        env=_environ(where, environ), check=False, log=log)
     return _problems(result.returncode, result.output)
 
@@ -191,7 +112,7 @@ class _Server:
                 self.said.append(line)
 
         try:
-            _proc.run([str(self.python), "-c", _SERVER, str(self.socket), preload, MARK],
+            _proc.run([str(self.python), PROGRAM, "serve", str(self.socket), preload, MARK],
                       cwd=self._dir, env=_environ(None, self._environ), on_line=on_line,
                       check=False, keep_output=False)
         except BaseException:  # stopped with the command: the checks run cold

@@ -19,6 +19,7 @@ would look inside auditwheel's directory instead.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -74,11 +75,8 @@ def _highest(versioned: dict[str, set[str]]) -> tuple[str, ...]:
 
 #: the line of the child's output that holds its answer
 _MARK = "wheelforge-platform-tag: "
-_CHILD = ("import dataclasses, json, sys\n"
-          "sys.path[:0] = json.loads(sys.argv[2])\n"  # what this process imports from
-          "from pathlib import Path\n"
-          "from wheelforge.builder.artifact.platform import _MARK, _analyse\n"
-          "print(_MARK + json.dumps(dataclasses.asdict(_analyse(Path(sys.argv[1])))))\n")
+#: the child that runs the analysis, by its file path
+_CHILD = os.path.abspath(Path(__file__).with_name("_tagchild.py"))
 
 
 def platform_tag(wheel: Path) -> PlatformTag:
@@ -89,7 +87,7 @@ def platform_tag(wheel: Path) -> PlatformTag:
     interpreter (it changes the working directory of the process that runs it)."""
     wheel = wheel.absolute()
     path = json.dumps([p for p in sys.path if p])
-    res = _proc.run([sys.executable, "-c", _CHILD, str(wheel), path], cwd=wheel.parent,
+    res = _proc.run([sys.executable, _CHILD, str(wheel), path], cwd=wheel.parent,
                     check=False, timeout=600)
     data = _proc.marked(res.output, _MARK)
     if res.returncode != 0 or not isinstance(data, dict):

@@ -25,6 +25,7 @@ from ...arch import Arch, min_cuda
 from ...errors import WheelforgeError
 from .. import config
 from ..artifact import reproducible
+from ..compiling import jobserver
 from ..compiling.toolchain import Cuda, find_cuda, supported_sass
 from ..env.buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 
@@ -405,13 +406,19 @@ def _check_ninja(python: Path | None, env: Mapping[str, str]) -> Finding:
 
 
 def _check_objcopy(env: Mapping[str, str]) -> Finding:
-    """binutils' objcopy: each CUDA unit's host compile beside its ptxas needs it
-    (builder/compiling/nvccsteps.py); without it nvcc runs its steps itself, one after another."""
+    """binutils' objcopy: the opt-in nvcc step runner (``WHEELFORGE_NVCC_STEPS=1``,
+    builder/compiling/nvccsteps.py) needs it for each CUDA unit's host compile beside its
+    ptxas; without it nvcc runs its steps itself, one after another, as it does by default."""
     exe = shutil.which("objcopy", path=env.get("PATH"))
     if exe is not None:
         done = _proc.run([exe, "--version"], env=env, check=False, timeout=_TIMEOUT)
         if done.returncode == 0:
             return Finding("objcopy", "OK", f"{_first_line(done.output)} at {exe}")
+    if not jobserver.runs_steps(env):
+        return Finding("objcopy", "SKIP",
+                       ("not on PATH" if exe is None else f"{exe} --version failed")
+                       + ": only the nvcc step runner needs it (WHEELFORGE_NVCC_STEPS=1), "
+                       "and it is off")
     return Finding("objcopy", "WARN",
                    ("not on PATH" if exe is None else f"{exe} --version failed")
                    + ": each CUDA unit's host compile runs after its ptxas, as nvcc runs it, "

@@ -19,38 +19,17 @@ from packaging.version import InvalidVersion
 from ... import _proc
 from ...errors import BuildError, ToolchainError, VerifyError
 from ..env.buildenv import BuildEnv, missing_requirements
+from . import _hookrun
 from .diagnose import diagnose, first_error_line
 
 NINJA_PROGRESS = re.compile(r"^\[(?P<done>\d+)/(?P<total>\d+)\]\s")
 
 #: The script that runs pyproject_hooks' hook script in the build environment's
-#: interpreter (``python hookrun.py SCRIPT HOOK DIR``, written to a directory of its own,
-#: so that nothing beside it shadows a module): as ``python SCRIPT HOOK DIR`` would (the
-#: script's directory first on the path), and once the hook has returned (its result
-#: written to DIR, its output flushed, no other thread left) ended with ``os._exit``
-#: instead of the interpreter's teardown.  Tearing down an interpreter that imported
-#: torch (every extension's setup.py does) takes about 0.3 s of one core at the end of
-#: each build's critical path (bench/hook_exit.py: 0.34 s here, 0.27 s on the GPU
-#: machine).  Skipped with it: atexit handlers (logging's flush is run first) and the
-#: finalizers of objects still alive; a hook that failed (an exception, ``sys.exit``)
-#: or left a thread running ends as it would have.  :data:`RUN_HOOK` is the part before
-#: the ending (bench/hook_exit.py runs it alone, for the interpreter's usual exit).
-RUN_HOOK = """\
-import os, runpy, sys, threading
-
-sys.argv = sys.argv[1:]
-if not getattr(sys.flags, "safe_path", False):  # Python 3.11+: -P, PYTHONSAFEPATH
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-HOOK_RUNNER = RUN_HOOK + """\
-if threading.active_count() == 1:
-    if "logging" in sys.modules:
-        sys.modules["logging"].shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-"""
+#: interpreter: ``_hookrun.py``'s text (see there why), written to a directory of its own
+#: as ``hookrun.py``.  :data:`RUN_HOOK` is the same without the early ending
+#: (bench/hook_exit.py runs it alone, for the interpreter's usual exit).
+HOOK_RUNNER = Path(_hookrun.__file__).read_text(encoding="utf-8")
+RUN_HOOK = HOOK_RUNNER.replace("\n    end_early()\n", "\n")
 
 
 _ROUTES: dict[int, list[str]] = {}  # thread -> the warnings its build backend raised

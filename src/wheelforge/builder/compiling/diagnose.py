@@ -79,8 +79,9 @@ class Diagnosis:
 @functools.cache
 def load_signatures() -> tuple[Signature, ...]:
     """The packaged table, validated once per process."""
-    text = resources.files("wheelforge.builder").joinpath(TABLE).read_text(encoding="utf-8")
-    return parse_signatures(text, source=f"wheelforge/builder/{TABLE}")
+    text = resources.files("wheelforge.builder.compiling").joinpath(TABLE).read_text(
+        encoding="utf-8")
+    return parse_signatures(text, source=f"wheelforge/builder/compiling/{TABLE}")
 
 
 def parse_signatures(text: str, *, source: str = TABLE) -> tuple[Signature, ...]:

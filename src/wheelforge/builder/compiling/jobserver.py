@@ -32,31 +32,32 @@ its companions, the cells of a nightly) compiles them within one budget: the com
   (:data:`SECONDS_SUFFIX`), which builder/compiling/unitcosts.py records instead: its wall, or, if
   more, its CPU seconds over its slots (ptxas's threads on lent slots shorten a unit's
   wall, not its work, and the next build packs its units by these seconds).
-* **ptxas's threads.**  ptxas can cut one unit's functions into parts compiled on
-  several threads (``--split-compile``) and take a GNU make jobserver token for every
-  thread past its first (``--jobserver``).  Where nvcc lists both (CUDA 13.0 does), the
-  pool is also a jobserver (a named pipe, ``MAKEFLAGS= --jobserver-auth=fifo:PATH``, set
-  by each gate for its own nvcc and the ptxas it runs, never for ninja, which would join
-  it too) and torch's nvcc command gets ``--ptxas-options=--split-compile=8,--jobserver``
-  (:func:`nvcc_flags`).  The pool puts its free slots in the pipe once no gate has
-  asked for :data:`LEND_AFTER_S` nor ended for :data:`LEND_AFTER_END_S` and none is
-  waiting (:meth:`Pool._lend_idle`),
-  and takes them back, as the threads give them back, when a gate waits
-  (:meth:`Pool._reclaim`).  So the cores a build's last units leave free compile the
-  ptxas phase of the units still running, and a busy machine compiles each unit as
-  before.  A unit's gate still takes its ``NVCC_THREADS`` slots (nvcc's ``--threads``
-  are not the jobserver's).
-  Why ptxas's split only: nvcc's own ``--split-compile`` also splits cicc, whose PTX
-  then differs (nvcc 13.0, torch's argument order: the CUDA fixture's kernel computes its
+* **ptxas's threads (opt-in: ``WHEELFORGE_JOBSERVER=1``, :func:`lends`; by default nvcc
+  runs as the toolkit runs it and the pool lends nothing: side by side the lending did
+  not pay in wall time, docs/performance.md).**  ptxas can cut one unit's functions into
+  parts compiled on several threads (``--split-compile``) and take a GNU make jobserver
+  token for every thread past its first (``--jobserver``).  Where nvcc lists both (CUDA
+  13.0 does), the pool is also a jobserver (a named pipe, ``MAKEFLAGS=
+  --jobserver-auth=fifo:PATH``, set by each gate for its own nvcc and the ptxas it runs,
+  never for ninja, which would join it too) and torch's nvcc command gets
+  ``--ptxas-options=--split-compile=8,--jobserver`` (:func:`nvcc_flags`).  The pool puts
+  its free slots in the pipe once no gate has asked for :data:`LEND_AFTER_S` nor ended
+  for :data:`LEND_AFTER_END_S` and none is waiting (:meth:`Pool._lend_idle`), and takes
+  them back, as the threads give them back, when a gate waits (:meth:`Pool._reclaim`).
+  So the cores a build's last units leave free compile the ptxas phase of the units
+  still running, and a busy machine compiles each unit as before.  A unit's gate still
+  takes its ``NVCC_THREADS`` slots (nvcc's ``--threads`` are not the jobserver's). Why
+  ptxas's split only: nvcc's own ``--split-compile`` also splits cicc, whose PTX then
+  differs (nvcc 13.0, torch's argument order: the CUDA fixture's kernel computes its
   thread's index twice; not in ccache's order, so a cached object would differ), while
   ptxas's gives the same machine code as no split, whatever the tokens (mamba-ssm's
   costliest unit: all 96 ``.text`` sections the same bytes; only ``.note.nv.tkinfo``,
   which records ptxas's options, differs from a build without it).  The part count is
   fixed (:data:`SPLIT_COMPILE`), so the object's bytes never depend on the machine or on
-  the tokens (tests/test_scheduler.py compiles with and without free slots and compares).
-  Not under sccache: its server runs ptxas without the build's ``MAKEFLAGS`` (ptxas warns
-  that it found no jobserver and runs every part at once), and sccache 0.16 mis-parses
-  nvcc's own ``--jobserver`` (fatbinary: "Could not open input file").
+  the tokens (tests/test_scheduler.py compiles with and without free slots and
+  compares). Not under sccache: its server runs ptxas without the build's ``MAKEFLAGS``
+  (ptxas warns that it found no jobserver and runs every part at once), and sccache 0.16
+  mis-parses nvcc's own ``--jobserver`` (fatbinary: "Could not open input file").
 
 Host C++ units (``$cxx`` in the ninja file, one or two per recipe here) are not gated:
 they run within their build's ``MAX_JOBS``.
@@ -78,12 +79,12 @@ import tempfile
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from ... import _proc, workdirs
 from ..._fs import write_script
-from . import nvccsteps
+from . import _gate, nvccsteps
 from .toolchain import nvcc_help
 
 #: How often a whole compile that waits for its slots looks for Ctrl-C, in seconds.
@@ -106,6 +107,14 @@ LEND_AFTER_END_S = 0.25
 SPLIT_COMPILE = 8
 #: The options (as nvcc's help lists them) that make ptxas a client of the jobserver.
 NVCC_JOBSERVER = ("--split-compile", "--jobserver")
+#: ``WHEELFORGE_JOBSERVER=1``: the pool lends its free slots to ptxas's threads (nvcc gets
+#: :func:`nvcc_flags`); off by default: nvcc runs as the toolkit runs it (docs/performance.md:
+#: the side-by-side runs did not rank the walls on 16 cores, nor on 2).
+JOBSERVER_ENV = "WHEELFORGE_JOBSERVER"
+#: ``WHEELFORGE_NVCC_STEPS=1``: builder/compiling/nvccsteps.py in front of each unit's nvcc
+#: (:func:`steps_in_front`), its host compile beside its ptxas on a lent slot; it turns
+#: the lending on too (unless ``WHEELFORGE_JOBSERVER=0``).  Off by default.
+NVCC_STEPS_ENV = "WHEELFORGE_NVCC_STEPS"
 #: The jobserver's token (GNU make's protocol: a client gives back the byte it took).
 _TOKEN = b"+"
 #: Where the pool's socket goes when the directory given is too deep for one (108 bytes).
@@ -114,61 +123,10 @@ _SHORT_DIR = "/tmp"
 DIR_PREFIX = "wheelforge-jobs-"
 
 #: The file beside a unit's object where its gate wrote the seconds the unit ran.
-SECONDS_SUFFIX = ".wf-seconds"
-
-#: The gate, run as ``python -I -S gate SOCKET SLOTS PRIORITY COMMAND...`` (stdlib only).
-_GATE = '''\
-"""wheelforge: a compile unit's slots from the command's pool (builder/compiling/jobserver.py)."""
-import os, signal, socket, sys, time
-
-signal.signal(signal.SIGINT, signal.SIG_DFL)  # stopped while it waits: it just ends
-address, request, command = sys.argv[1], " ".join(sys.argv[2:4]), sys.argv[4:]
-# the pool's jobserver, for the ptxas threads past each part's first: its nvcc's own
-os.environ["MAKEFLAGS"] = JOBSERVER_MAKEFLAGS
-pool = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-pool.connect(address)
-pool.sendall(request.encode() + b"\\n")
-if pool.recv(1) != b"+":
-    sys.stderr.write("wheelforge gate: the command's pool of compile slots closed\\n")
-    sys.exit(1)
-child, stops = 0, []
-
-
-def forward(signum, _frame):
-    if not child:
-        stops.append(signum)
-        return
-    try:
-        os.kill(child, signum)
-    except ProcessLookupError:  # it ended, and waitpid took it, as the signal came
-        pass
-
-
-for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-    signal.signal(sig, forward)
-started = time.monotonic()
-try:
-    child = os.posix_spawnp(command[0], command, os.environ)
-except OSError as exc:
-    sys.stderr.write("wheelforge gate: cannot run %s: %s\\n" % (command[0], exc))
-    sys.exit(127)
-for signum in stops:
-    os.kill(child, signum)
-status, usage = os.wait4(child, 0)[1:]
-if "-o" in command[:-1]:  # the unit's own seconds: ninja's log counts its wait here too
-    # on its own slots: its wall, or its CPU seconds over its slots where ptxas's threads
-    # ran on lent ones (the next build packs its units by these: the work, not the luck)
-    seconds = max(time.monotonic() - started,
-                  (usage.ru_utime + usage.ru_stime) / max(1, int(sys.argv[2])))
-    try:
-        with open(command[command.index("-o") + 1] + SECONDS_SUFFIX, "w") as f:
-            f.write("%.2f\\n" % seconds)
-    except OSError:
-        pass
-if os.WIFSIGNALED(status):
-    sys.exit(128 + os.WTERMSIG(status))
-sys.exit(os.WEXITSTATUS(status))
-'''.replace("SECONDS_SUFFIX", repr(SECONDS_SUFFIX))
+SECONDS_SUFFIX = _gate.SECONDS_SUFFIX
+#: The gate, run as ``python -I -S _gate.py SOCKET SLOTS PRIORITY MAKEFLAGS COMMAND...``
+#: by its file path (stdlib only: the build environment's interpreter runs it).
+GATE = os.path.abspath(_gate.__file__)
 
 
 def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
@@ -180,6 +138,30 @@ def nvcc_flags(nvcc: Path) -> tuple[str, ...]:
     if split not in text or server not in text:
         return ()
     return (f"--ptxas-options={split}={SPLIT_COMPILE},{server}",)
+
+
+def runs_steps(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether builds put the nvcc step runner in front of nvcc (:data:`NVCC_STEPS_ENV`)."""
+    env = os.environ if environ is None else environ
+    return env.get(NVCC_STEPS_ENV) == "1" and env.get(JOBSERVER_ENV) != "0"
+
+
+def lends(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the command's pool lends its free slots to ptxas's threads
+    (:data:`JOBSERVER_ENV`, or the step runner's :data:`NVCC_STEPS_ENV`)."""
+    env = os.environ if environ is None else environ
+    return env.get(JOBSERVER_ENV) == "1" or runs_steps(env)
+
+
+def lent_flags(nvcc: Path, backend: str | None,
+               environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The options a build gives ``nvcc`` for the pool's lending: :func:`nvcc_flags` when
+    the pool lends and the compile cache is not sccache's (see above), else none.  They
+    are recorded in the cubin (``.note.nv.tkinfo``), so the build key holds them
+    (builder/artifact/identity.py)."""
+    if not lends(environ) or backend == "sccache":
+        return ()
+    return nvcc_flags(nvcc)
 
 
 def steps_in_front(command: str, environ: dict[str, str], directory: Path) -> str:
@@ -240,8 +222,9 @@ class Pool:
     """``size`` compile slots shared by the builds of one command.  Holds a directory,
     a socket and a thread, hence a class; use as a context manager."""
 
-    def __init__(self, size: int, directory: Path | None = None) -> None:
+    def __init__(self, size: int, directory: Path | None = None, *, lend: bool = True) -> None:
         self.size = max(1, size)
+        self.lend = lend  # free slots into the jobserver's pipe (:func:`lends`)
         self._dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=pools_dir(directory)))
         self._address = self._dir / "slots.sock"
         # what the pool holds, let go in reverse when it closes or cannot start (a full
@@ -252,14 +235,12 @@ class Pool:
         self._owned.enter_context(workdirs.claim(self._dir))
         self._owned.callback(shutil.rmtree, self._dir, ignore_errors=True)
         self._fifo = self._dir / "jobs.fifo"  # the jobserver: tokens for ptxas's threads
-        self._gate = self._dir / "gate.py"
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._owned.callback(self._server.close)  # (its thread closes it first)
         try:
             os.mkfifo(self._fifo, 0o600)
             self._tokens = os.open(self._fifo, os.O_RDWR | os.O_NONBLOCK)
             self._owned.callback(os.close, self._tokens)
-            self._gate.write_text(_GATE.replace("JOBSERVER_MAKEFLAGS", repr(self.makeflags())))
             self._server.bind(str(self._address))
             self._server.listen(1024)
         except BaseException:
@@ -315,9 +296,9 @@ class Pool:
         pool's gate, which takes ``threads`` slots for each unit it compiles; a unit of
         a higher ``priority`` goes first."""
         count = max(1, min(threads, self.size))
-        return " ".join([shlex.quote(sys.executable), "-I", "-S",
-                         shlex.quote(str(self._gate)), shlex.quote(str(self._address)),
-                         str(count), repr(float(priority)), command])
+        return " ".join([shlex.quote(sys.executable), "-I", "-S", shlex.quote(GATE),
+                         shlex.quote(str(self._address)), str(count), repr(float(priority)),
+                         shlex.quote(self.makeflags() if self.lend else ""), command])
 
     @contextlib.contextmanager
     def slots(self, count: int, on_wait: Callable[[], None] | None = None,
@@ -421,7 +402,7 @@ class Pool:
         run, once no gate has asked for :data:`LEND_AFTER_S` and none has ended for
         :data:`LEND_AFTER_END_S`, none waits and no compile is expected (the lock held)."""
         now = time.monotonic()
-        if (not self._free or self._waiting or self._expected or self._closed
+        if (not self.lend or not self._free or self._waiting or self._expected or self._closed
                 or now - self._asked_at < LEND_AFTER_S
                 or now - self._ended_at < LEND_AFTER_END_S):
             return

@@ -7,6 +7,12 @@ units a build's ninja runs last spend that host compile (2-5 s of each of mamba-
 units) on one core while the cores the other units left stand idle (docs/performance.md,
 "the host compile beside ptxas").
 
+Opt-in: a build puts it in front of nvcc only with ``WHEELFORGE_NVCC_STEPS=1``
+(builder/compiling/jobserver.py's ``runs_steps``); by default nvcc runs its own steps.  It
+depends on nvcc's undocumented ``--dryrun`` output and on the text fatbinary writes, so each
+toolkit is a new risk for it, and side by side it gained 1.00-1.06x in wall time on 16
+cores and nothing on 2 (docs/performance.md).
+
 This script runs in front of nvcc (``python -I -S nvccsteps.py NVCC ARGS...``: the gate's
 command, or ccache's ``CCACHE_PREFIX``, through a launcher that builder/compiling/jobserver.py's
 ``steps_in_front`` writes; stdlib only).  It runs nvcc's own steps, as
@@ -365,36 +371,45 @@ def compile_unit(nvcc: str, args: list[str], fifo: str) -> int:
         beside.join()
         if not (device_ok and host_ok and host_ok[0]):
             return runner.failed[0] if runner.failed else 1
-        with open(raw.group(1), "rb") as fatbin:
-            data = fatbin.read()
-        data += b"\0" * (-len(data) % 8)
-        with open(aside) as text:
-            fits = placeholder_matches(text.read())
-        if fits:
-            done = subprocess.run(["objcopy", "--update-section",
-                                   f".nv_fatbin={raw.group(1)}", out])
-            fits = done.returncode == 0 and section(out, ".nv_fatbin") == data
-        if not fits:  # as nvcc compiles it: against fatbinary's own file
-            os.replace(aside, embedded.group(1))
-            if not runner.run(host):
-                return runner.failed[0]
-            report("again", out)
-            marker = differs(nvcc)
-            if marker:  # the next units: nvcc as given (correct either way, cheaper)
-                try:
-                    with open(marker, "w") as f:
-                        f.write("this nvcc's fatbin file is not nvccsteps.py's placeholder\n")
-                except OSError:
-                    pass
-        else:
-            report("beside" if took[0] else "after", out)
-        return 0
+        return put_fatbin(nvcc, runner, host, out, raw.group(1), embedded.group(1), aside,
+                          took[0])
     finally:
         for i in plan.index("rm"):  # nvcc's intermediate files, as nvcc removes them
             for path in shlex.split(steps[i])[1:]:
                 if not path.startswith("-"):
                     discard(path)
         discard(aside)
+
+
+def put_fatbin(nvcc: str, runner: Runner, host: list[str], out: str, fatbin_path: str,
+               embedded: str, aside: str, took: bool) -> int:
+    """The object compiled against the placeholder, with fatbinary's fatbin put into its
+    ``.nv_fatbin`` section where fatbinary's own file is the placeholder but for the data;
+    else its host compile again, as nvcc runs it, against fatbinary's file."""
+    with open(fatbin_path, "rb") as fatbin:
+        data = fatbin.read()
+    data += b"\0" * (-len(data) % 8)
+    with open(aside) as text:
+        fits = placeholder_matches(text.read())
+    if fits:
+        done = subprocess.run(["objcopy", "--update-section",
+                               f".nv_fatbin={fatbin_path}", out])
+        fits = done.returncode == 0 and section(out, ".nv_fatbin") == data
+    if not fits:  # as nvcc compiles it: against fatbinary's own file
+        os.replace(aside, embedded)
+        if not runner.run(host):
+            return runner.failed[0]
+        report("again", out)
+        marker = differs(nvcc)
+        if marker:  # the next units: nvcc as given (correct either way, cheaper)
+            try:
+                with open(marker, "w") as f:
+                    f.write("this nvcc's fatbin file is not nvccsteps.py's placeholder\n")
+            except OSError:
+                pass
+    else:
+        report("beside" if took else "after", out)
+    return 0
 
 
 def discard(path: str) -> None:

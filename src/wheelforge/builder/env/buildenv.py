@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 from ... import _proc
 from ..._fs import atomic_write, locked
 from ...errors import ToolchainError
-from . import envlock, pipconfig
+from . import _probe, envlock, pipconfig
 
 Progress = Callable[[str], None]
 
@@ -55,42 +55,8 @@ INSTALLER_ENV = "WHEELFORGE_INSTALLER"
 _UV_KEPT = ("UV_CACHE_DIR", "UV_OFFLINE", "UV_NATIVE_TLS", "UV_SYSTEM_CERTS",
             "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_INSTALLS", "UV_NO_PROGRESS")
 
-_PROBE = r"""
-import json, sys, importlib.metadata as md
-info = {
-    "python": sys.executable,
-    "version": "%d.%d.%d" % sys.version_info[:3],
-    "tag": "cp%d%d" % sys.version_info[:2],
-    "dists": {},
-    "torch": None, "torch_cuda": None, "torch_error": None,
-}
-for d in md.distributions():
-    name = d.metadata["Name"]
-    if name:
-        info["dists"][name.lower().replace("_", "-").replace(".", "-")] = d.version
-if "--torch" in sys.argv:
-    try:
-        import torch
-        info["torch"] = torch.__version__
-        info["torch_cuda"] = torch.version.cuda
-    except Exception as exc:
-        info["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
-elif "--torch-version" in sys.argv:  # torch/version.py alone: torch is not imported
-    try:
-        import importlib.util, os
-        spec = importlib.util.find_spec("torch")
-        if spec is None or not spec.submodule_search_locations:
-            raise ModuleNotFoundError("No module named 'torch'")
-        path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
-        found = {}
-        with open(path) as f:
-            exec(compile(f.read(), path, "exec"), found)
-        info["torch"] = str(found["__version__"])
-        info["torch_cuda"] = found.get("cuda")
-    except Exception as exc:
-        info["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
-print(json.dumps(info))
-"""
+#: The probe of an interpreter, run by its file path (only the standard library).
+PROBE = os.path.abspath(_probe.__file__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +95,7 @@ def inspect_env(python: Path, *, with_torch: bool = True, managed: bool = False,
         raise ToolchainError(f"{python} is not an executable Python interpreter",
                              fix="pass --python the path of your environment's python, "
                                  "e.g. ~/venvs/train/bin/python")
-    argv = [str(python), "-c", _PROBE] + (
+    argv = [str(python), PROBE] + (
         [] if not with_torch else ["--torch"] if import_torch else ["--torch-version"])
     try:
         out = _proc.run(argv).output
