@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -122,3 +123,14 @@ def test_a_quick_command_is_untouched_by_its_timeout() -> None:
     done = _proc.run(["sh", "-c", "printf 'a\\r\\nb\\rc'; exit 3"], timeout=30, check=False)
     assert done == _proc.Completed(("sh", "-c", "printf 'a\\r\\nb\\rc'; exit 3"), 3,
                                    "a\nb\nc")
+
+
+def test_the_log_says_it_timed_out(tmp_path: Path) -> None:
+    mark = marker()
+    log = tmp_path / "cmd.log"
+    with pytest.raises(_proc.CommandTimedOut):
+        _proc.run(["sh", "-c", f"echo working; sleep {mark}"], timeout=TIMEOUT, log=log)
+    assert log.read_text().splitlines()[1:] == [
+        "working", f"sh timed out after 1 s: stopped with every process it started (SIGTERM, "
+        f"SIGKILL {_proc.TIMEOUT_GRACE_S:g} s later)"]
+    assert not sleepers(mark)

@@ -211,6 +211,8 @@ def run(
                 raise CommandFailed(args, 127, f"cannot run {args[0]}: {exc}") from exc
             return Completed(tuple(args), 127, str(exc))
         returncode = _supervise(proc, take, timeout)
+        if returncode is None and timeout is not None and not _STOPPING.is_set():
+            take(timed_out_note(args, timeout))  # the log says so too
     finally:
         if log_file is not None:
             log_file.close()
@@ -218,7 +220,6 @@ def run(
         raise KeyboardInterrupt
     if returncode is None:
         assert timeout is not None
-        take(timed_out_note(args, timeout))
         if check:
             raise CommandTimedOut(args, timeout, "".join(tail))
         return Completed(tuple(args), TIMED_OUT, "".join(kept), timed_out=True)
