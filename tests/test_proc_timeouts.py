@@ -134,3 +134,12 @@ def test_the_log_says_it_timed_out(tmp_path: Path) -> None:
         "working", f"sh timed out after 1 s: stopped with every process it started (SIGTERM, "
         f"SIGKILL {_proc.TIMEOUT_GRACE_S:g} s later)"]
     assert not sleepers(mark)
+
+
+def test_a_command_that_ended_in_time_is_not_timed_out_by_what_it_left() -> None:
+    """It exited at once, and a process it left behind holds its output past the timeout:
+    its exit status counts, and what it left behind is killed."""
+    mark = marker()
+    argv = ["sh", "-c", f"echo done; sleep {mark} & exit 0"]
+    got, took = stopped(argv, mark)
+    assert got == _proc.Completed(tuple(argv), 0, "done\n") and took < BOUND

@@ -282,10 +282,14 @@ def _pump(proc: subprocess.Popen[bytes], take: Callable[[str], None],
         sel.register(fd, selectors.EVENT_READ)
         while True:
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return False
             if ended is None and proc.poll() is not None:
                 ended = now
+            if deadline is not None and now >= deadline:
+                if ended is None:
+                    return False
+                # it ended in time: what it left behind holds the output
+                _signal_all(proc.pid, _session_members(proc.pid), signal.SIGKILL)
+                break
             if ended is not None and now - ended >= ORPHAN_GRACE_S:
                 if orphans_killed:
                     break  # held by a process outside the session: stop reading
