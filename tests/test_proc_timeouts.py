@@ -143,3 +143,9 @@ def test_a_command_that_ended_in_time_is_not_timed_out_by_what_it_left() -> None
     argv = ["sh", "-c", f"echo done; sleep {mark} & exit 0"]
     got, took = stopped(argv, mark)
     assert got == _proc.Completed(tuple(argv), 0, "done\n") and took < BOUND
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e308])
+def test_a_timeout_too_large_to_matter_is_no_limit(timeout: float) -> None:
+    done = _proc.run(["sh", "-c", "echo ok"], timeout=timeout)
+    assert done.output == "ok\n" and not done.timed_out

@@ -30,6 +30,7 @@ import collections
 import contextlib
 import io
 import json
+import math
 import os
 import selectors
 import shlex
@@ -182,6 +183,8 @@ def run(
     args = [os.fspath(a) for a in argv]
     if _STOPPING.is_set():
         raise KeyboardInterrupt
+    if timeout is not None and not math.isfinite(timeout):  # inf (or NaN): no limit
+        timeout = None
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     kept: list[str] = []
     log_file: IO[str] | None = None
