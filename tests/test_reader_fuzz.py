@@ -165,3 +165,17 @@ def test_recorded_durations_nested_or_huge_are_left_out(tmp_path: Path) -> None:
     assert read_durations(tmp_path) == {}
     (stats / DURATIONS).write_text('{"a": 1e999, "b": NaN, "c": ' + "9" * 400 + ', "d": 2}')
     assert read_durations(tmp_path) == {"d": 2.0}
+
+
+def test_a_planned_result_of_the_wrong_types_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    for field, bad in (("duration_s", "slow"), ("duration_s", 10**400), ("duration_s", True),
+                       ("status", "exploded"), ("note", 7), ("archs_found", [1]),
+                       ("wheel", ["x"])):
+        path.write_text(json.dumps(mutated(PLAN, ["done", 0, field], bad)))
+        try:
+            fanout.load_plan(path)
+        except ConfigError as exc:
+            assert field in exc.why and str(path) in exc.what
+        else:
+            raise AssertionError(f"done[0].{field} = {bad!r} was read")

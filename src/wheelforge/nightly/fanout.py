@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -273,9 +274,42 @@ def _plan_of(data: dict[str, Any], path: Path) -> Plan:
                                       "archs_found": tuple(r.get("archs_found") or ())}))
         except TypeError as exc:
             raise _bad(path, f"a planned result is malformed: {exc}") from exc
+        wrong = _mistyped(done[-1])
+        if wrong:
+            raise _bad(path, f"a planned result's {wrong}")
     return Plan(created=str(data.get("created", "")), config=str(data.get("config", "")),
                 index=str(data.get("index", "")), cells=planned, done=tuple(done),
                 wheelforge=str(data.get("wheelforge", "")))
+
+
+#: What each field of a planned result (CellResult) may hold, by its annotation
+_RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "str | None": (str, type(None)), "float": (int, float),
+    "tuple[str, ...]": (tuple,), "CellStatus": (str,)}
+
+
+def _mistyped(result: CellResult) -> str | None:
+    """The first field of ``result`` whose value its annotation does not allow, said."""
+    for field in dataclasses.fields(result):
+        value = getattr(result, field.name)
+        allowed = _RESULT_TYPES.get(str(field.type), (object,))
+        if not isinstance(value, allowed) or isinstance(value, bool) or (
+                isinstance(value, tuple) and not all(isinstance(v, str) for v in value)):
+            return f"{field.name} is {type(value).__name__}, not {field.type}"
+        if str(field.type) == "float" and not _finite(value):
+            return f"{field.name} is {str(value)[:40]}, not a number of seconds"
+    if result.status not in ("built", "skipped", "failed", "not run"):
+        return f"status is {result.status!r}"
+    return None
+
+
+def _finite(value: object) -> bool:
+    if not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def github_matrix(plan: Plan, limit: int = GITHUB_MATRIX_LIMIT) -> dict[str, Any]:
