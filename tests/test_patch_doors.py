@@ -13,6 +13,8 @@ import pytest
 
 import test_patchflow
 from test_patchflow import snapshot, start, wf
+from wheelforge.errors import ConfigError
+from wheelforge.maintain import patchwork
 
 project = test_patchflow.project  # the fixture: recipes/demo.yaml, its sdist and two patches
 
@@ -53,23 +55,39 @@ def test_start_into_a_directory_it_cannot_make_says_so(project: Path) -> None:
     refused(start(project, "--to", "file/sub"), "cannot make the patch repository at")
 
 
-@pytest.mark.parametrize("entry", [
-    {"file": "../../evil.patch"}, {"file": "/etc/evil.patch"}, {"file": 7},
-    {"sha256": "not hex"}, {"key": None}])
-def test_export_refuses_a_forged_state_entry(project: Path, entry: dict[str, object]) -> None:
+def test_export_refuses_a_forged_state_entry(project: Path) -> None:
     assert start(project).returncode == 0
     (project / "evil.patch").write_text("x")  # what a forged entry would read and publish
     state_file = project / "patch-work" / "demo" / ".git" / "wheelforge.json"
     state = json.loads(state_file.read_text())
-    state["patches"][0].update({"sha256": hashlib.sha256(b"x").hexdigest(), **entry})
+    state["patches"][0].update(file="../../evil.patch", sha256=hashlib.sha256(b"x").hexdigest())
     state_file.write_text(json.dumps(state))
     before = snapshot(project)
-    err = refused(wf("patch", "demo", "export", cwd=project),
-                  f"{state_file} is not a state 'wheelforge patch start' wrote",
-                  "patch entry 0", "do not edit .git/wheelforge.json")
-    if isinstance(entry.get("file"), str):
-        assert repr(entry["file"]) in err
+    refused(wf("patch", "demo", "export", cwd=project),
+            f"{state_file} is not a state 'wheelforge patch start' wrote",
+            "patch entry 0 names '../../evil.patch', not a patch file name",
+            "do not edit .git/wheelforge.json")
     assert snapshot(project) == before
+
+
+@pytest.mark.parametrize("entry", [
+    {"file": "/etc/evil.patch"}, {"file": "sub/x.patch"}, {"file": ".hidden.patch"},
+    {"file": "x.diff"}, {"file": 7}, {"sha256": "not hex"}, {"key": None}, "a string"])
+def test_read_state_refuses_an_entry_that_is_no_patch_of_the_series(
+        tmp_path: Path, entry: object) -> None:
+    good = {"file": "0001-fix.patch", "sha256": "0" * 64, "key": "1" * 64}
+    state = {"recipe": "demo", "patches": [good, {**good, **entry} if isinstance(entry, dict)
+                                           else entry]}
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "wheelforge.json").write_text(json.dumps(state))
+    with pytest.raises(ConfigError) as info:
+        patchwork.read_state(tmp_path)
+    assert "patch entry 1" in info.value.why
+    if isinstance(entry, dict) and isinstance(entry.get("file"), str):
+        assert repr(entry["file"]) in info.value.why
+    state["patches"] = [good]
+    (tmp_path / ".git" / "wheelforge.json").write_text(json.dumps(state))
+    assert patchwork.read_state(tmp_path)["patches"] == [good]
 
 
 def test_export_refuses_a_state_nested_too_deep(project: Path) -> None:
