@@ -394,3 +394,32 @@ def test_a_venv_made_while_the_builds_ran_serves_the_check_and_goes_after(
         assert not any("made while the builds ran" in s for s in said)
         assert len(list(work.iterdir())) == 1  # the unused one, until closed
     assert not any(work.iterdir())
+
+
+def test_a_module_that_blocks_at_import_is_stopped_at_the_limit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(issue 52: the limit was applied only once the interpreter closed its output, so a
+    module that blocks at import kept the check running for as long as it blocked)."""
+    import time
+
+    import psutil
+
+    monkeypatch.setattr(stack, "IMPORT_TIMEOUT_S", 3.0)
+    wheel = make_wheel(tmp_path / "dist", {"blocker/__init__.py":
+                                           "import time\nprint('blocking', flush=True)\n"
+                                           "time.sleep(120.25)\n"},
+                       name="blocker", version="1.0+wf")
+    root = tmp_path / "index"
+    index.publish(root, wheel, **NO_TARGET)
+    (tmp_path / "deps").mkdir()
+    options = stack.StackOptions(python=Path(sys.executable), work_dir=tmp_path / "stack",
+                                 log_dir=tmp_path / "logs", deps_dir=tmp_path / "deps")
+    began = time.monotonic()
+    status = stack.check(root, None, None, options)
+    assert time.monotonic() - began < 100  # venv and install included; not the 120 s
+    assert status.state == "broken"
+    assert "the import check did not finish" in status.reason
+    assert "timed out after 3 s" in status.reason
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if any("blocker" in part for part in p.info["cmdline"] or ())]
+    assert not left

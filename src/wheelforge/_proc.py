@@ -3,7 +3,10 @@
 argv lists only (never a shell line), the command echoed to the log, output
 streamed line by line to an optional callback and to the log file, and the
 tail kept for error messages.  Children run in their own process group so an
-interrupt can stop the whole tree (nvcc, cicc, ptxas, ninja).
+interrupt can stop the whole tree (nvcc, cicc, ptxas, ninja).  A timeout holds while the
+command runs, whether it writes, stays silent or closes its output: the output is read
+with select() against the deadline, never by a blocking read.  Process trees are
+psutil's (children, session members, a pid checked before it is signalled).
 
 Every child is also the leader of a session of its own, and the session is
 registered with a watchdog: a small process that wheelforge starts once and
@@ -22,25 +25,33 @@ command they would start after.
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
+import io
 import json
+import math
 import os
+import selectors
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
+from .errors import INTERRUPT_EXIT_CODES, WheelforgeError
+
 TAIL_LINES = 40
 
 _STOPPING = threading.Event()
-_RUNNING: set[subprocess.Popen[str]] = set()
+_RUNNING: set[subprocess.Popen[bytes]] = set()
 _RUNNING_LOCK = threading.Lock()
 
 
@@ -76,6 +87,7 @@ class Completed:
     argv: tuple[str, ...]
     returncode: int
     output: str
+    timed_out: bool = False  # stopped at its timeout (returncode 124)
 
 
 def marked(output: str, mark: str) -> Any:
@@ -112,6 +124,39 @@ class CommandFailed(Exception):
         self.tail = tail
 
 
+#: The exit status :func:`run` gives a command it stopped at its timeout (timeout(1)'s).
+TIMED_OUT = INTERRUPT_EXIT_CODES["timeout"]
+
+
+class CommandTimedOut(CommandFailed, WheelforgeError):
+    """A command ran past its timeout and was stopped, with everything it started.
+
+    A :class:`CommandFailed` (callers that handle a failed command handle this one) and a
+    :class:`WheelforgeError` (one that reaches the command line is a message, exit 124)."""
+
+    exit_code = TIMED_OUT
+    label = "timed out"
+
+    def __init__(self, argv: Sequence[str], timeout: float, tail: str):
+        CommandFailed.__init__(self, argv, TIMED_OUT, tail)
+        self.args = (f"{shlex.join(argv)} timed out",)
+        self.what = f"{shlex.join(argv)[:300]} did not finish"
+        self.why = timed_out_note(argv, timeout).rstrip("\n")
+        self.fix = TIMEOUT_FIX
+        self.log = None
+        self.timeout = timeout
+
+
+TIMEOUT_FIX = ("run the command by hand to see what it waits for (a stalled download, a lock "
+               "another process holds, a module that blocks at import), then try again")
+
+
+def timed_out_note(argv: Sequence[str], timeout: float) -> str:
+    """The line :func:`run` adds to a stopped command's output."""
+    return (f"{os.path.basename(argv[0])} timed out after {timeout:g} s: stopped with every "
+            f"process it started (SIGTERM, SIGKILL {TIMEOUT_GRACE_S:g} s later)\n")
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -128,10 +173,18 @@ def run(
     stdout and stderr are merged.  With ``log`` the command line and every
     output line are appended to that file.  Raises :class:`CommandFailed`
     when ``check`` and the exit status is non-zero.
+
+    ``timeout`` (seconds) holds while the command runs, whether or not it writes or closes
+    its output: then its process group and session are stopped (SIGTERM, SIGKILL
+    :data:`TIMEOUT_GRACE_S` later) and reaped, and :class:`CommandTimedOut` is raised; with
+    ``check=False`` the result has ``timed_out`` set, exit status 124, and the output read
+    so far ends with a line that says so.
     """
     args = [os.fspath(a) for a in argv]
     if _STOPPING.is_set():
         raise KeyboardInterrupt
+    if timeout is not None and not math.isfinite(timeout):  # inf (or NaN): no limit
+        timeout = None
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     kept: list[str] = []
     log_file: IO[str] | None = None
@@ -140,52 +193,39 @@ def run(
         log_file = open(log, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
         log_file.write(f"$ {shlex.join(args)}\n")
         log_file.flush()
+
+    def take(line: str) -> None:
+        tail.append(line)
+        if keep_output:
+            kept.append(line)
+        if log_file is not None:
+            log_file.write(line)
+        if on_line is not None:
+            on_line(line.rstrip("\n"))
+
     try:
         try:
             proc = subprocess.Popen(
-                args,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                start_new_session=True,
-            )
+                args, cwd=cwd, env=dict(env) if env is not None else None,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                start_new_session=True)
         except OSError as exc:
             if check:
                 raise CommandFailed(args, 127, f"cannot run {args[0]}: {exc}") from exc
             return Completed(tuple(args), 127, str(exc))
-        _WATCHDOG.watch(proc.pid)
-        with _RUNNING_LOCK:
-            _RUNNING.add(proc)
-        reading = threading.Event()
-        threading.Thread(target=_end_orphans, args=(proc, reading), daemon=True).start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                tail.append(line)
-                if keep_output:
-                    kept.append(line)
-                if log_file is not None:
-                    log_file.write(line)
-                if on_line is not None:
-                    on_line(line.rstrip("\n"))
-            returncode = proc.wait(timeout=timeout)
-        except BaseException:
-            _kill_group(proc)
-            raise
-        finally:
-            reading.set()
-            with _RUNNING_LOCK:
-                _RUNNING.discard(proc)
-            _WATCHDOG.forget(proc.pid)
+        returncode = _supervise(proc, take, timeout)
+        if returncode is None and timeout is not None and not _STOPPING.is_set():
+            take(timed_out_note(args, timeout))  # the log says so too
     finally:
         if log_file is not None:
             log_file.close()
     if _STOPPING.is_set():  # killed by stop_all: stopped, not failed
         raise KeyboardInterrupt
+    if returncode is None:
+        assert timeout is not None
+        if check:
+            raise CommandTimedOut(args, timeout, "".join(tail))
+        return Completed(tuple(args), TIMED_OUT, "".join(kept), timed_out=True)
     name = signal_name(returncode)
     if name:  # killed by a signal: say so as a shell would (137 for SIGKILL)
         tail.append(f"{os.path.basename(args[0])} was killed by {name} "
@@ -195,86 +235,155 @@ def run(
     return Completed(tuple(args), returncode, "".join(kept))
 
 
+def _supervise(proc: subprocess.Popen[bytes], take: Callable[[str], None],
+               timeout: float | None) -> int | None:
+    """Feed ``proc``'s output to ``take`` line by line until it has ended; its exit status,
+    or None when it ran past ``timeout`` and was stopped (reaped, its processes gone)."""
+    _WATCHDOG.watch(proc.pid)
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        finished = _pump(proc, take, None if timeout is None else
+                         time.monotonic() + timeout)
+        if not finished:
+            _kill_group(proc, TIMEOUT_GRACE_S)
+            return None
+        return proc.wait()
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
+        _WATCHDOG.forget(proc.pid)
+
+
 #: How long the processes a command left behind may hold its output once it has ended.
 ORPHAN_GRACE_S = 5.0
+#: Between SIGTERM and SIGKILL for a command stopped at its timeout.
+TIMEOUT_GRACE_S = 2.0
+#: Between SIGTERM and SIGKILL for commands stopped by an interrupt.
+INTERRUPT_GRACE_S = 5.0
 
 
-def _end_orphans(proc: subprocess.Popen[str], reading: threading.Event) -> None:
-    """Once ``proc`` has ended, kill what is left of its session after
-    :data:`ORPHAN_GRACE_S` if its output is still being read: processes it left behind
-    (a ninja and its compilers when the kernel's OOM killer took the build backend)
-    would otherwise hold the pipe, and the command, for as long as they run."""
-    while proc.poll() is None:
-        if reading.wait(0.2):
-            return
-    if reading.wait(ORPHAN_GRACE_S):
-        return
-    for pid in _session_members(proc.pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+def _pump(proc: subprocess.Popen[bytes], take: Callable[[str], None],
+          deadline: float | None) -> bool:
+    """Read ``proc``'s output (decoded as text mode would: UTF-8, bad bytes replaced,
+    universal newlines) and hand each line to ``take``, until the output ends and ``proc``
+    has ended: True; False at ``deadline``.
+
+    The output may end long after ``proc`` does, or never: processes it left behind (a
+    ninja and its compilers when the kernel's OOM killer took the build backend) would hold
+    the pipe, and the command, for as long as they run.  They are killed after
+    :data:`ORPHAN_GRACE_S`, and the output is left one second after that."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    decoder = io.IncrementalNewlineDecoder(
+        codecs.getincrementaldecoder("utf-8")(errors="replace"), translate=True)
+    pending, ended, orphans_killed = "", None, False
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if ended is None and proc.poll() is not None:
+                ended = now
+            if deadline is not None and now >= deadline:
+                if ended is None:
+                    return False
+                # it ended in time: what it left behind holds the output
+                _signal_all(proc.pid, _session_members(proc.pid), signal.SIGKILL)
+                break
+            if ended is not None and now - ended >= ORPHAN_GRACE_S:
+                if orphans_killed:
+                    break  # held by a process outside the session: stop reading
+                orphans_killed = True
+                ended = now - ORPHAN_GRACE_S + 1.0
+                _signal_all(proc.pid, _session_members(proc.pid), signal.SIGKILL)
+            wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - now))
+            if not sel.select(wait):
+                continue
+            data = os.read(fd, 1 << 16)
+            pending += decoder.decode(data, final=not data)
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                take(line + "\n")
+            if not data:
+                break
+    if pending:
+        take(pending)
+    if deadline is None:
+        return True
+    return _wait_until(proc, deadline)
 
 
-def _session_members(sid: int) -> list[int]:
-    """The live processes of session ``sid`` (from /proc)."""
-    return [pid for pid, fields in _processes() if fields[0] != "Z" and int(fields[3]) == sid]
+def _wait_until(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
-def _processes() -> Iterator[tuple[int, list[str]]]:
-    """Every process's pid and the fields of its /proc/PID/stat after the command name
-    (state, ppid, pgrp, session, ...)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        yield int(entry), fields
+def _session_members(sid: int) -> list[psutil.Process]:
+    """The live processes of session ``sid``."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(proc.pid) == sid and _alive(proc):
+                found.append(proc)
+    return found
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc), children first found first."""
-    children: dict[int, list[int]] = {}
-    for child, fields in _processes():
-        children.setdefault(int(fields[1]), []).append(child)
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """Every process below ``pid``, children first found first."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
-def _signal_all(pgid: int, pids: list[int], sig: signal.Signals) -> None:
+def _tree(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The processes below ``proc`` and the rest of its session, ``proc`` itself left out:
+    ninja starts each job in a process group of its own, and orphans are re-parented."""
+    found: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        found.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+    found.update((p.pid, p) for p in _session_members(proc.pid))
+    found.pop(proc.pid, None)
+    return list(found.values())
+
+
+def _signal_all(pgid: int, procs: list[psutil.Process], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    for pid in pids:  # ninja starts each job in a process group of its own
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+    for proc in procs:  # psutil checks that the pid is still the process it was
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Stop the child and everything below it: TERM, then KILL after 5 s.
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = INTERRUPT_GRACE_S) -> None:
+    """Stop the child and everything below it and in its session: TERM, then KILL after
+    ``grace`` seconds; the child is reaped.
 
     The tree is collected before any signal, since orphans are re-parented.
     """
-    tree = descendants(proc.pid)
+    tree = _tree(proc)
     _signal_all(proc.pid, tree, signal.SIGTERM)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if proc.poll() is not None and not any(_alive(p) for p in tree):
             return
-        time.sleep(0.1)
-    _signal_all(proc.pid, tree + descendants(proc.pid), signal.SIGKILL)
+        time.sleep(0.05)
+    _signal_all(proc.pid, tree + _tree(proc), signal.SIGKILL)
     proc.wait()
+    psutil.wait_procs([p for p in tree if _alive(p)], timeout=1)
 
 
-def _alive(pid: int) -> bool:
+def _alive(proc: psutil.Process) -> bool:
+    """Running, and not a zombie (whose parent has not reaped it yet)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 
 

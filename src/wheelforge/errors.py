@@ -162,7 +162,8 @@ def exit_code_table() -> tuple[tuple[int, str], ...]:
     rows: list[tuple[int, str]] = [(0, "success"), (WheelforgeError.exit_code,
                                                      WheelforgeError.meaning)]
     rows += [(code, _CLASSES[name].meaning) for name, code in EXIT_CODES.items()]
-    rows += [(INTERRUPT_EXIT_CODES["timeout"], "stopped by --timeout"),
+    rows += [(INTERRUPT_EXIT_CODES["timeout"],
+              "stopped by --timeout, or a command it ran passed its time limit"),
              (INTERRUPT_EXIT_CODES["SIGINT"], "interrupted (Ctrl-C, SIGINT)"),
              (INTERRUPT_EXIT_CODES["SIGTERM"], "terminated (SIGTERM)"),
              (INTERNAL_ERROR_EXIT_CODE, "internal error: a wheelforge bug (traceback shown)")]

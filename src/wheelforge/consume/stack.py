@@ -89,6 +89,11 @@ print(%(mark)r + json.dumps({"imports": out, "dists": dists}))
 """.replace("%(mark)r", repr(MARK))
 
 
+#: How long the imports may take: a module that blocks at import is stopped then, and the
+#: stack is broken ("the import check did not finish: ... timed out after 900 s")
+IMPORT_TIMEOUT_S = 900.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackOptions:
     python: Path  # the interpreter the venv is made from
@@ -311,7 +316,8 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
         checking.start()
         try:
             imported = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env,
-                                 log=log, check=False, timeout=900, cwd=work)
+                                 log=log, check=False, timeout=IMPORT_TIMEOUT_S,
+                                 cwd=work)
         finally:
             checking.join()
         if isinstance(checked[0], BaseException):

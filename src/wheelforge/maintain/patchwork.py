@@ -103,7 +103,30 @@ def default_dir(name: str) -> Path:
     return Path("patch-work") / name
 
 
+#: Kernel file systems: a path there is no place for a repository, and /proc/self/... names
+#: another directory in each process that opens it (git's is not wheelforge's)
+_VIRTUAL = ("/proc", "/sys", "/dev")
+
+
 def _fresh_dir(dest: Path) -> None:
+    if dest.is_symlink():
+        target = os.readlink(dest)
+        raise ConfigError(
+            f"{dest} is a symbolic link (to {target}"
+            + ("" if dest.exists() else ", which does not exist") + ")",
+            why="start makes the repository at the path given and never follows a link: the "
+                "unpacked source and its .git would land wherever the link points",
+            fix="pass --to the real directory (or a new path), not a link to it")
+    lexical = os.path.normpath(os.path.abspath(dest))
+    for path in (lexical, os.path.realpath(lexical)):
+        for top in _VIRTUAL:
+            if path != top and not path.startswith(top + "/"):
+                continue
+            raise ConfigError(
+                f"{dest} is under {top}",
+                why="a kernel's virtual file system (/proc, /sys, /dev) holds no repository, "
+                    "and a /proc/self/... path means another directory to each process",
+                fix="pass --to a directory on a real file system")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(
             f"{dest} already exists and is not empty",
@@ -126,20 +149,25 @@ def _commit_tree(repo: Path, tree_dir: Path, message: str, parent: str | None) -
 def start(recipe: Recipe, archive: Path, dest: Path) -> Started:
     """Unpack ``archive`` (the recipe's verified source) into the new repository ``dest``
     and commit the recipe's series onto it, one commit per patch."""
-    _fresh_dir(dest)
     for patch in recipe.patches:
         _check_file(patch)
-    dest = Path(os.path.abspath(dest))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    existed = dest.exists()
     try:
-        return _start(recipe, archive, dest)
-    except BaseException:
-        # nothing half-made is left: the directory is as it was (absent or empty)
-        shutil.rmtree(dest, ignore_errors=True)
-        if existed:
-            dest.mkdir(exist_ok=True)
-        raise
+        _fresh_dir(dest)
+        dest = Path(os.path.abspath(dest))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        existed = dest.exists()
+        try:
+            return _start(recipe, archive, dest)
+        except BaseException:
+            # nothing half-made is left: the directory is as it was (absent or empty)
+            shutil.rmtree(dest, ignore_errors=True)
+            if existed:
+                dest.mkdir(exist_ok=True)
+            raise
+    except OSError as exc:  # the place itself: not writable, replaced meanwhile, disk full
+        raise ConfigError(f"cannot make the patch repository at {dest}",
+                          why=f"{exc.strerror or exc}: {exc.filename or dest}",
+                          fix="pass --to a new or empty directory you can write") from None
 
 
 def _start(recipe: Recipe, archive: Path, dest: Path) -> Started:
@@ -228,17 +256,55 @@ def _write_state(repo: Path, state: dict[str, Any]) -> None:
     atomic_write(_state_path(repo), json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
 def read_state(repo: Path) -> dict[str, Any]:
     try:
         data = json.loads(_state_path(repo).read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("recipe"), str):
             raise ValueError("not a wheelforge state")
-        return data
+    except RecursionError:
+        raise ConfigError(f"{repo} is not a patch repository made by 'wheelforge patch start'",
+                          why=f"{_state_path(repo)}: its JSON is nested too deep",
+                          fix="run 'wheelforge patch NAME start' into a new directory") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{repo} is not a patch repository made by 'wheelforge patch start'",
                           why=f"{_state_path(repo)}: {exc}",
                           fix="run 'wheelforge patch NAME start' first, or pass --from the "
                               "directory it made") from None
+    _check_entries(repo, data.get("patches", []))
+    return data
+
+
+def _check_entries(repo: Path, entries: object) -> None:
+    """Each patch entry of the state names a bare file of the recipe's patches directory,
+    with hex digests: a forged entry (``../``, an absolute path) would have export read
+    and write files outside it."""
+    problem = "patches is not a list" if not isinstance(entries, list) else next(
+        (found for i, entry in enumerate(entries) if (found := _entry_problem(i, entry))), None)
+    if problem:
+        raise ConfigError(f"{_state_path(repo)} is not a state 'wheelforge patch start' wrote",
+                          why=problem + " (a series' files are bare names in patches/NAME/)",
+                          fix="do not edit .git/wheelforge.json; run 'wheelforge patch NAME "
+                              "start' into a new directory and carry your commits over "
+                              "(git cherry-pick)")
+
+
+def _entry_problem(i: int, entry: object) -> str | None:
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str)
+                                              for k in ("file", "sha256", "key")):
+        return f"patch entry {i} is not a mapping of file, sha256 and key strings"
+    if not _bare_patch_name(entry["file"]):
+        return f"patch entry {i} names {entry['file'][:200]!r}, not a patch file name"
+    if not (_HEX64.fullmatch(entry["sha256"]) and _HEX64.fullmatch(entry["key"])):
+        return f"patch entry {i} ({entry['file']}) has a digest that is not 64 hex digits"
+    return None
+
+
+def _bare_patch_name(name: str) -> bool:
+    return (name == os.path.basename(name) and name.endswith(".patch")
+            and not name.startswith(".") and "\0" not in name and "\\" not in name)
 
 
 def _busy(repo: Path) -> str | None:

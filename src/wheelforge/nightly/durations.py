@@ -24,11 +24,12 @@ def _signature(cell: Cell) -> str:
 def read_durations(cache_dir: Path) -> dict[str, float]:
     try:
         data = json.loads((cache_dir / "stats" / DURATIONS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, nested too deep
         return {}
     if not isinstance(data, dict):
         return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+    return {str(k): float(v) for k, v in data.items()
+            if isinstance(v, int | float) and abs(v) < 1e300}  # NaN and 10**400 left out
 
 
 def record_durations(cache_dir: Path, timed: Iterable[tuple[Cell, float]]) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -197,6 +198,23 @@ def write_plan(plan: Plan, path: Path) -> None:
     atomic_write(path, plan_to_json(plan))
 
 
+#: What converting a malformed plan or record can raise: a key missing, a type wrong, a value
+#: out of range (``int(inf)``, ``float(10**400)``, ``str()`` of a 5000-digit int), a value
+#: nested so deep that walking it recurses
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON value in ``path``, or the plan's error naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise _bad(path, "its JSON is nested too deep (a plan or a stage record nests a "
+                         "few levels)") from None
+    except (OSError, ValueError) as exc:
+        raise _bad(path, str(exc)) from exc
+
+
 def _bad(path: Path | str, why: str) -> ConfigError:
     return ConfigError(f"{path} is not a wheelforge plan or stage record", why=why,
                        fix="pass the plan.json that `wheelforge nightly plan` wrote and the "
@@ -226,7 +244,7 @@ def _planned(data: Any, where: str) -> PlannedCell:
             top_level=_strings(data.get("top_level", ())),
             excluded=_strings(data.get("excluded", ())),
             subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()))
-    except (KeyError, TypeError, ValueError) as exc:
+    except _MALFORMED as exc:
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
     if not _KEY.match(cell.build_key):
         raise _bad(where, f"cell {cell.id}: {cell.build_key!r} is not a build key")
@@ -234,12 +252,16 @@ def _planned(data: Any, where: str) -> PlannedCell:
 
 
 def load_plan(path: Path) -> Plan:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _bad(path, str(exc)) from exc
+    data = _read_json(path)
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise _bad(path, f"expected a mapping with schema {PLAN_SCHEMA}")
+    try:
+        return _plan_of(data, path)
+    except _MALFORMED as exc:
+        raise _bad(path, f"it lacks or mistypes {exc}") from None
+
+
+def _plan_of(data: dict[str, Any], path: Path) -> Plan:
     planned = tuple(_planned(c, str(path)) for c in data.get("cells") or [])
     ids = [c.id for c in planned]
     if len(set(ids)) != len(ids):
@@ -252,9 +274,42 @@ def load_plan(path: Path) -> Plan:
                                       "archs_found": tuple(r.get("archs_found") or ())}))
         except TypeError as exc:
             raise _bad(path, f"a planned result is malformed: {exc}") from exc
+        wrong = _mistyped(done[-1])
+        if wrong:
+            raise _bad(path, f"a planned result's {wrong}")
     return Plan(created=str(data.get("created", "")), config=str(data.get("config", "")),
                 index=str(data.get("index", "")), cells=planned, done=tuple(done),
                 wheelforge=str(data.get("wheelforge", "")))
+
+
+#: What each field of a planned result (CellResult) may hold, by its annotation
+_RESULT_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "str | None": (str, type(None)), "float": (int, float),
+    "tuple[str, ...]": (tuple,), "CellStatus": (str,)}
+
+
+def _mistyped(result: CellResult) -> str | None:
+    """The first field of ``result`` whose value its annotation does not allow, said."""
+    for field in dataclasses.fields(result):
+        value = getattr(result, field.name)
+        allowed = _RESULT_TYPES.get(str(field.type), (object,))
+        if not isinstance(value, allowed) or isinstance(value, bool) or (
+                isinstance(value, tuple) and not all(isinstance(v, str) for v in value)):
+            return f"{field.name} is {type(value).__name__}, not {field.type}"
+        if str(field.type) == "float" and not _finite(value):
+            return f"{field.name} is {str(value)[:40]}, not a number of seconds"
+    if result.status not in ("built", "skipped", "failed", "not run"):
+        return f"status is {result.status!r}"
+    return None
+
+
+def _finite(value: object) -> bool:
+    if not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def github_matrix(plan: Plan, limit: int = GITHUB_MATRIX_LIMIT) -> dict[str, Any]:
@@ -412,10 +467,7 @@ def load_stage(stage: Path) -> StageRecord:
     wheel is there, is a plain file name and has the recorded sha256."""
     refuse_links(stage)
     path = stage / RECORD
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _bad(path, str(exc)) from exc
+    data = _read_json(path)
     if not isinstance(data, dict) or data.get("schema") != STAGE_SCHEMA:
         raise _bad(path, f"expected a mapping with schema {STAGE_SCHEMA}")
     def text(key: str) -> str | None:
@@ -434,8 +486,8 @@ def load_stage(stage: Path) -> StageRecord:
             note=str(data.get("note") or ""), error=text("error"),
             log_tail=text("log_tail"), log=text("log"),
             wheelforge=str(data.get("wheelforge", "")))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _bad(path, f"it lacks or mistypes {exc}") from exc
+    except _MALFORMED as exc:
+        raise _bad(path, f"it lacks or mistypes {exc}") from None
     if record.status not in ("built", "failed"):
         raise _bad(path, f"status {record.status!r} is neither built nor failed")
     if record.status == "built":
@@ -450,8 +502,12 @@ def load_stage(stage: Path) -> StageRecord:
                               "name; nothing was published", why=str(exc),
                               fix="a wheel is NAME-VERSION(-BUILD)-PYTHON-ABI-PLATFORM.whl: "
                                   "run the cell again") from None
-        if project != canonicalize_name(record.cell.recipe) or \
-                version.public != Version(record.cell.version).public:
+        try:
+            own = Version(record.cell.version).public
+        except InvalidVersion:
+            raise _bad(path, f"its cell's version {record.cell.version!r} is not a "
+                             "version") from None
+        if project != canonicalize_name(record.cell.recipe) or version.public != own:
             raise PublishError(
                 f"the stage {stage} holds {name}, not a wheel of {record.cell.recipe} "
                 f"{record.cell.version}",

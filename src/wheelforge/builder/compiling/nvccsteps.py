@@ -136,7 +136,10 @@ def tool_of(command: str) -> str:
     fatbinary, rm...)."""
     if command.startswith(DEPS_STEP):
         return "deps"
-    words = shlex.split(command)
+    try:
+        words = shlex.split(command)
+    except ValueError:  # a quote left open (nvcc's rm steps do not quote their paths)
+        return "unreadable"  # not a plan's step: nvcc runs as given
     if not words:
         return ""
     name = os.path.basename(words[0])
@@ -162,7 +165,11 @@ class Plan:
             body = line[3:].rstrip()
             match = _ASSIGN.match(body)
             if match and not self.steps:
-                words = shlex.split(match.group(2))
+                try:
+                    words = shlex.split(match.group(2))
+                except ValueError:  # a quote left open: the plan is not used
+                    self.steps.append(body)
+                    continue
                 self.assigns[match.group(1)] = (words[0] if len(words) == 1 else
                                                 "" if not words else match.group(2).strip())
             else:
@@ -445,6 +452,20 @@ def threads(args: list[str]) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+#: What a shell reads in a path: nvcc's dry run leaves some paths unquoted (its rm steps')
+_SHELL_CHARS = re.compile(r"[\s'\"\\$`]")
+
+
+def unquotable(args: list[str]) -> bool:
+    """Whether the unit's paths (its ``.cu``, ``-o`` and ``-MF``; nvcc's temporary files
+    are named after the unit) hold a quote, a backslash, a dollar, a backtick or a space:
+    nvcc's dry run prints them unquoted in places, so its steps cannot be read back as
+    the words nvcc runs; nvcc then runs as given."""
+    paths = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("-o", "-MF")]
+    paths += [arg for arg in args if arg.endswith(".cu")]
+    return any(_SHELL_CHARS.search(path) for path in paths)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: nvccsteps.py NVCC ARGS...", file=sys.stderr)
@@ -454,7 +475,7 @@ def main(argv: list[str]) -> int:
     if (os.path.basename(nvcc) != "nvcc" or fifo is None or shutil.which("objcopy") is None
             or "-c" not in args or args.count("-o") != 1 or args[-1] == "-o"
             or ("-MD" in args and "-MF" not in args[:-1]) or threads(args) != 1
-            or any(a in PLAIN for a in args)):
+            or any(a in PLAIN for a in args) or unquotable(args)):
         return plain(nvcc, args)
     marker = differs(nvcc)
     if marker and os.path.exists(marker):  # a unit before found the fatbin file unlike
