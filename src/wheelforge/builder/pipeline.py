@@ -326,11 +326,13 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 environ = _environment(recipe, config, fixed_env, cuda, cache, epoch,
                                        fixed.tmp)
                 tree_key = tree_id(recipe)  # the record's: which source tree it measured
+                # an earlier build's record orders the command's compiles (the pool's
+                # priority), never what is compiled: the setup.py never sees it (issue 53)
                 costs = unitcosts.recorded(config.cache_dir, recipe.name, config.arch_list,
                                            tree_key) if extension else None
                 if costs is not None:
-                    environ[unitcosts.ENV] = str(costs)
-                    reporter.info(f"unit costs recorded by an earlier build: {costs}")
+                    reporter.info(f"unit costs recorded by an earlier build (the compile "
+                                  f"slots' order only): {costs}")
                 slots = contextlib.nullcontext() if not extension else \
                     _compile_slots(pool, config, fixed_env, environ, reporter, costs)
                 with slots, reporter.heartbeat("building"):  # a pure build compiles nothing
@@ -348,7 +350,7 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
                 stats = _cache_stats(cache, reporter)
             reporter.info(f"built {raw.name}")
             if extension and (stats is None or stats.hits == 0):
-                # a cold compile: what each unit took, for the packing of the next build
+                # a cold compile: what each unit took, for the order of the next command
                 units = unitcosts.read_ninja_costs(tree)
                 if unitcosts.record(config.cache_dir, recipe.name, tree=tree_key,
                                     arch_list=config.arch_list, jobs=config.jobs,
