@@ -43,7 +43,14 @@ from .index import INDEX_COMMANDS
 from .install import install
 from .maintain import clean, outdated, patch_group
 from .nightly import nightly
-from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
+from .stack import (
+    deps_dir_option,
+    gate_disabled,
+    gate_forced,
+    raise_if_broken,
+    run_gate,
+    stack_group,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -180,7 +187,8 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
             channels: list[str | None] = [*sorted(built or known)] or [None]
             statuses = run_gate(config.index_dir, channels, python=gate_python,
                                 cache_dir=config.cache_dir, recipes_dir=book.recipes_dir,
-                                deps_dir=deps_dir, reporter=reporter, early=early)
+                                deps_dir=deps_dir, reporter=reporter, early=early,
+                                skip_unchanged=not gate_forced())
     channel = built.pop() if len(built) == 1 else None
     click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}), "
                "from any directory:")

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ..consume.stack import EarlyVenv
     from ..index.health import StackStatus
 
-#: WHEELFORGE_STACK_CHECK=off skips the gate after a build or a nightly (said on the console)
+#: WHEELFORGE_STACK_CHECK=off skips the gate after a build or a nightly (said on the console);
+#: =always runs it even where the channel's last passing check saw the same inputs
 STACK_CHECK_VAR = "WHEELFORGE_STACK_CHECK"
 
 deps_dir_option = click.option(
@@ -35,13 +36,22 @@ def gate_disabled(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def gate_forced(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether WHEELFORGE_STACK_CHECK=always asks for the check of unchanged channels."""
+    value = (environ if environ is not None else os.environ).get(STACK_CHECK_VAR, "")
+    return value.strip().lower() == "always"
+
+
 def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
              cache_dir: Path, recipes_dir: Path | None, deps_dir: Path | None,
-             reporter: Reporter, early: EarlyVenv | None = None) -> list[StackStatus]:
+             reporter: Reporter, early: EarlyVenv | None = None,
+             skip_unchanged: bool = False) -> list[StackStatus]:
     """Check and record each channel's stack; print one line per channel; return the
     statuses.  Never raises for a broken stack (the caller decides).  ``early``: a venv
-    made while the builds ran (its first check takes it)."""
-    from ..consume import stack
+    made while the builds ran (its first check takes it).  ``skip_unchanged``: a channel
+    whose last check passed with exactly what the check would install and import now keeps
+    that status, and a line says so (``build``; ``stack check`` always checks)."""
+    from ..consume import stack, stackinputs
     from ..index import health
     from ..recipe.format import RecipeBook
 
@@ -51,6 +61,13 @@ def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
     out = []
     for channel in channels:
         name = channel or "simple/"
+        passed = stack.unchanged(index_dir, channel, book, options) if skip_unchanged \
+            else None
+        if passed is not None:
+            clear_live()
+            click.echo(stackinputs.skip_line(passed, deps_dir))
+            out.append(passed)
+            continue
         with reporter.step(f"stack check of {name}: every wheel with its dependencies, "
                            "in one venv"):
             status = stack.check(index_dir, channel, book, options, say=reporter.info,
