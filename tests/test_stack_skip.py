@@ -153,3 +153,27 @@ def test_build_skips_an_unchanged_channel_and_stack_check_never_does(
     assert counted.calls == 1
     assert stack_cli.gate_forced({"WHEELFORGE_STACK_CHECK": "always"})
     assert not stack_cli.gate_forced({"WHEELFORGE_STACK_CHECK": "on"})
+
+
+def test_build_makes_no_early_venv_where_every_channel_passed_with_these_inputs(
+        tmp_path: Path) -> None:
+    """The venv a build makes beside its compiles (3-5 s of a core, waited for at its end)
+    is not made where the check would be skipped: every channel passed with the inputs of
+    now.  Where one did not, or was never checked, it is."""
+    root, deps = fixture_stack(tmp_path, spoiler_breaks=False)
+
+    def pays() -> bool:
+        return stack_cli.early_venv_pays(root, python=PYTHON, recipes_dir=None,
+                                         deps_dir=deps)
+
+    assert pays()  # never checked
+    inputs = stackinputs.digest(root, None, None, PYTHON, deps,
+                                dict(stack.into.child_env(None)))
+    good = StackStatus(channel=None, state="good", checked_at="2026-12-01T03:00:00Z",
+                       inputs=inputs)
+    health.write_status(root, good)
+    assert not pays()
+    health.write_status(root, dataclasses.replace(good, inputs="0" * 64))
+    assert pays()
+    assert stack_cli.early_venv_pays(tmp_path / "none", python=PYTHON, recipes_dir=None,
+                                     deps_dir=None)

@@ -45,6 +45,7 @@ from .maintain import clean, outdated, patch_group
 from .nightly import nightly
 from .stack import (
     deps_dir_option,
+    early_venv_pays,
     gate_disabled,
     gate_forced,
     raise_if_broken,
@@ -165,7 +166,9 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     gate_python = config.python or config.base_python
     with contextlib.ExitStack() as held:
         early = None
-        if not off:  # the stack check's venv is made while the builds run
+        if not off and (gate_forced() or early_venv_pays(
+                config.index_dir, python=gate_python, recipes_dir=book.recipes_dir,
+                deps_dir=deps_dir)):  # the stack check's venv is made while the builds run
             from ..consume.stack import EarlyVenv
 
             early = held.enter_context(EarlyVenv(gate_python, config.cache_dir / "stack"))

@@ -83,6 +83,27 @@ def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
     return out
 
 
+def early_venv_pays(index_dir: Path, *, python: Path, recipes_dir: Path | None,
+                    deps_dir: Path | None) -> bool:
+    """Whether ``build`` should make the check's venv while it builds: not when every
+    channel of the index passed its last check with the inputs of now (a build that then
+    publishes nothing skips the check, and one that publishes makes its venv then)."""
+    from .. import index
+    from ..consume import stack
+    from ..recipe.format import RecipeBook
+
+    try:
+        known: list[str | None] = [*sorted({r.channel for r in index.load_records(index_dir)
+                                            if r.channel})]
+    except (OSError, ValueError):
+        return True
+    book = RecipeBook(recipes_dir, recipes_dir.parent / "patches") if recipes_dir else None
+    options = stack.StackOptions(python=python, work_dir=index_dir, log_dir=index_dir,
+                                 deps_dir=deps_dir)
+    return any(stack.unchanged(index_dir, channel, book, options) is None
+               for channel in known or [None])
+
+
 def raise_if_broken(statuses: Sequence[StackStatus]) -> None:
     broken = [s for s in statuses if s.state == "broken"]
     if broken:
