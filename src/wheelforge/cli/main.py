@@ -135,7 +135,9 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     Then the stack check (wheelforge stack check) of the channel built for: every wheel of
     the channel installed together, with its dependencies, and imported together. A broken
     stack leaves the wheels published, marks the channel broken on the landing page and
-    exits 13.
+    exits 13. A channel whose last check passed with exactly what it would install and
+    import now (nothing published there) is not checked again: the build says so
+    (WHEELFORGE_STACK_CHECK=always checks anyway).
     """
     from ..builder.scheduler import build_with_companions
 

@@ -143,6 +143,10 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     a cell twice. Writes nightly-<time>.json and .html (and nightly-latest.*) to the report
     directory. Exits 1 when any cell failed.
 
+    Then the stack check of each channel (wheelforge stack check), except where the
+    channel's last check passed with exactly what it would install and import now (said
+    on the console; WHEELFORGE_STACK_CHECK=always checks anyway, =off never).
+
     With a canary: section in the matrix, the newest upstream release of each canary
     recipe is then patched, built, verified and stack-checked in scratch (never published)
     and reported beside the cells; a failing canary is a warning, not part of the exit

@@ -148,6 +148,8 @@ def stack_check(index_dir: Path | None, channels: tuple[str, ...], python: str |
     prints it: good (with the dependency versions it saw), broken (the failing import and
     the package that caused it, with its requirement chain) or not checked (why: e.g. the
     dependencies could not be reached; pass --deps-dir). Exits 13 when a stack is broken.
+    Always checks, also a channel that `build` and `nightly` skip as unchanged since its
+    last passing check.
     """
     import sys
 
