@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -177,3 +179,37 @@ def test_build_makes_no_early_venv_where_every_channel_passed_with_these_inputs(
     assert pays()
     assert stack_cli.early_venv_pays(tmp_path / "none", python=PYTHON, recipes_dir=None,
                                      deps_dir=None)
+
+
+def test_a_noop_build_skips_the_check_and_makes_no_venv(tmp_path: Path) -> None:
+    """The real `wheelforge build` twice (a pure recipe, dependencies from a directory):
+    the first publishes and checks; the second publishes nothing, runs no check and makes
+    no venv (the log directory gains no stack log), and says why."""
+    from test_stack import alpha_project, wheelforge
+
+    sdists = alpha_project(tmp_path)
+    deps = tmp_path / "deps"
+    make_wheel(deps, {"spoiler/__init__.py": "OK = True\n"}, name="spoiler", version="2.0")
+    argv = ["build", "alpha", "--recipes", str(tmp_path / "recipes"), "--sources",
+            str(sdists), "--index", str(tmp_path / "index"), "--cache-dir",
+            str(tmp_path / "cache"), "--work-dir", str(tmp_path / "work"),
+            "--deps-dir", str(deps)]
+    first = wheelforge(*argv, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "stack simple/: good" in first.stdout
+    logs = sorted((tmp_path / "cache" / "logs").glob("stack-*.log"))
+    assert len(logs) == 1
+    again = wheelforge(*argv, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "already published: alpha-0.1.0+wf-py3-none-any.whl" in again.stdout
+    assert "stack check of" not in again.stdout
+    assert "stack simple/: check skipped: the channel is unchanged since the check of " \
+        in again.stdout
+    assert sorted((tmp_path / "cache" / "logs").glob("stack-*.log")) == logs
+    assert not list((tmp_path / "cache" / "stack").glob("stack-*"))  # no early venv left
+    forced = subprocess.run([sys.executable, "-m", "wheelforge", *argv], cwd=tmp_path,
+                            env={**os.environ, "WHEELFORGE_STACK_CHECK": "always"},
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            timeout=600)
+    assert forced.returncode == 0, forced.stdout[-3000:]
+    assert "stack check of simple/" in forced.stdout and "check skipped" not in forced.stdout
