@@ -21,12 +21,11 @@
      builder/compiling/jobserver.py's options (ptxas splits each unit on as many threads as
      the pool's jobserver lends it) and the step runner in front of nvcc.
      --builds DC runs both, D first; CD, C first
-  E  D with the units packed by recorded costs, as `wheelforge build` packs them once an
-     earlier build has recorded them: the split patch gets the record
-     (WHEELFORGE_UNIT_COSTS, builder/compiling/unitcosts.py) of this run's D, E, G, S and P
-     builds before it, as wheelforge keeps one: the latest and up to three before it (E needs one
-     before it).  A letter may repeat (--builds DEEE: the model, then the record of one,
-     two, three builds); each build has a tree of its own
+  E  D after an earlier build recorded its unit costs (builder/compiling/unitcosts.py; E
+     needs a D, E, S or P before it).  Since issue 53 the record never reaches the split
+     patches (it only orders a command's compiles), so E packs the units as D does; the
+     letter stays for the runs in docs/performance.md.  A letter may repeat (--builds
+     DEEE); each build has a tree of its own
   S  E with each unit's steps as nvcc runs them, one after another (before stop 49):
      D, E and P run the host compile beside ptxas and fatbinary (builder/compiling/nvccsteps.py),
      S after them (--builds DESESE: the two side by side, each packed by the record)
@@ -375,15 +374,13 @@ def main() -> None:
                     environ = dict(environ, PYTORCH_NVCC=pool.gate(nvcc, 1, 0.0),
                                    **{nvccsteps.REPORT_ENV: str(steps_report)})
                     print(f"  {letter}: nvcc {' '.join(flags)}, a pool of {pool.size}"
-                          + (", units packed by the record of the builds before" if
+                          + (", after a build that recorded its units" if
                              letter in "ES" else "")
                           + (", nvcc's steps one after another" if letter == "S" else
                              ", each unit's host compile beside its ptxas"), flush=True)
-                if letter in "ES":
-                    if record is None:  # not packed by a record: it would be D under E's name
-                        raise SystemExit(f"{letter}: the build before it recorded no units "
-                                         "(no .ninja_log in its tree)")
-                    environ = dict(environ, **{unitcosts.ENV: str(record)})
+                if letter in "ES" and record is None:
+                    raise SystemExit(f"{letter}: the build before it recorded no units "
+                                     "(no .ninja_log in its tree)")
                 with Unused(pool) as unused:
                     results.append(build(name, tree, env, environ, work / "out",
                                          args.keep, args.frontend))

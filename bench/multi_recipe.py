@@ -16,8 +16,8 @@ recipe's compile step, the load average before and after, and the ratio B / A.
 --compile-cache off (the default) compiles everything; warm links the usual cache's
 ccache directory in (the figures are then about the command around the compiles).
 --unit-costs record builds the recipes once first (one after another, not timed) and
-gives both variants its recorded unit costs (how a machine's second build packs its
-units, and which compile's units go first in the pool).
+gives both variants its recorded unit costs (which compile's units go first in the
+pool; since issue 53 a record never repacks the units).
 --python builds with an existing interpreter (as `wheelforge build --python`);
 --sources and --git-mirror take the sources from a directory and a bundle: together
 they run on a machine without network.  No timing is asserted.

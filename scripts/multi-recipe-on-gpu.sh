@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Issue 26 on a GPU machine without network: bench/multi_recipe.py with this machine's
 # python/torch (--python), cold compiles: the four-recipe command with its builds at
-# once against the same command one after another (WHEELFORGE_BUILDS_AT_ONCE=off);
-# with BENCH=packing, bench/unit_packing.py --recipe mamba-ssm instead (the split packed
-# by the model against packed by the first build's recorded unit costs).  UNIT_COSTS=record:
-# both variants use the unit costs a first build (not timed) recorded.  ONLY='at once'
+# once against the same command one after another (WHEELFORGE_BUILDS_AT_ONCE=off).
+# UNIT_COSTS=record: both variants order their compiles by the unit costs a first build
+# (not timed) recorded (since issue 53 a record never repacks the units).  ONLY='at once'
 # (or 'one after another'): that variant alone; ROUNDS=N: N rounds of it.
 #
 #   scripts/multi-recipe-on-gpu.sh PAYLOAD OUT_DIR
@@ -35,11 +34,7 @@ if [ ! -e "$st/started" ]; then
     export PYTHONUNBUFFERED=1 PYTHONPATH='$repo/src:$st/site'
     find '$cuda'/bin '$cuda'/nvvm '$cuda'/include '$torch_inc' -type f -print0 2>/dev/null \
       | xargs -0 cat > /dev/null
-    if [ '${BENCH:-multi}' = packing ]; then
-      set -- '$repo/bench/unit_packing.py' --recipe mamba-ssm
-    else
-      set -- '$repo/bench/multi_recipe.py' --compile-cache off --unit-costs '${UNIT_COSTS:-none}' ${ONLY:+--only '$ONLY'} ${ROUNDS:+--rounds $ROUNDS}
-    fi
+    set -- '$repo/bench/multi_recipe.py' --compile-cache off --unit-costs '${UNIT_COSTS:-none}' ${ONLY:+--only '$ONLY'} ${ROUNDS:+--rounds $ROUNDS}
     '$py' \"\$@\" --python '$py' --arch '$arch' --sources '$W/sdists' \
       --git-mirror 'https://github.com/state-spaces/mamba=$W/state-spaces-mamba.bundle' \
       ${RECIPES:+--recipes $RECIPES} > '$st/bench.log' 2>&1

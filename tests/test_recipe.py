@@ -140,8 +140,7 @@ def test_shipped_recipes_are_valid() -> None:
         "0001-find-nvcc.patch", "0002-honour-torch-cuda-arch-list.patch",
         "0003-no-network-during-build.patch", "0004-nvcc-threads.patch",
         "0005-split-kernels-into-translation-units.patch",
-        "0006-binding-unit-without-debug-info.patch", "0007-compress-every-fatbin.patch",
-        "0008-unit-costs-from-an-earlier-build.patch"]
+        "0006-binding-unit-without-debug-info.patch", "0007-compress-every-fatbin.patch"]
 
 
 def test_pure_wheels_get_a_local_label_too(tmp_path: Path) -> None:
@@ -183,7 +182,7 @@ def test_shipped_mamba_ssm_recipe() -> None:
     assert r.untagged_commit == src.commit and str(r.version) == "2.3.2.post1"
     assert r.companions == ("causal-conv1d",)
     assert dict(r.build.env) == {"MAMBA_KEEP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE"}
-    assert len(r.patches) == 10
+    assert len(r.patches) == 9
 
 
 @pytest.mark.parametrize("companions, message", [

@@ -475,9 +475,11 @@ class _Build:
             tree_key = tree_id(self.recipe)  # the record's: which source tree it measured
             costs = unitcosts.recorded(config.cache_dir, self.recipe.name, config.arch_list,
                                        tree_key) if extension else None
+            # an earlier build's record orders the command's compiles (the pool's
+            # priority), never what is compiled: the setup.py never sees it (issue 53)
             if costs is not None:
-                environ[unitcosts.ENV] = str(costs)
-                reporter.info(f"unit costs recorded by an earlier build: {costs}")
+                reporter.info(f"unit costs recorded by an earlier build (the compile "
+                              f"slots' order only): {costs}")
             slots = contextlib.nullcontext() if not extension else \
                 _compile_slots(self.pool, config, fixed_env, environ, reporter, costs)
             with slots, reporter.heartbeat("building"):  # a pure build compiles nothing
@@ -487,7 +489,7 @@ class _Build:
         return raw, stats, tree_key
 
     def _record_unit_costs(self, tree: Path, tree_key: str) -> None:
-        """A cold compile: what each unit took, for the packing of the next build."""
+        """A cold compile: what each unit took, for the order of the next command's compiles."""
         config = self.config
         units = unitcosts.read_ninja_costs(tree)
         if unitcosts.record(config.cache_dir, self.recipe.name, tree=tree_key,

@@ -43,7 +43,15 @@ from .index import INDEX_COMMANDS
 from .install import install
 from .maintain import clean, outdated, patch_group
 from .nightly import nightly
-from .stack import deps_dir_option, gate_disabled, raise_if_broken, run_gate, stack_group
+from .stack import (
+    deps_dir_option,
+    early_venv_pays,
+    gate_disabled,
+    gate_forced,
+    raise_if_broken,
+    run_gate,
+    stack_group,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -127,7 +135,9 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     Then the stack check (wheelforge stack check) of the channel built for: every wheel of
     the channel installed together, with its dependencies, and imported together. A broken
     stack leaves the wheels published, marks the channel broken on the landing page and
-    exits 13.
+    exits 13. A channel whose last check passed with exactly what it would install and
+    import now (nothing published there) is not checked again: the build says so
+    (WHEELFORGE_STACK_CHECK=always checks anyway).
     """
     from ..builder.scheduler import build_with_companions
 
@@ -158,7 +168,9 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     gate_python = config.python or config.base_python
     with contextlib.ExitStack() as held:
         early = None
-        if not off:  # the stack check's venv is made while the builds run
+        if not off and (gate_forced() or early_venv_pays(
+                config.index_dir, python=gate_python, recipes_dir=book.recipes_dir,
+                deps_dir=deps_dir)):  # the stack check's venv is made while the builds run
             from ..consume.stack import EarlyVenv
 
             early = held.enter_context(EarlyVenv(gate_python, config.cache_dir / "stack"))
@@ -180,7 +192,8 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
             channels: list[str | None] = [*sorted(built or known)] or [None]
             statuses = run_gate(config.index_dir, channels, python=gate_python,
                                 cache_dir=config.cache_dir, recipes_dir=book.recipes_dir,
-                                deps_dir=deps_dir, reporter=reporter, early=early)
+                                deps_dir=deps_dir, reporter=reporter, early=early,
+                                skip_unchanged=not gate_forced())
     channel = built.pop() if len(built) == 1 else None
     click.echo(f"install (the index's {'channel ' + channel if channel else 'simple/'}), "
                "from any directory:")

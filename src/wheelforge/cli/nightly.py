@@ -21,7 +21,7 @@ from ..index.health import summary_line
 from ..recipe.format import RecipeBook
 from ._options import EPILOG_SHORT, config_option, recipes_option
 from ._options import book as _book
-from .stack import deps_dir_option, gate_disabled
+from .stack import deps_dir_option, gate_disabled, gate_forced
 
 jobs_option = click.option(
     "-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs of each build "
@@ -65,7 +65,8 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
                    sources_dirs=sources_dirs, jobs=jobs, project_file=path)
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
                               work_dir=base.work_dir, sources_dirs=base.sources_dirs,
-                              jobs=jobs, project_file=path, stack_check=_stack_check())
+                              jobs=jobs, project_file=path, stack_check=_stack_check(),
+                              stack_recheck=gate_forced())
     return matrix, book, settings
 
 
@@ -141,6 +142,10 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
     failed cell is reported and the others still build. Two runs on one index never build
     a cell twice. Writes nightly-<time>.json and .html (and nightly-latest.*) to the report
     directory. Exits 1 when any cell failed.
+
+    Then the stack check of each channel (wheelforge stack check), except where the
+    channel's last check passed with exactly what it would install and import now (said
+    on the console; WHEELFORGE_STACK_CHECK=always checks anyway, =off never).
 
     With a canary: section in the matrix, the newest upstream release of each canary
     recipe is then patched, built, verified and stack-checked in scratch (never published)
@@ -323,7 +328,7 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     base = resolve(index_dir=index_dir, cache_dir=cache_dir, project_file=project_file)
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
                               project_file=project_file, stack_check=_stack_check(),
-                              deps_dir=deps_dir)
+                              deps_dir=deps_dir, stack_recheck=gate_forced())
     reporter = Reporter()
     reports = report_dir or settings.index_dir / night.REPORTS_DIR
     recipes_dir = recipes or Path("recipes")

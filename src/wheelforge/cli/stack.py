@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ..consume.stack import EarlyVenv
     from ..index.health import StackStatus
 
-#: WHEELFORGE_STACK_CHECK=off skips the gate after a build or a nightly (said on the console)
+#: WHEELFORGE_STACK_CHECK=off skips the gate after a build or a nightly (said on the console);
+#: =always runs it even where the channel's last passing check saw the same inputs
 STACK_CHECK_VAR = "WHEELFORGE_STACK_CHECK"
 
 deps_dir_option = click.option(
@@ -35,13 +36,22 @@ def gate_disabled(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def gate_forced(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether WHEELFORGE_STACK_CHECK=always asks for the check of unchanged channels."""
+    value = (environ if environ is not None else os.environ).get(STACK_CHECK_VAR, "")
+    return value.strip().lower() == "always"
+
+
 def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
              cache_dir: Path, recipes_dir: Path | None, deps_dir: Path | None,
-             reporter: Reporter, early: EarlyVenv | None = None) -> list[StackStatus]:
+             reporter: Reporter, early: EarlyVenv | None = None,
+             skip_unchanged: bool = False) -> list[StackStatus]:
     """Check and record each channel's stack; print one line per channel; return the
     statuses.  Never raises for a broken stack (the caller decides).  ``early``: a venv
-    made while the builds ran (its first check takes it)."""
-    from ..consume import stack
+    made while the builds ran (its first check takes it).  ``skip_unchanged``: a channel
+    whose last check passed with exactly what the check would install and import now keeps
+    that status, and a line says so (``build``; ``stack check`` always checks)."""
+    from ..consume import stack, stackinputs
     from ..index import health
     from ..recipe.format import RecipeBook
 
@@ -51,6 +61,13 @@ def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
     out = []
     for channel in channels:
         name = channel or "simple/"
+        passed = stack.unchanged(index_dir, channel, book, options) if skip_unchanged \
+            else None
+        if passed is not None:
+            clear_live()
+            click.echo(stackinputs.skip_line(passed, deps_dir))
+            out.append(passed)
+            continue
         with reporter.step(f"stack check of {name}: every wheel with its dependencies, "
                            "in one venv"):
             status = stack.check(index_dir, channel, book, options, say=reporter.info,
@@ -64,6 +81,27 @@ def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,
                        + ", ".join(moved))
         out.append(status)
     return out
+
+
+def early_venv_pays(index_dir: Path, *, python: Path, recipes_dir: Path | None,
+                    deps_dir: Path | None) -> bool:
+    """Whether ``build`` should make the check's venv while it builds: not when every
+    channel of the index passed its last check with the inputs of now (a build that then
+    publishes nothing skips the check, and one that publishes makes its venv then)."""
+    from .. import index
+    from ..consume import stack
+    from ..recipe.format import RecipeBook
+
+    try:
+        known: list[str | None] = [*sorted({r.channel for r in index.load_records(index_dir)
+                                            if r.channel})]
+    except (OSError, ValueError):
+        return True
+    book = RecipeBook(recipes_dir, recipes_dir.parent / "patches") if recipes_dir else None
+    options = stack.StackOptions(python=python, work_dir=index_dir, log_dir=index_dir,
+                                 deps_dir=deps_dir)
+    return any(stack.unchanged(index_dir, channel, book, options) is None
+               for channel in known or [None])
 
 
 def raise_if_broken(statuses: Sequence[StackStatus]) -> None:
@@ -110,6 +148,8 @@ def stack_check(index_dir: Path | None, channels: tuple[str, ...], python: str |
     prints it: good (with the dependency versions it saw), broken (the failing import and
     the package that caused it, with its requirement chain) or not checked (why: e.g. the
     dependencies could not be reached; pass --deps-dir). Exits 13 when a stack is broken.
+    Always checks, also a channel that `build` and `nightly` skip as unchanged since its
+    last passing check.
     """
     import sys
 

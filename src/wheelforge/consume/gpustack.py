@@ -30,7 +30,8 @@ from ..errors import GpuTestError
 from ..recipe.format import RecipeBook
 from .gputest import collect_tests, overlay_venv, probe_gpu, run_pytest
 from .install import plan as install_plan
-from .stack import IMPORTER, MARK, modules_to_import
+from .stack import IMPORTER, MARK
+from .stackinputs import modules_to_import
 from .venv import child_env
 
 Progress = Callable[[str], None]

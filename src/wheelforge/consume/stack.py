@@ -26,7 +26,7 @@ import json
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,9 +41,10 @@ from ..index import health
 from ..index.health import ImportOutcome, StackStatus
 from ..index.pins import is_pure
 from ..recipe.format import RecipeBook
-from ..wheel import reading
+from . import stackinputs
 from . import venv as into
 from .install import plan as install_plan
+from .stackinputs import modules_to_import
 
 Progress = Callable[[str], None]
 
@@ -101,37 +102,6 @@ class StackOptions:
     log_dir: Path  # the check's log (pip's output, the import tracebacks) is kept there
     deps_dir: Path | None = None  # dependency wheels (air-gapped): pip --no-index from it
     environ: Mapping[str, str] | None = None
-
-
-def modules_to_import(book: RecipeBook | None, wheels: Sequence[Path]) -> list[str]:
-    """torch first, then per wheel its recipe's verify.imports and verify.stack-imports,
-    else its top-level packages (from the wheel's RECORD)."""
-    out = ["torch"]
-    for wheel in wheels:
-        project = canonicalize_name(parse_wheel_filename(wheel.name)[0])
-        named: tuple[str, ...] = ()
-        if book is not None and project in book.names():
-            recipe = book.load(project)
-            named = (*recipe.verify.imports, *recipe.verify.stack_imports)
-        for module in named or _top_level(wheel):
-            if module not in out:
-                out.append(module)
-    return out
-
-
-def _top_level(wheel: Path) -> list[str]:
-    tops: list[str] = []
-    with reading(wheel) as zf:
-        names = zf.namelist()
-    for name in names:
-        first = name.split("/", 1)[0]
-        if first.endswith((".dist-info", ".data")) or first.startswith("_"):
-            continue
-        module = first[:-3] if first.endswith(".py") else first.split(".", 1)[0]
-        if module.isidentifier() and module not in tops and ("/" in name or first.endswith(
-                (".py", ".so"))):
-            tops.append(module)
-    return tops
 
 
 def requirement_chains(dists: Mapping[str, Mapping[str, object]], roots: Iterable[str],
@@ -247,8 +217,10 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
     chosen = [r for r in records if f"{r.project}=={r.version}" in p.pins]
     deps_from = (str(options.deps_dir) if options.deps_dir else
                  "the usual index (pip's configuration)")
+    inputs = stackinputs.digest(index_dir, channel, book, options.python, options.deps_dir,
+                                into.child_env(options.environ))
     make = _Maker(channel=channel, pins=p.pins, checked_at=_now(), python=str(options.python),
-                  dependencies_from=deps_from)
+                  dependencies_from=deps_from, inputs=inputs)
 
     def not_checked(why: str) -> StackStatus:
         return make.status("not checked", why)
@@ -338,6 +310,16 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
         shutil.rmtree(work, ignore_errors=True)
 
 
+def unchanged(index_dir: Path, channel: str | None, book: RecipeBook | None,
+              options: StackOptions) -> StackStatus | None:
+    """The channel's recorded status when it passed a check of exactly what :func:`check`
+    would install and import now (:mod:`.stackinputs`), else None: a caller that published
+    nothing may skip the check then, and says so (``stackinputs.skip_line``)."""
+    inputs = stackinputs.digest(index_dir, channel, book, options.python, options.deps_dir,
+                                into.child_env(options.environ))
+    return stackinputs.unchanged(index_dir, channel, inputs)
+
+
 def _pip_check(python: Path, env: Mapping[str, str],
                out: list[_proc.Completed | BaseException]) -> None:
     try:
@@ -356,11 +338,13 @@ class _Maker:
     checked_at: str
     python: str
     dependencies_from: str
+    inputs: str = ""
 
     def status(self, state: health.StackState, reason: str = "", **kw: object) -> StackStatus:
         return StackStatus(channel=self.channel, pins=self.pins, checked_at=self.checked_at,
                            python=self.python, dependencies_from=self.dependencies_from,
-                           state=state, reason=reason, **kw)  # type: ignore[arg-type]
+                           inputs=self.inputs, state=state, reason=reason,
+                           **kw)  # type: ignore[arg-type]
 
 
 def _judge(data: Mapping[str, object], pinned: set[str], pip_check: _proc.Completed,

@@ -54,6 +54,9 @@ class StackStatus:
     culprit_chains: tuple[str, ...] = ()
     python: str = ""  # the interpreter the venv was made from, and its version
     dependencies_from: str = ""  # "the public index (pip's configuration)" or a directory
+    #: the digest of what the check installed and imported (consume/stackinputs.py): a
+    #: good status with the digest of now need not be checked again
+    inputs: str = ""
 
     @property
     def label(self) -> str:
@@ -113,7 +116,7 @@ def from_json(text: str) -> StackStatus:
         reason=text_of("reason"), pins=strs("pins"), resolved=dict(resolved),
         imports=tuple(imports), pip_check=text_of("pip_check"),
         culprit_chains=strs("culprit_chains"), python=text_of("python"),
-        dependencies_from=text_of("dependencies_from"))
+        dependencies_from=text_of("dependencies_from"), inputs=text_of("inputs"))
 
 
 def read_status(index_dir: Path, channel: str | None) -> StackStatus | None:

@@ -43,6 +43,8 @@ class Settings:
     #: when they cannot come from pip's index
     stack_check: bool = True
     deps_dir: Path | None = None
+    #: check every channel, even one whose last passing check saw the same inputs
+    stack_recheck: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import index
 from .._log import Reporter
-from ..consume import stack
+from ..consume import stack, stackinputs
 from ..errors import WheelforgeError
 from ..index.health import StackStatus
 from ..recipe.format import RecipeBook
@@ -21,9 +21,10 @@ from .cells import CellResult, Settings
 
 def channels_of_night(index_dir: Path, results: Sequence[CellResult]) -> dict[str | None, str]:
     """Each channel of the night's cells, built or already published, with the interpreter
-    of one of its cells (a pure wheel is on every channel's pages).  Every channel is
-    checked every night, changed or not: a new upstream release of a dependency can break a
-    stack whose wheels did not change."""
+    of one of its cells (a pure wheel is on every channel's pages).  check_night skips a
+    channel whose last passing check saw exactly what it would install now (issue 53); a
+    new upstream release of a dependency, which could break a stack whose wheels did not
+    change, is not seen then: the skip's line says so."""
     out: dict[str | None, str] = {}
     pure_python: str | None = None
     for r in results:
@@ -44,7 +45,10 @@ def channels_of_night(index_dir: Path, results: Sequence[CellResult]) -> dict[st
 
 def check_night(settings: Settings, book: RecipeBook | None, results: Sequence[CellResult],
                 reporter: Reporter) -> tuple[StackStatus, ...]:
-    """Check and record the stack of every channel the night changed."""
+    """Check and record the stack of every channel of the night's cells, unless its last
+    check passed with exactly what the check would install and import now (a night that
+    published nothing there: the recorded status stands, and a line says so), or
+    ``settings.stack_recheck`` (WHEELFORGE_STACK_CHECK=always) asks for it anyway."""
     if not settings.stack_check:
         return ()
     statuses = []
@@ -53,6 +57,12 @@ def check_night(settings: Settings, book: RecipeBook | None, results: Sequence[C
         options = stack.StackOptions(python=Path(python), work_dir=settings.cache_dir / "stack",
                                      log_dir=settings.cache_dir / "logs",
                                      deps_dir=settings.deps_dir, environ=settings.environ)
+        passed = None if settings.stack_recheck else stack.unchanged(
+            settings.index_dir, channel, book, options)
+        if passed is not None:  # nothing the check would install or import has changed
+            reporter.info(stackinputs.skip_line(passed, settings.deps_dir))
+            statuses.append(passed)
+            continue
         with reporter.step(f"stack check of {channel or 'simple/'}"):
             status = stack.check(settings.index_dir, channel, book, options,
                                  say=reporter.info)

@@ -9,19 +9,18 @@ threads on lent ones: builder/compiling/jobserver.py) and, for a generated unit 
 only ``#include``\\ s other files (the split patches' ``unit_*.cu``), those files:
 ``CACHE/stats/NAME.units.json``, with the units of up to :data:`KEEP` - 1 builds before
 it (``earlier``, newest first; those of the same source tree, arch list, jobs and
-threads).  The next
-build of the recipe from the same source tree (``identity.tree_id``: its version,
-sources and patches; another tree's files may not exist or cost otherwise) gets the
-file's path in ``WHEELFORGE_UNIT_COSTS``; the split patches
-(causal-conv1d 0008, mamba-ssm 0010) scale their built-in cost model by it, each file by
-the mean of what the recorded builds measured of it, so the units they pack, longest
-first, are sized by what this machine took rather than by the model's figures, and one
-build's noise (under 16 compiles at once a unit's seconds vary from one build to the next
-by a standard deviation of 2-6% of their mean, up to 15%) does not repack them alone.
+threads).
 
-The record changes which files share a unit and the order ninja starts them in, never a
-kernel (the split patches' tests prove every grouping compiles each kernel once), so it
-is not part of the build key, as MAX_JOBS is not.
+A later command that builds the recipe from the same source tree (``identity.tree_id``)
+and arch list reads the record's total for one thing: the order of its compiles in the
+command's pool (builder/scheduler.py: the longest compile last time starts its units
+first; builder/pipeline.py: the priority of its gate).  The record never reaches the
+build: which kernel files share a translation unit is the split patches' function of the
+source and ``MAX_JOBS`` alone, so one build key gives one set of bytes whatever this
+machine built before (issue 53).  Until then the split patches (causal-conv1d 0008,
+mamba-ssm 0010, dropped) repacked the units by the record (``WHEELFORGE_UNIT_COSTS``):
+a second build of one key gave another ``.so`` and missed the compile cache, for no
+measured gain in wall time (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ from pathlib import Path
 from ..._fs import atomic_write
 from .jobserver import SECONDS_SUFFIX
 
-__all__ = ["ENV", "KEEP", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
+__all__ = ["KEEP", "UnitCost", "read_ninja_costs", "record", "recorded", "total_seconds"]
 
-#: The variable that gives a build the path of its recipe's record.
-ENV = "WHEELFORGE_UNIT_COSTS"
 #: The builds a record holds: the latest and up to KEEP - 1 before it.
 KEEP = 4
 _BUILD_LINE = re.compile(r"^build (?P<out>\S+): \S+ (?P<src>\S+)")
@@ -163,8 +160,7 @@ def record(cache_dir: Path, name: str, *, tree: str, arch_list: str, jobs: int,
 def recorded(cache_dir: Path, name: str, arch_list: str, tree: str) -> Path | None:
     """The record of an earlier build of ``name`` from the same source tree (``tree``: a
     record of other files would misprice these) for the same arch list (the cost of a
-    unit grows with its archs), else None.  Another job count's record is given: a unit's
-    seconds over its files' model is what the packing needs of it."""
+    unit grows with its archs), else None: its total orders the command's compiles."""
     path = _path(cache_dir, name)
     try:
         data: Mapping[str, object] = json.loads(path.read_text())
