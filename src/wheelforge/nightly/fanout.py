@@ -99,6 +99,7 @@ class PlannedCell:
     # publisher on the staged wheel: the plan's word, not the builder's
     top_level: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()  # verify.allow: the .pth files and commands it may ship
     #: the kernel subset to build (matrix.subsets); () the full build (and in older plans)
     subset: Choice = ()
 
@@ -177,7 +178,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             estimate_s=estimate(durations, cell),
             peak_gib=_peak(settings.cache_dir, cell.recipe),
             top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded,
-            subset=cell.subset))
+            allow=p.recipe.verify.allow, subset=cell.subset))
     todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
     return Plan(created=now(), config=str(matrix.path), index=str(settings.index_dir),
                 cells=tuple(todo), done=tuple(done))
@@ -225,6 +226,7 @@ def _planned(data: Any, where: str) -> PlannedCell:
             peak_gib=None if data.get("peak_gib") is None else float(data["peak_gib"]),
             top_level=_strings(data.get("top_level", ())),
             excluded=_strings(data.get("excluded", ())),
+            allow=_strings(data.get("allow", ())),
             subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc

@@ -63,7 +63,7 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
         if rec.status == "built":
             assert rec.wheel is not None
             verify_stage_wheel(stage, rec.wheel, mine.archs, top_level=mine.top_level,
-                               excluded=mine.excluded)
+                               excluded=mine.excluded, allow=mine.allow)
         loaded.setdefault(rec.cell.id, []).append((stage, rec))
     results: list[CellResult] = list(plan.done)
     timed: list[tuple[Cell, float]] = []

@@ -54,16 +54,19 @@ def refuse_links(stage: Path) -> None:
 
 
 def verify_stage_wheel(stage: Path, wheel_name: str, archs: str | None, *,
-                       top_level: tuple[str, ...] = (), excluded: tuple[str, ...] = ()) -> None:
+                       top_level: tuple[str, ...] = (), excluded: tuple[str, ...] = (),
+                       allow: tuple[str, ...] = ()) -> None:
     """The stage's wheel verified as the build verified it, without its build environment:
     VerifyError listing every problem.  ``archs`` is the cell's arch list (None: a pure
-    cell, which must hold no shared object); ``top_level`` and ``excluded`` are the
-    recipe's content rules as the plan recorded them (flash-attn: no ``hopper``)."""
+    cell, which must hold no shared object); ``top_level``, ``excluded`` and ``allow``
+    are the recipe's content rules as the plan recorded them (flash-attn: no ``hopper``;
+    every recipe: no ``.pth``, start-up module or command that ``allow`` does not name,
+    in ``NAME.data/`` too)."""
     wheel = stage / wheel_name
     problems = integrity_problems(wheel)  # a broken zip or member list raises itself
     requested = parse_arch_list(archs) if archs is not None else ()
     problems += code_problems(wheel, extension=archs is not None, archs=requested)
-    problems += content_problems(wheel, top_level, excluded)
+    problems += content_problems(wheel, top_level, excluded, allow)
     if problems:
         raise VerifyError(
             f"{wheel} failed the publisher's verification ({len(problems)} problem(s)); "
