@@ -49,7 +49,7 @@ from ..recipe.matrix import Cell, Matrix, TorchPin, cells
 from ..recipe.model import Choice, Recipe
 from .cells import Builder, CellResult, Settings, log_tail
 from .durations import estimate, read_durations, record_durations
-from .stagecheck import refuse_links
+from .stagecheck import refuse_links, stage_file
 from .state import CellRunner, with_companions
 
 __all__ = [
@@ -141,7 +141,11 @@ class StageRecord:
     note: str = ""
     error: str | None = None
     log_tail: str | None = None
-    log: str | None = None  # the build log where the builder keeps it (a copy: build.log)
+    #: the build log's copy: a file name inside the stage (build.log), never a path
+    #: outside it (the publisher refuses any other, :func:`.stagecheck.stage_file`)
+    log: str | None = None
+    #: where the builder keeps the log: shown, never opened by the publisher
+    builder_log: str | None = None
     wheelforge: str = __version__
 
 
@@ -228,7 +232,7 @@ def _planned(data: Any, where: str) -> PlannedCell:
             excluded=_strings(data.get("excluded", ())),
             allow=_strings(data.get("allow", ())),
             subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: Infinity
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
     if not _KEY.match(cell.build_key):
         raise _bad(where, f"cell {cell.id}: {cell.build_key!r} is not a build key")
@@ -238,8 +242,8 @@ def _planned(data: Any, where: str) -> PlannedCell:
 def load_plan(path: Path) -> Plan:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _bad(path, str(exc)) from exc
+    except (OSError, ValueError, RecursionError) as exc:  # nested too deep: RecursionError
+        raise _bad(path, str(exc) or "nested too deep") from exc
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise _bad(path, f"expected a mapping with schema {PLAN_SCHEMA}")
     planned = tuple(_planned(c, str(path)) for c in data.get("cells") or [])
@@ -340,7 +344,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         return _write_stage(stage, StageRecord(
             cell=planned, status="failed", host=host,
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
-            log_tail=log_tail(log), log=log), log)
+            log_tail=log_tail(log)), log)
 
     if p.error is not None:
         return failed(p.error)
@@ -376,8 +380,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         cell=planned, status="built", host=host,
         duration_s=round(time.monotonic() - started, 3), wheel=record.filename,
         sha256=record.sha256, channel=record.channel, cuda=record.cuda, torch=record.torch,
-        archs=tuple(record.archs), note=str(cache) if cache else "",
-        log=str(log) if log else None)
+        archs=tuple(record.archs), note=str(cache) if cache else "")
     shutil.rmtree(private, ignore_errors=True)
     return _write_stage(stage, out, str(log) if log else None)
 
@@ -402,8 +405,12 @@ def seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
 
 
 def _write_stage(stage: Path, record: StageRecord, log: str | None) -> StageRecord:
-    if log and Path(log).is_file():
-        shutil.copyfile(log, stage / LOG)
+    """Write the record, and a copy of the build log ``log`` beside it (the record names
+    the copy, inside the stage, and the builder's own path for display)."""
+    copied = bool(log) and Path(str(log)).is_file()
+    if copied:
+        shutil.copyfile(str(log), stage / LOG)
+    record = dataclasses.replace(record, log=LOG if copied else None, builder_log=log or None)
     data = {"schema": STAGE_SCHEMA, **dataclasses.asdict(record)}
     atomic_write(stage / RECORD, json.dumps(data, indent=2) + "\n")
     return record
@@ -416,8 +423,8 @@ def load_stage(stage: Path) -> StageRecord:
     path = stage / RECORD
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _bad(path, str(exc)) from exc
+    except (OSError, ValueError, RecursionError) as exc:  # nested too deep: RecursionError
+        raise _bad(path, str(exc) or "nested too deep") from exc
     if not isinstance(data, dict) or data.get("schema") != STAGE_SCHEMA:
         raise _bad(path, f"expected a mapping with schema {STAGE_SCHEMA}")
     def text(key: str) -> str | None:
@@ -434,12 +441,14 @@ def load_stage(stage: Path) -> StageRecord:
             cuda=text("cuda"), torch=text("torch"),
             archs=tuple(str(a) for a in data.get("archs") or ()),
             note=str(data.get("note") or ""), error=text("error"),
-            log_tail=text("log_tail"), log=text("log"),
+            log_tail=text("log_tail"), log=text("log"), builder_log=text("builder_log"),
             wheelforge=str(data.get("wheelforge", "")))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise _bad(path, f"it lacks or mistypes {exc}") from exc
     if record.status not in ("built", "failed"):
         raise _bad(path, f"status {record.status!r} is neither built nor failed")
+    if record.log is not None:
+        stage_file(stage, "log", record.log)  # inside the stage, or the stage is refused
     if record.status == "built":
         name = record.wheel
         if not isinstance(name, str) or os.path.basename(name) != name or \

@@ -9,6 +9,7 @@ nightly runs and publishes each cell through the same two parts (:func:`run_and_
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -16,18 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from .. import index
+from .._fs import atomic_file
 from .._log import Reporter
 from ..builder.artifact import identity
 from ..errors import ConfigError, PublishError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell
 from ..wheel import retag
-from .cells import REPORTS_DIR, CellResult, CellStatus, NightlyReport, Settings
+from .cells import LOGS_DIR, REPORTS_DIR, CellResult, CellStatus, NightlyReport, Settings
 from .durations import record_durations
-from .fanout import LOG, RECORD, Plan, PlannedCell, StageRecord, load_stage, now, run_cell
+from .fanout import RECORD, Plan, PlannedCell, StageRecord, load_stage, now, run_cell
 from .gate import check_night
 from .report import link_from_landing_page, write_report
-from .stagecheck import Staged, reproduced, verify_stage_wheel
+from .stagecheck import Staged, open_in_stage, reproduced, verify_stage_wheel
 from .state import CellPlan, CellRunner
 
 __all__ = ["publish", "run_and_publish", "stage_dirs"]
@@ -49,6 +51,7 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
     different builders staged byte-identical wheels (else the cell fails, naming each
     builder's sha256)."""
     t0 = time.monotonic() if started is None else started
+    reports = report_dir or settings.index_dir / REPORTS_DIR
     by_id = {c.id: c for c in plan.cells}
     loaded: dict[int, list[tuple[Path, StageRecord]]] = {}
     for stage in stages:
@@ -74,12 +77,11 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
             results.append(_result(c, "not run", note="no stage came back from its job"))
             continue
         if not built:
-            r = got[-1][1]
+            s, r = got[-1]
             reporter.info(f"FAILED {c.label} on {r.host}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=r.error,
                                    log_tail=r.log_tail, note=f"on {r.host}",
-                                   log=str(got[-1][0] / LOG)
-                                   if (got[-1][0] / LOG).is_file() else None))
+                                   **_stage_log(c, s, r, reports)))
             continue
         stage, r = built[0]  # a retried job staged it twice: the first is published
         timed.append((c.cell, r.duration_s))
@@ -88,7 +90,8 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
                 chosen = reproduced(c.label, [Staged(s, x.host, str(x.sha256))
                                               for s, x in built], require_reproduced)
                 stage, r = next((s, x) for s, x in built if s == chosen.stage)
-            results.append(_publish_one(c, stage, r, settings.index_dir, reporter))
+            results.append(_publish_one(c, stage, r, settings.index_dir, reporter,
+                                        _stage_log(c, stage, r, reports)))
         except WheelforgeError as exc:
             reporter.info(f"FAILED to publish {c.label}: {exc.render()}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
@@ -99,7 +102,6 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
         started=plan.created or now(), finished=now(),
         duration_s=round(time.monotonic() - t0, 3), config=plan.config,
         index=str(settings.index_dir), results=tuple(results), stacks=stacks)
-    reports = report_dir or settings.index_dir / REPORTS_DIR
     write_report(report, reports)
     link_from_landing_page(settings.index_dir, reports)
     return report
@@ -119,8 +121,22 @@ def _publish_stage(c: PlannedCell, stage: Path, r: StageRecord,
                                    relabel=relabeled)
 
 
+def _stage_log(c: PlannedCell, stage: Path, r: StageRecord, reports: Path) -> dict[str, str]:
+    """The stage's build log copied beside the report, under a name of its cell (every
+    stage's is build.log): the ``log`` and ``log_file`` of its result, or none.  Only the
+    file the record names inside the stage is read (:func:`.stagecheck.open_in_stage`),
+    never the builder's own path."""
+    if r.log is None:
+        return {}
+    name = f"{c.recipe}-{c.version}-cell{c.id}-{c.build_key[:12]}.log"
+    with open_in_stage(stage, "log", r.log) as src, \
+            atomic_file(reports / LOGS_DIR / name) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return {"log": str(stage / r.log), "log_file": f"{LOGS_DIR}/{name}"}
+
+
 def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
-                 reporter: Reporter) -> CellResult:
+                 reporter: Reporter, log: dict[str, str]) -> CellResult:
     done = _publish_stage(c, stage, r, index_dir)
     if not done.published:
         reporter.info(f"{c.label}: already published as {done.path.name}; nothing written")
@@ -129,7 +145,7 @@ def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
                        note="published already (a retried job, or another publisher)")
     reporter.info(f"{c.label}: published {done.path.name} (built on {r.host})")
     return _result(c, "built", duration_s=r.duration_s, wheel=done.path.name,
-                   archs_found=_sass(r.archs), log=r.log,
+                   archs_found=_sass(r.archs), **log,
                    note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
 
 
@@ -155,14 +171,14 @@ def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
                      reporter=state.reporter, build=state.build, share=state)
         if r.status == "failed":
             state.reporter.info(f"FAILED {cell.label}")
-            return state.result(plan, "failed", error=r.error, log=r.log,
+            return state.result(plan, "failed", error=r.error, log=r.builder_log,
                                 log_tail=r.log_tail)
         done = _publish_stage(planned, stage, r, state.settings.index_dir)
     if not done.published:
         state.published[plan.key] = done.record
         return state.skipped(plan, "published by another run meanwhile")
     return state.result(plan, "built", wheel=done.path.name, archs_found=_sass(r.archs),
-                        log=r.log, note=r.note)
+                        log=r.builder_log, note=r.note)
 
 
 def _sass(archs: Iterable[str]) -> tuple[str, ...]:

@@ -17,13 +17,15 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..arch import parse_arch_list
 from ..builder.artifact.verify import code_problems, content_problems
 from ..errors import VerifyError
 from ..wheel import integrity_problems
 
-__all__ = ["Staged", "refuse_links", "reproduced", "verify_stage_wheel"]
+__all__ = ["Staged", "open_in_stage", "refuse_links", "reproduced", "stage_file",
+           "verify_stage_wheel"]
 
 _FIX_STAGE = "run the cell again; never edit a stage by hand, and publish only stage " \
              "directories as `wheelforge nightly run` wrote them"
@@ -51,6 +53,57 @@ def refuse_links(stage: Path) -> None:
                               "files only: a link is never followed (its target is outside "
                               "what the builder produced)",
                           fix=_FIX_STAGE)
+
+
+def _outside(value: str) -> str | None:
+    """Why ``value`` (a record's path field) is no file name of the stage, or None."""
+    if not value:
+        return "an empty name"
+    if value.startswith("/"):
+        return "an absolute path: the publisher reads nothing outside the stage"
+    parts = value.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "a path with '..': it leaves the stage"
+    if len(parts) > 1 or value in (".",) or "\0" in value:
+        return "not a plain file name of the stage (a stage's files lie at its top)"
+    return None
+
+
+def stage_file(stage: Path, field: str, value: str) -> Path:
+    """The file of ``stage`` that its record's ``field`` names: a plain file name inside
+    the stage, a regular file there and no symlink (never followed); else a VerifyError
+    naming the field, and the stage is refused."""
+    why = _outside(value)
+    if why is None:
+        try:
+            mode = os.lstat(stage / value).st_mode
+        except OSError as exc:
+            why = f"the stage has no such file ({exc.strerror})"
+        else:
+            if stat.S_ISLNK(mode):
+                why = "a symlink: a stage's files are never followed out of it"
+            elif not stat.S_ISREG(mode):
+                why = f"not a regular file (mode {oct(mode)})"
+    if why is None:
+        return stage / value
+    raise VerifyError(f"the stage {stage} is refused: its cell.json field {field!r} names "
+                      f"{value!r}; nothing was published", why=why, fix=_FIX_STAGE)
+
+
+def open_in_stage(stage: Path, field: str, value: str) -> BinaryIO:
+    """``stage_file`` opened for reading with no-follow semantics (O_NOFOLLOW, then the
+    open file checked to be regular), so a link swapped in after the check is refused."""
+    path = stage_file(stage, field, value)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise VerifyError(f"the stage {stage} is refused: cannot open {value!r} (its "
+                          f"cell.json field {field!r})", why=str(exc), fix=_FIX_STAGE) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise VerifyError(f"the stage {stage} is refused: {value!r} (its cell.json field "
+                          f"{field!r}) is not a regular file", fix=_FIX_STAGE)
+    return os.fdopen(fd, "rb")
 
 
 def verify_stage_wheel(stage: Path, wheel_name: str, archs: str | None, *,
