@@ -29,6 +29,7 @@ from .durations import record_durations
 from .fanout import RECORD, Plan, PlannedCell, StageRecord, load_stage, now, run_cell
 from .gate import check_night
 from .report import link_from_landing_page, write_report
+from .signing import Signer, verify_stage
 from .stagecheck import Staged, open_in_stage, reproduced, verify_stage_wheel
 from .state import CellPlan, CellRunner
 
@@ -40,20 +41,15 @@ def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
                       subset=c.cell.subset_text, build_key=c.build_key, **kw)
 
 
-def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
-            report_dir: Path | None = None, started: float | None = None,
-            book: RecipeBook | None = None, require_reproduced: int = 1) -> NightlyReport:
-    """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
-    nightly report (every cell of the plan; a planned cell without a stage is "not
-    run").  A stage that does not belong to the plan, holds a link, or whose wheel does
-    not match its record or fails verification (:mod:`.stagecheck`), is an error before
-    anything is published.  ``require_reproduced`` N > 1 publishes a cell only when N
-    different builders staged byte-identical wheels (else the cell fails, naming each
-    builder's sha256)."""
-    t0 = time.monotonic() if started is None else started
-    reports = report_dir or settings.index_dir / REPORTS_DIR
+Loaded = tuple[Path, StageRecord, Signer]
+
+
+def _load(plan: Plan, stages: Sequence[Path],
+          allowed_signers: Path | None) -> dict[int, list[Loaded]]:
+    """Every stage checked before anything is published (:mod:`.stagecheck`, and its
+    signature: :mod:`.signing`), by cell id; the first problem raises."""
     by_id = {c.id: c for c in plan.cells}
-    loaded: dict[int, list[tuple[Path, StageRecord]]] = {}
+    loaded: dict[int, list[Loaded]] = {}
     for stage in stages:
         rec = load_stage(stage)
         mine = by_id.get(rec.cell.id)
@@ -67,31 +63,58 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
             assert rec.wheel is not None
             verify_stage_wheel(stage, rec.wheel, mine.archs, top_level=mine.top_level,
                                excluded=mine.excluded, allow=mine.allow)
-        loaded.setdefault(rec.cell.id, []).append((stage, rec))
+        signer = verify_stage(stage, allowed_signers)
+        loaded.setdefault(rec.cell.id, []).append((stage, rec, signer))
+    return loaded
+
+
+def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
+            report_dir: Path | None = None, started: float | None = None,
+            book: RecipeBook | None = None, require_reproduced: int | None = None,
+            allowed_signers: Path | None = None) -> NightlyReport:
+    """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
+    nightly report (every cell of the plan; a planned cell without a stage is "not
+    run").  A stage that does not belong to the plan, holds a link, whose wheel does not
+    match its record or fails verification (:mod:`.stagecheck`), or whose signature does
+    not verify against ``allowed_signers`` (:mod:`.signing`), is an error before anything
+    is published.  ``require_reproduced`` N publishes a cell only when N builders the
+    publisher trusts (distinct verified signers; an unsigned stage counts as none)
+    staged byte-identical wheels (else the cell fails, naming each stage's sha256 and
+    signer); it needs ``allowed_signers``."""
+    if require_reproduced is not None and allowed_signers is None:
+        raise ConfigError(f"--require-reproduced {require_reproduced} counts builders the "
+                          "publisher trusts, and it was given no allowed-signers file",
+                          why="a stage's host field is the builder's word, not proof",
+                          fix="pass --allowed-signers FILE (ssh-keygen's allowed_signers "
+                              "format: one `NAME KEY` line per trusted builder; "
+                              "docs/trust.md)")
+    t0 = time.monotonic() if started is None else started
+    reports = report_dir or settings.index_dir / REPORTS_DIR
+    loaded = _load(plan, stages, allowed_signers)
     results: list[CellResult] = list(plan.done)
     timed: list[tuple[Cell, float]] = []
     for c in plan.cells:
         got = loaded.get(c.id, [])
-        built = [(s, r) for s, r in got if r.status == "built"]
+        built = [x for x in got if x[1].status == "built"]
         if not got:
             results.append(_result(c, "not run", note="no stage came back from its job"))
             continue
         if not built:
-            s, r = got[-1]
+            s, r, who = got[-1]
             reporter.info(f"FAILED {c.label} on {r.host}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=r.error,
-                                   log_tail=r.log_tail, note=f"on {r.host}",
+                                   log_tail=r.log_tail, note=f"on {r.host} ({who.describe()})",
                                    **_stage_log(c, s, r, reports)))
             continue
-        stage, r = built[0]  # a retried job staged it twice: the first is published
+        stage, r, who = built[0]  # a retried job staged it twice: the first is published
         timed.append((c.cell, r.duration_s))
         try:
-            if require_reproduced > 1:
-                chosen = reproduced(c.label, [Staged(s, x.host, str(x.sha256))
-                                              for s, x in built], require_reproduced)
-                stage, r = next((s, x) for s, x in built if s == chosen.stage)
+            if require_reproduced is not None:
+                chosen = reproduced(c.label, [Staged(s, w.identity, str(x.sha256))
+                                              for s, x, w in built], require_reproduced)
+                stage, r, who = next(b for b in built if b[0] == chosen.stage)
             results.append(_publish_one(c, stage, r, settings.index_dir, reporter,
-                                        _stage_log(c, stage, r, reports)))
+                                        _stage_log(c, stage, r, reports), who))
         except WheelforgeError as exc:
             reporter.info(f"FAILED to publish {c.label}: {exc.render()}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
@@ -136,17 +159,19 @@ def _stage_log(c: PlannedCell, stage: Path, r: StageRecord, reports: Path) -> di
 
 
 def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
-                 reporter: Reporter, log: dict[str, str]) -> CellResult:
+                 reporter: Reporter, log: dict[str, str], who: Signer) -> CellResult:
     done = _publish_stage(c, stage, r, index_dir)
     if not done.published:
         reporter.info(f"{c.label}: already published as {done.path.name}; nothing written")
         return _result(c, "skipped", duration_s=r.duration_s, wheel=done.path.name,
                        archs_found=tuple(done.record.archs),
                        note="published already (a retried job, or another publisher)")
-    reporter.info(f"{c.label}: published {done.path.name} (built on {r.host})")
+    reporter.info(f"{c.label}: published {done.path.name} (built on {r.host}, "
+                  f"{who.describe()})")
     return _result(c, "built", duration_s=r.duration_s, wheel=done.path.name,
                    archs_found=_sass(r.archs), **log,
-                   note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
+                   note="; ".join(x for x in (r.note, f"built on {r.host}", who.describe())
+                                  if x))
 
 
 def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:

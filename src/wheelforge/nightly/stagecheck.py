@@ -131,33 +131,48 @@ def verify_stage_wheel(stage: Path, wheel_name: str, archs: str | None, *,
 
 @dataclass(frozen=True)
 class Staged:
-    """One built stage of a cell: where, which builder, the wheel's sha256."""
+    """One built stage of a cell: where, the builder the publisher verified (the
+    allowed-signers principal of its signing key; None: unsigned or not checked, which
+    counts as no builder), the wheel's sha256."""
 
     stage: Path
-    builder: str
+    builder: str | None
     sha256: str
 
 
+def _who(s: Staged) -> str:
+    return f"signed by {s.builder}" if s.builder else "unsigned or unverified: no builder"
+
+
 def reproduced(label: str, staged: Sequence[Staged], required: int) -> Staged:
-    """The stage to publish when at least ``required`` different builders staged
-    byte-identical wheels (the first stage of the largest agreeing group); else a
-    VerifyError listing each builder's sha256."""
+    """The stage to publish when at least ``required`` different verified builders
+    staged byte-identical wheels (the first stage of the largest agreeing group); else a
+    VerifyError listing each stage's sha256 and signer."""
     by_sha: dict[str, list[Staged]] = {}
     for s in staged:
         by_sha.setdefault(s.sha256, []).append(s)
-    best = max(by_sha.values(), key=lambda group: len({s.builder for s in group}))
-    agree = len({s.builder for s in best})
+
+    def trusted(group: Sequence[Staged]) -> set[str]:
+        return {s.builder for s in group if s.builder}
+
+    best = max(by_sha.values(), key=lambda group: len(trusted(group)))
+    agree = len(trusted(best))
     if agree >= required:
-        return best[0]
-    builders = len({s.builder for s in staged})
-    lines = [f"builder {s.builder}: sha256 {s.sha256} ({s.stage})" for s in staged]
+        return next(s for s in best if s.builder)
+    builders = len(trusted(staged))
+    lines = [f"{s.stage}: sha256 {s.sha256}, {_who(s)}" for s in staged]
+    unsigned = sum(1 for s in staged if not s.builder)
     if len(by_sha) > 1:
         what = (f"{label}: the builders disagree: {len(by_sha)} different wheels from "
-                f"{builders} builder(s); not published")
+                f"{len(staged)} stage(s) of {builders} trusted builder(s); not published")
         fix = ("the build is not reproducible, or a builder is not what it claims: compare "
                "the wheels (unzip both, or `diffoscope A.whl B.whl`) before trusting either")
     else:
-        what = (f"{label}: built by {builders} builder(s), --require-reproduced asks for "
-                f"{required}; not published")
-        fix = f"run the cell on {required - agree} more builder(s), then publish again"
+        what = (f"{label}: built by {agree} trusted builder(s), --require-reproduced asks "
+                f"for {required}; not published")
+        fix = (f"run the cell on {required - agree} more trusted builder(s), each signing "
+               "its stage with its own key (nightly run --signing-key), then publish again")
+    if unsigned:
+        what += (f" ({unsigned} stage(s) unsigned or signed by no allowed signer count as "
+                 "no builder)")
     raise VerifyError(what, why="\n    " + "\n    ".join(lines), fix=fix)

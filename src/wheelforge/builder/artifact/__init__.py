@@ -3,6 +3,6 @@
 :mod:`.identity` computes the build key, label and lock before anything is built;
 :mod:`.reproducible` fixes what would make two builds of a key differ; :mod:`.platform`
 finds the manylinux tag; :mod:`.sbom` writes and reads the SBOM a wheel carries;
-:mod:`.verify` checks the wheel (SASS/PTX through :mod:`.fatbin`, RECORD, content, imports
-through :mod:`.importcheck`).
+:mod:`.verify` checks the wheel (SASS/PTX through :mod:`.fatbin`, RECORD, what it installs
+through :mod:`.content`, imports through :mod:`.importcheck`).
 """
