@@ -197,3 +197,15 @@ def test_a_control_character_in_a_file_name_refuses_the_stage(tmp_path: Path) ->
     with pytest.raises(VerifyError, match="it holds a file named") as err:
         signing.manifest(stage)
     assert "a control character" in str(err.value.why)
+
+
+def test_without_ssh_keygen_the_error_says_so(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    a_key = key(tmp_path, "a")
+    stage, _ = _stage(tmp_path, "cell-0")
+    signing.sign_stage(stage, a_key)
+    trust = allowed(tmp_path, **{"builder-a": a_key})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="ssh-keygen did not run") as err:
+        signing.verify_stage(stage, trust)
+    assert "install OpenSSH" in str(err.value.fix)

@@ -74,11 +74,11 @@ def manifest(stage: Path) -> str:
 
 
 def _keygen(args: list[str | Path], what: str, stdin: Path | None = None) -> _proc.Completed:
-    try:
-        return _proc.run(["ssh-keygen", *args], check=False, timeout=TIMEOUT_S, stdin=stdin)
-    except _proc.CommandFailed as exc:  # not installed
-        raise ConfigError(f"cannot {what}: ssh-keygen did not run", why=exc.tail.strip(),
-                          fix="install OpenSSH's ssh-keygen (8.5 or later)") from None
+    done = _proc.run(["ssh-keygen", *args], check=False, timeout=TIMEOUT_S, stdin=stdin)
+    if done.returncode == 127:  # _proc's "cannot run": not installed
+        raise ConfigError(f"cannot {what}: ssh-keygen did not run", why=done.output.strip(),
+                          fix="install OpenSSH's ssh-keygen (8.5 or later)")
+    return done
 
 
 def _sign(directory: Path, text: str, key: Path) -> Path:
