@@ -209,3 +209,41 @@ def test_without_ssh_keygen_the_error_says_so(tmp_path: Path,
     with pytest.raises(ConfigError, match="ssh-keygen did not run") as err:
         signing.verify_stage(stage, trust)
     assert "install OpenSSH" in str(err.value.fix)
+
+
+@pytest.mark.e2e
+def test_two_real_builders_sign_and_the_publisher_counts_them(tmp_path: Path,
+                                                              shared_cache: Path) -> None:
+    """The real commands: one pure cell built twice by `nightly run --signing-key` (two
+    builders, two keys, the second through WHEELFORGE_SIGNING_KEY), published with
+    `--require-reproduced 2 --allowed-signers`."""
+    from test_fanout import _common, _plan, _project
+    from test_nightly import clean_env
+
+    _project(tmp_path, ["purea"])
+    (cell,) = _plan(tmp_path, shared_cache)["cells"]
+    keys = {"builder-a": key(tmp_path, "a"), "builder-b": key(tmp_path, "b")}
+    for n, (name, path) in enumerate(keys.items()):
+        env = clean_env()
+        args: list[str | Path] = []
+        if n:
+            env["WHEELFORGE_SIGNING_KEY"] = str(path)
+        else:
+            args = ["--signing-key", path]
+        res = wheelforge("nightly", "run", "--plan", tmp_path / "plan.json", "--cell",
+                         str(cell["id"]), "--stage-dir", tmp_path / "stages" / name,
+                         *_common(tmp_path, shared_cache), "--sources", tmp_path / "sdists",
+                         "--work-dir", tmp_path / f"work-{name}", *args, cwd=tmp_path,
+                         env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        stage = tmp_path / "stages" / name / f"cell-{cell['id']}"
+        assert (stage / signing.SIGNATURE).is_file()
+        assert json.loads((stage / "cell.json").read_text())["log"] in ("build.log", None)
+    trust = allowed(tmp_path, **keys)
+    res = wheelforge("nightly", "publish", "--plan", tmp_path / "plan.json",
+                     tmp_path / "stages", "--index", tmp_path / "index", "--cache-dir",
+                     tmp_path / "publisher-cache", "--require-reproduced", "2",
+                     "--allowed-signers", trust, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "index" / "files").glob("*.whl")] == [
+        "purea-0.1.0+wf-py3-none-any.whl"]
