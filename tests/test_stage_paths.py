@@ -10,6 +10,7 @@ cell.json is a clear error or a record, never a traceback.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -32,8 +33,6 @@ def _stage(root: Path, log: str | None, *, status: str = "built") -> Path:
     stage = root / "stages" / "cell-0"
     wheel = make_wheel(stage, {"demo/__init__.py": "X = 1\n"}, name="demo", version=VERSION)
     (stage / "build.log").write_text("the build's log\n")
-    import hashlib
-
     record: dict[str, Any] = {"schema": 1, "cell": _cell(), "status": status,
                               "host": "builder-a:/cache", "duration_s": 1.0, "log": log}
     if status == "built":
@@ -82,7 +81,8 @@ def test_etc_passwd_is_never_copied(tmp_path: Path) -> None:
     assert _copies(tmp_path) == []
 
 
-def test_a_symlinked_log_is_refused_not_followed(tmp_path: Path, secret: Path) -> None:
+def test_a_symlinked_log_is_refused_not_followed(tmp_path: Path, secret: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     stage = _stage(tmp_path, "build.log")
     (stage / "build.log").unlink()
     os.symlink(secret, stage / "build.log")
@@ -93,17 +93,13 @@ def test_a_symlinked_log_is_refused_not_followed(tmp_path: Path, secret: Path) -
     with pytest.raises(VerifyError, match="field 'log' names 'build.log'") as err:
         stagecheck.stage_file(stage, "log", "build.log")
     assert "a symlink" in str(err.value.why)
-    real = stagecheck.stage_file
 
     def checked_then_swapped(stage: Path, field: str, value: str) -> Path:
         return stage / value  # as if the check passed and the link came after it
 
-    stagecheck.stage_file = checked_then_swapped  # type: ignore[assignment]
-    try:
-        with pytest.raises(VerifyError, match="cannot open 'build.log'"):
-            stagecheck.open_in_stage(stage, "log", "build.log")
-    finally:
-        stagecheck.stage_file = real
+    monkeypatch.setattr(stagecheck, "stage_file", checked_then_swapped)
+    with pytest.raises(VerifyError, match="cannot open 'build.log'"):
+        stagecheck.open_in_stage(stage, "log", "build.log")
 
 
 def test_a_missing_log_is_refused(tmp_path: Path) -> None:
