@@ -3,7 +3,8 @@
 Stages are written here as a builder writes them (cell.json beside the wheel), then
 changed the ways a broken or hostile builder or artifact store would: a member changed
 with cell.json's sha256 updated to match, a symlink to a wheel outside the stage, a
-truncated zip, a malformed file name, builders that disagree under --require-reproduced.
+truncated zip, a malformed file name (builders that disagree under --require-reproduced:
+tests/test_stage_signatures.py).
 Each is refused through the real command, with nothing published and no traceback.
 """
 
@@ -154,35 +155,8 @@ def test_a_malformed_wheel_name_is_a_verification_error(tmp_path: Path) -> None:
     check_wheel_name(wheel.name, "demo")
 
 
-def test_builders_that_disagree_are_refused_under_require_reproduced(tmp_path: Path) -> None:
-    a, wa = _stage(tmp_path, "a/cell-0", host="builder-a:/cache")
-    b, wb = _stage(tmp_path, "b/cell-0", host="builder-b:/cache", payload="VALUE = 2\n")
-    res = _publish(tmp_path, tmp_path / "stages", "--require-reproduced", "2")
-    _refused(res, 1, "the builders disagree: 2 different wheels from 2 builder(s)",
-             f"builder builder-a:/cache: sha256 {hashlib.sha256(wa.read_bytes()).hexdigest()}",
-             f"builder builder-b:/cache: sha256 {hashlib.sha256(wb.read_bytes()).hexdigest()}")
-    assert _published(tmp_path) == []
-    report = json.loads((tmp_path / "index" / "reports" / "nightly-latest.json").read_text())
-    assert [c["status"] for c in report["cells"]] == ["failed"]
-    assert "builder-b:/cache" in report["cells"][0]["error"]
-
-
-def test_one_builder_is_not_enough_and_two_that_agree_publish(tmp_path: Path) -> None:
-    a, wa = _stage(tmp_path, "a/cell-0", host="builder-a:/cache")
-    res = _publish(tmp_path, tmp_path / "stages", "--require-reproduced", "2")
-    _refused(res, 1, "built by 1 builder(s), --require-reproduced asks for 2")
-    assert _published(tmp_path) == []
-    # the same builder twice (a retried job) is still one builder
-    b = tmp_path / "stages" / "retry" / "cell-0"
-    b.mkdir(parents=True)
-    (b / wa.name).write_bytes(wa.read_bytes())
-    _write_record(b, b / wa.name, host="builder-a:/cache")
-    _refused(_publish(tmp_path, tmp_path / "stages", "--require-reproduced", "2"), 1,
-             "built by 1 builder(s)")
-    _write_record(b, b / wa.name, host="builder-b:/cache")
-    res = _publish(tmp_path, tmp_path / "stages", "--require-reproduced", "2")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert _published(tmp_path) == [wa.name]
+# --require-reproduced counts builders by their verified SSH signatures, not by the
+# stages' host fields: tests/test_stage_signatures.py
 
 
 def test_the_index_verifies_what_any_caller_publishes(tmp_path: Path) -> None:

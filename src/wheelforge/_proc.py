@@ -167,11 +167,13 @@ def run(
     check: bool = True,
     keep_output: bool = True,
     timeout: float | None = None,
+    stdin: Path | None = None,
 ) -> Completed:
     """Run ``argv``; return its exit status and (if ``keep_output``) its output.
 
     stdout and stderr are merged.  With ``log`` the command line and every
-    output line are appended to that file.  Raises :class:`CommandFailed`
+    output line are appended to that file.  ``stdin``: a file the command reads as its
+    input (default: none, /dev/null).  Raises :class:`CommandFailed`
     when ``check`` and the exit status is non-zero.
 
     ``timeout`` (seconds) holds while the command runs, whether or not it writes or closes
@@ -203,11 +205,12 @@ def run(
         if on_line is not None:
             on_line(line.rstrip("\n"))
 
+    source = open(stdin, "rb") if stdin is not None else None  # noqa: SIM115
     try:
         try:
             proc = subprocess.Popen(
                 args, cwd=cwd, env=dict(env) if env is not None else None,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=source if source is not None else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True)
         except OSError as exc:
             if check:
@@ -219,6 +222,8 @@ def run(
     finally:
         if log_file is not None:
             log_file.close()
+        if source is not None:
+            source.close()
     if _STOPPING.is_set():  # killed by stop_all: stopped, not failed
         raise KeyboardInterrupt
     if returncode is None:

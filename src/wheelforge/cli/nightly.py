@@ -258,18 +258,27 @@ def nightly_plan(project_file: Path | None, index_dir: Path | None, cache_dir: P
 @cache_option
 @work_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream the compiler output.")
+@click.option("--signing-key", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              envvar="WHEELFORGE_SIGNING_KEY", show_envvar=True,
+              help="Sign each stage with this builder's SSH key (ssh-keygen -Y sign, "
+                   "namespace wheelforge-stage): a private key without a passphrase, or a "
+                   ".pub whose key ssh-agent holds. The publisher counts signed stages as "
+                   "builders for --require-reproduced (docs/trust.md).")
 @recipes_option
 def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
                 project_file: Path | None, jobs: int | None, sources_dirs: tuple[Path, ...],
                 cache_dir: Path | None, work_dir: Path | None, verbose: bool,
-                recipes: Path | None) -> None:
+                signing_key: Path | None, recipes: Path | None) -> None:
     """Build and verify cells of a plan into stage directories, on a builder; the index is
     not touched. Refuses a cell whose build key here is not the plan's (another toolchain).
+    With --signing-key, each stage is signed (stage.manifest and stage.manifest.sig).
     Exits 1 when a cell failed (its stage then holds the error and the log)."""
-    from ..nightly import fanout
+    from ..nightly import fanout, signing
 
     plan = fanout.load_plan(plan_file)
     chosen = fanout.select(plan, cell_ids)
+    if signing_key is not None:
+        signing.check_key(signing_key)  # before hours of build, not after
     matrix, book, settings = _matrix_and_settings(project_file, recipes, None, cache_dir,
                                                   work_dir, sources_dirs, jobs)
     reporter = Reporter(verbose=verbose)
@@ -278,6 +287,8 @@ def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
         reporter.header(f"cell {c.id}: {c.label}")
         rec = fanout.run_cell(c, matrix, book, settings, stage_dir / f"cell-{c.id}",
                               reporter=reporter)
+        if signing_key is not None:
+            signing.sign_stage(stage_dir / f"cell-{c.id}", signing_key)
         click.echo(f"{rec.status:8} cell {c.id} {c.label} -> {stage_dir / f'cell-{c.id}'}"
                    + (f" {rec.wheel}" if rec.wheel else ""))
         if rec.status == "failed":
@@ -300,15 +311,25 @@ def nightly_run(plan_file: Path, cell_ids: tuple[str, ...], stage_dir: Path,
 @cache_option
 @config_option
 @click.option("--require-reproduced", "require_reproduced", type=click.IntRange(min=1),
-              default=1, show_default=True, metavar="N",
-              help="Publish a cell only when N different builders (a stage record's host) "
-                   "staged byte-identical wheels; else the cell fails, listing each "
-                   "builder's sha256.")
+              default=None, metavar="N",
+              help="Publish a cell only when N builders the publisher trusts (distinct "
+                   "signers verified against --allowed-signers; an unsigned stage counts "
+                   "as none, whatever its host field says) staged byte-identical wheels; "
+                   "else the cell fails, listing each stage's sha256 and signer. Needs "
+                   "--allowed-signers. Default: not asked (any verified stage publishes).")
+@click.option("--allowed-signers", type=click.Path(path_type=Path, dir_okay=False,
+                                                   exists=True),
+              envvar="WHEELFORGE_ALLOWED_SIGNERS", show_envvar=True,
+              help="The builders the publisher trusts: an ssh-keygen allowed_signers file "
+                   '(`NAME namespaces="wheelforge-stage" KEY` per line). Every signed stage '
+                   "is verified against it; a stage changed after signing or signed by "
+                   "another key is refused (docs/trust.md).")
 @deps_dir_option
 @recipes_option
 def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path | None,
                     report_dir: Path | None, cache_dir: Path | None,
-                    project_file: Path | None, require_reproduced: int, deps_dir: Path | None,
+                    project_file: Path | None, require_reproduced: int | None,
+                    allowed_signers: Path | None, deps_dir: Path | None,
                     recipes: Path | None) -> None:
     """Publish the stage directories of a plan: the single writer of the index.
 
@@ -317,9 +338,10 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
     STAGES are stage directories, or directories holding them (downloaded artifacts).
     Every stage is verified again before anything is published (no link or special file,
     the wheel's RECORD, tags, metadata and, for an extension, its SASS against the cell's
-    archs): a failure publishes nothing and exits 8.  Writes the nightly report with
-    every cell of the plan; exits 1 when a cell failed (not reproduced by
-    --require-reproduced builders, too) or did not run.
+    archs; its signature, against --allowed-signers): a failure publishes nothing and
+    exits 8.  Each stage's signer (or "unsigned") is in the report.  Writes the nightly
+    report with every cell of the plan; exits 1 when a cell failed (not reproduced by
+    --require-reproduced trusted builders, too) or did not run.
     """
     from .. import nightly as night
     from ..nightly import fanout, publishing
@@ -336,7 +358,8 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
             else None)
     report = publishing.publish(plan, publishing.stage_dirs(stages), settings,
                                 reporter=reporter, report_dir=reports, book=book,
-                                require_reproduced=require_reproduced)
+                                require_reproduced=require_reproduced,
+                                allowed_signers=allowed_signers)
     _echo_report(report, reports)
     bad = report.count("failed") + report.count("not run")
     if bad:

@@ -3,7 +3,8 @@
 :mod:`.cells` holds what every part shares (a cell's result, the settings, the report of a
 run); :mod:`.state` one run's plans of its cells; :mod:`.fanout` the plan and run parts (a
 cell built into a stage) and the GitHub Actions matrix; :mod:`.publishing` the publish
-part (stages published under the index lock); :mod:`.inprocess` the nightly on one
+part (stages published under the index lock; :mod:`.stagecheck` its checks of a stage,
+:mod:`.signing` the builders' SSH signatures); :mod:`.inprocess` the nightly on one
 machine, through the same parts;
 :mod:`.rayexec` the Ray executor; :mod:`.gate` the stack check of the channels a night
 changed; :mod:`.report` the JSON and HTML report;

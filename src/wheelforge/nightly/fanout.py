@@ -50,7 +50,7 @@ from ..recipe.matrix import Cell, Matrix, TorchPin, cells
 from ..recipe.model import Choice, Recipe
 from .cells import Builder, CellResult, Settings, log_tail
 from .durations import estimate, read_durations, record_durations
-from .stagecheck import refuse_links
+from .stagecheck import refuse_links, stage_file
 from .state import CellRunner, with_companions
 
 __all__ = [
@@ -100,6 +100,7 @@ class PlannedCell:
     # publisher on the staged wheel: the plan's word, not the builder's
     top_level: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()  # verify.allow: the .pth files and commands it may ship
     #: the kernel subset to build (matrix.subsets); () the full build (and in older plans)
     subset: Choice = ()
 
@@ -141,7 +142,11 @@ class StageRecord:
     note: str = ""
     error: str | None = None
     log_tail: str | None = None
-    log: str | None = None  # the build log where the builder keeps it (a copy: build.log)
+    #: the build log's copy: a file name inside the stage (build.log), never a path
+    #: outside it (the publisher refuses any other, :func:`.stagecheck.stage_file`)
+    log: str | None = None
+    #: where the builder keeps the log: shown, never opened by the publisher
+    builder_log: str | None = None
     wheelforge: str = __version__
 
 
@@ -178,7 +183,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             estimate_s=estimate(durations, cell),
             peak_gib=_peak(settings.cache_dir, cell.recipe),
             top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded,
-            subset=cell.subset))
+            allow=p.recipe.verify.allow, subset=cell.subset))
     todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
     return Plan(created=now(), config=str(matrix.path), index=str(settings.index_dir),
                 cells=tuple(todo), done=tuple(done))
@@ -243,6 +248,7 @@ def _planned(data: Any, where: str) -> PlannedCell:
             peak_gib=None if data.get("peak_gib") is None else float(data["peak_gib"]),
             top_level=_strings(data.get("top_level", ())),
             excluded=_strings(data.get("excluded", ())),
+            allow=_strings(data.get("allow", ())),
             subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()))
     except _MALFORMED as exc:
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
@@ -393,7 +399,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         return _write_stage(stage, StageRecord(
             cell=planned, status="failed", host=host,
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
-            log_tail=log_tail(log), log=log), log)
+            log_tail=log_tail(log)), log)
 
     if p.error is not None:
         return failed(p.error)
@@ -429,8 +435,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         cell=planned, status="built", host=host,
         duration_s=round(time.monotonic() - started, 3), wheel=record.filename,
         sha256=record.sha256, channel=record.channel, cuda=record.cuda, torch=record.torch,
-        archs=tuple(record.archs), note=str(cache) if cache else "",
-        log=str(log) if log else None)
+        archs=tuple(record.archs), note=str(cache) if cache else "")
     shutil.rmtree(private, ignore_errors=True)
     return _write_stage(stage, out, str(log) if log else None)
 
@@ -455,8 +460,12 @@ def seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
 
 
 def _write_stage(stage: Path, record: StageRecord, log: str | None) -> StageRecord:
-    if log and Path(log).is_file():
-        shutil.copyfile(log, stage / LOG)
+    """Write the record, and a copy of the build log ``log`` beside it (the record names
+    the copy, inside the stage, and the builder's own path for display)."""
+    copied = bool(log) and Path(str(log)).is_file()
+    if copied:
+        shutil.copyfile(str(log), stage / LOG)
+    record = dataclasses.replace(record, log=LOG if copied else None, builder_log=log or None)
     data = {"schema": STAGE_SCHEMA, **dataclasses.asdict(record)}
     atomic_write(stage / RECORD, json.dumps(data, indent=2) + "\n")
     return record
@@ -484,12 +493,14 @@ def load_stage(stage: Path) -> StageRecord:
             cuda=text("cuda"), torch=text("torch"),
             archs=tuple(str(a) for a in data.get("archs") or ()),
             note=str(data.get("note") or ""), error=text("error"),
-            log_tail=text("log_tail"), log=text("log"),
+            log_tail=text("log_tail"), log=text("log"), builder_log=text("builder_log"),
             wheelforge=str(data.get("wheelforge", "")))
     except _MALFORMED as exc:
         raise _bad(path, f"it lacks or mistypes {exc}") from None
     if record.status not in ("built", "failed"):
         raise _bad(path, f"status {record.status!r} is neither built nor failed")
+    if record.log is not None:
+        stage_file(stage, "log", record.log)  # inside the stage, or the stage is refused
     if record.status == "built":
         name = record.wheel
         if not isinstance(name, str) or os.path.basename(name) != name or \

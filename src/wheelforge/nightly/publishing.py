@@ -9,6 +9,7 @@ nightly runs and publishes each cell through the same two parts (:func:`run_and_
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -16,18 +17,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import index
+from .._fs import atomic_file
 from .._log import Reporter
 from ..builder.artifact import identity
 from ..errors import ConfigError, PublishError, WheelforgeError
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell
 from ..wheel import retag
-from .cells import REPORTS_DIR, CellResult, CellStatus, NightlyReport, Settings
+from .cells import LOGS_DIR, REPORTS_DIR, CellResult, CellStatus, NightlyReport, Settings
 from .durations import record_durations
-from .fanout import LOG, RECORD, Plan, PlannedCell, StageRecord, load_stage, now, run_cell
+from .fanout import RECORD, Plan, PlannedCell, StageRecord, load_stage, now, run_cell
 from .gate import check_night
 from .report import link_from_landing_page, write_report
-from .stagecheck import Staged, reproduced, verify_stage_wheel
+from .signing import Signer, verify_stage
+from .stagecheck import Staged, open_in_stage, reproduced, verify_stage_wheel
 from .state import CellPlan, CellRunner
 
 __all__ = ["publish", "run_and_publish", "stage_dirs"]
@@ -38,19 +41,15 @@ def _result(c: PlannedCell, status: CellStatus, **kw: Any) -> CellResult:
                       subset=c.cell.subset_text, build_key=c.build_key, **kw)
 
 
-def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
-            report_dir: Path | None = None, started: float | None = None,
-            book: RecipeBook | None = None, require_reproduced: int = 1) -> NightlyReport:
-    """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
-    nightly report (every cell of the plan; a planned cell without a stage is "not
-    run").  A stage that does not belong to the plan, holds a link, or whose wheel does
-    not match its record or fails verification (:mod:`.stagecheck`), is an error before
-    anything is published.  ``require_reproduced`` N > 1 publishes a cell only when N
-    different builders staged byte-identical wheels (else the cell fails, naming each
-    builder's sha256)."""
-    t0 = time.monotonic() if started is None else started
+Loaded = tuple[Path, StageRecord, Signer]
+
+
+def _load(plan: Plan, stages: Sequence[Path],
+          allowed_signers: Path | None) -> dict[int, list[Loaded]]:
+    """Every stage checked before anything is published (:mod:`.stagecheck`, and its
+    signature: :mod:`.signing`), by cell id; the first problem raises."""
     by_id = {c.id: c for c in plan.cells}
-    loaded: dict[int, list[tuple[Path, StageRecord]]] = {}
+    loaded: dict[int, list[Loaded]] = {}
     for stage in stages:
         rec = load_stage(stage)
         mine = by_id.get(rec.cell.id)
@@ -63,32 +62,59 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
         if rec.status == "built":
             assert rec.wheel is not None
             verify_stage_wheel(stage, rec.wheel, mine.archs, top_level=mine.top_level,
-                               excluded=mine.excluded)
-        loaded.setdefault(rec.cell.id, []).append((stage, rec))
+                               excluded=mine.excluded, allow=mine.allow)
+        signer = verify_stage(stage, allowed_signers)
+        loaded.setdefault(rec.cell.id, []).append((stage, rec, signer))
+    return loaded
+
+
+def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter: Reporter,
+            report_dir: Path | None = None, started: float | None = None,
+            book: RecipeBook | None = None, require_reproduced: int | None = None,
+            allowed_signers: Path | None = None) -> NightlyReport:
+    """Publish the built stages of ``plan`` into ``settings.index_dir`` and write the
+    nightly report (every cell of the plan; a planned cell without a stage is "not
+    run").  A stage that does not belong to the plan, holds a link, whose wheel does not
+    match its record or fails verification (:mod:`.stagecheck`), or whose signature does
+    not verify against ``allowed_signers`` (:mod:`.signing`), is an error before anything
+    is published.  ``require_reproduced`` N publishes a cell only when N builders the
+    publisher trusts (distinct verified signers; an unsigned stage counts as none)
+    staged byte-identical wheels (else the cell fails, naming each stage's sha256 and
+    signer); it needs ``allowed_signers``."""
+    if require_reproduced is not None and allowed_signers is None:
+        raise ConfigError(f"--require-reproduced {require_reproduced} counts builders the "
+                          "publisher trusts, and it was given no allowed-signers file",
+                          why="a stage's host field is the builder's word, not proof",
+                          fix="pass --allowed-signers FILE (ssh-keygen's allowed_signers "
+                              "format: one `NAME KEY` line per trusted builder; "
+                              "docs/trust.md)")
+    t0 = time.monotonic() if started is None else started
+    reports = report_dir or settings.index_dir / REPORTS_DIR
+    loaded = _load(plan, stages, allowed_signers)
     results: list[CellResult] = list(plan.done)
     timed: list[tuple[Cell, float]] = []
     for c in plan.cells:
         got = loaded.get(c.id, [])
-        built = [(s, r) for s, r in got if r.status == "built"]
+        built = [x for x in got if x[1].status == "built"]
         if not got:
             results.append(_result(c, "not run", note="no stage came back from its job"))
             continue
         if not built:
-            r = got[-1][1]
+            s, r, who = got[-1]
             reporter.info(f"FAILED {c.label} on {r.host}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=r.error,
-                                   log_tail=r.log_tail, note=f"on {r.host}",
-                                   log=str(got[-1][0] / LOG)
-                                   if (got[-1][0] / LOG).is_file() else None))
+                                   log_tail=r.log_tail, note=f"on {r.host} ({who.describe()})",
+                                   **_stage_log(c, s, r, reports)))
             continue
-        stage, r = built[0]  # a retried job staged it twice: the first is published
+        stage, r, who = built[0]  # a retried job staged it twice: the first is published
         timed.append((c.cell, r.duration_s))
         try:
-            if require_reproduced > 1:
-                chosen = reproduced(c.label, [Staged(s, x.host, str(x.sha256))
-                                              for s, x in built], require_reproduced)
-                stage, r = next((s, x) for s, x in built if s == chosen.stage)
-            results.append(_publish_one(c, stage, r, settings.index_dir, reporter))
+            if require_reproduced is not None:
+                chosen = reproduced(c.label, [Staged(s, w.identity, str(x.sha256))
+                                              for s, x, w in built], require_reproduced)
+                stage, r, who = next(b for b in built if b[0] == chosen.stage)
+            results.append(_publish_one(c, stage, r, settings.index_dir, reporter,
+                                        _stage_log(c, stage, r, reports), who))
         except WheelforgeError as exc:
             reporter.info(f"FAILED to publish {c.label}: {exc.render()}")
             results.append(_result(c, "failed", duration_s=r.duration_s, error=exc.render(),
@@ -99,7 +125,6 @@ def publish(plan: Plan, stages: Sequence[Path], settings: Settings, *, reporter:
         started=plan.created or now(), finished=now(),
         duration_s=round(time.monotonic() - t0, 3), config=plan.config,
         index=str(settings.index_dir), results=tuple(results), stacks=stacks)
-    reports = report_dir or settings.index_dir / REPORTS_DIR
     write_report(report, reports)
     link_from_landing_page(settings.index_dir, reports)
     return report
@@ -119,18 +144,34 @@ def _publish_stage(c: PlannedCell, stage: Path, r: StageRecord,
                                    relabel=relabeled)
 
 
+def _stage_log(c: PlannedCell, stage: Path, r: StageRecord, reports: Path) -> dict[str, str]:
+    """The stage's build log copied beside the report, under a name of its cell (every
+    stage's is build.log): the ``log`` and ``log_file`` of its result, or none.  Only the
+    file the record names inside the stage is read (:func:`.stagecheck.open_in_stage`),
+    never the builder's own path."""
+    if r.log is None:
+        return {}
+    name = f"{c.recipe}-{c.version}-cell{c.id}-{c.build_key[:12]}.log"
+    with open_in_stage(stage, "log", r.log) as src, \
+            atomic_file(reports / LOGS_DIR / name) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return {"log": str(stage / r.log), "log_file": f"{LOGS_DIR}/{name}"}
+
+
 def _publish_one(c: PlannedCell, stage: Path, r: StageRecord, index_dir: Path,
-                 reporter: Reporter) -> CellResult:
+                 reporter: Reporter, log: dict[str, str], who: Signer) -> CellResult:
     done = _publish_stage(c, stage, r, index_dir)
     if not done.published:
         reporter.info(f"{c.label}: already published as {done.path.name}; nothing written")
         return _result(c, "skipped", duration_s=r.duration_s, wheel=done.path.name,
                        archs_found=tuple(done.record.archs),
                        note="published already (a retried job, or another publisher)")
-    reporter.info(f"{c.label}: published {done.path.name} (built on {r.host})")
+    reporter.info(f"{c.label}: published {done.path.name} (built on {r.host}, "
+                  f"{who.describe()})")
     return _result(c, "built", duration_s=r.duration_s, wheel=done.path.name,
-                   archs_found=_sass(r.archs), log=r.log,
-                   note="; ".join(x for x in (r.note, f"built on {r.host}") if x))
+                   archs_found=_sass(r.archs), **log,
+                   note="; ".join(x for x in (r.note, f"built on {r.host}", who.describe())
+                                  if x))
 
 
 def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
@@ -155,14 +196,14 @@ def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
                      reporter=state.reporter, build=state.build, share=state)
         if r.status == "failed":
             state.reporter.info(f"FAILED {cell.label}")
-            return state.result(plan, "failed", error=r.error, log=r.log,
+            return state.result(plan, "failed", error=r.error, log=r.builder_log,
                                 log_tail=r.log_tail)
         done = _publish_stage(planned, stage, r, state.settings.index_dir)
     if not done.published:
         state.published[plan.key] = done.record
         return state.skipped(plan, "published by another run meanwhile")
     return state.result(plan, "built", wheel=done.path.name, archs_found=_sass(r.archs),
-                        log=r.log, note=r.note)
+                        log=r.builder_log, note=r.note)
 
 
 def _sass(archs: Iterable[str]) -> tuple[str, ...]:

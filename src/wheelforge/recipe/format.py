@@ -106,7 +106,10 @@ _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag", "release-tag", "release-commit")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires",
                "job-memory")
-_VERIFY_KEYS = ("imports", "requires", "stack-imports", "top-level", "excluded")
+_VERIFY_KEYS = ("imports", "requires", "stack-imports", "top-level", "excluded", "allow")
+# verify.allow: a .pth file name, a start-up module, or a command name
+_ALLOW = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.+-]*\.pth|sitecustomize|usercustomize|"
+                    r"[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 _TEST_KEYS = ("source-files", "files", "requires")
 _TEST_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.py$")
 
@@ -268,9 +271,15 @@ def _parse_verify(p: Problems, data: Any) -> VerifySpec:
         if path.startswith("/") or ".." in path.split("/") or "\\" in path:
             p.add(join(join(where, "excluded"), i),
                   f"{path!r} must be a relative path inside the wheel (e.g. flash_attn/cute)")
+    allow = string_list(p, data, "allow", where)
+    for i, name in enumerate(allow):
+        if not _ALLOW.match(name) or name.endswith((".py", ".pyc", ".so")):
+            p.add(join(join(where, "allow"), i),
+                  f"{name!r} is not a NAME.pth file, sitecustomize, usercustomize or a "
+                  "command name (no path, no module file name)")
     return VerifySpec(imports=imports, requires=requirements(p, data, "requires", where),
                       stack_imports=stack_imports, top_level=top_level,
-                      excluded=tuple(e.rstrip("/") for e in excluded))
+                      excluded=tuple(e.rstrip("/") for e in excluded), allow=allow)
 
 
 def _parse_subsets(p: Problems, data: Any) -> tuple[SubsetDimension, ...]:

@@ -101,6 +101,10 @@ class VerifySpec:
     top_level: tuple[str, ...] = ()
     #: paths the wheel must not hold (a file, or a directory and all below it)
     excluded: tuple[str, ...] = ()
+    #: what may run without being imported, by name: a top-level ``NAME.pth``, the
+    #: ``sitecustomize`` / ``usercustomize`` module, a command (console or gui script, a
+    #: file of ``.data/scripts``); every other one fails verification, for every recipe
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

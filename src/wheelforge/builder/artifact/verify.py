@@ -19,6 +19,7 @@ from ...recipe.model import Recipe
 from ...wheel import WheelInfo, inspect_wheel, integrity_problems, reading
 from ..env import bytecode
 from ..env.buildenv import BuildEnv
+from . import content
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 from .importcheck import WarmImports, cold_problems
 
@@ -105,33 +106,15 @@ def _code_problems(wheel: Path, info: WheelInfo, extension: bool, archs: tuple[A
 
 
 def content_problems(wheel: Path, top_level: tuple[str, ...],
-                     excluded: tuple[str, ...]) -> list[str]:
-    """The wheel's top-level modules against ``top_level`` (a recipe's ``verify.top-level``)
-    and its paths against ``excluded`` (``verify.excluded``): a foreign package
-    (flash-attn's ``hopper``) or a part the recipe leaves out (``flash_attn/cute``) is
-    refused.  Also the publisher's check of a wheel built elsewhere."""
-    allowed = set(top_level)
-    if not allowed and not excluded:
-        return []
-    with reading(wheel) as zf:
-        names = zf.namelist()
-    issues = []
-    top = set()
-    for name in names:
-        first = name.split("/", 1)[0]
-        if first.endswith((".dist-info", ".data")) or not first:
-            continue
-        top.add(first.split(".", 1)[0] if "/" not in name else first)
-    foreign = sorted(top - allowed) if allowed else []
-    if foreign:
-        issues.append(f"top-level module(s) or package(s) the recipe does not ship: "
-                      f"{', '.join(foreign)} (verify.top-level: {', '.join(sorted(allowed))})")
-    for path in excluded:
-        hits = [n for n in names if n == path or n.startswith(path + "/")]
-        if hits:
-            issues.append(f"{path} is in the wheel ({len(hits)} file(s), e.g. {hits[0]}): "
-                          "the recipe excludes it (verify.excluded)")
-    return issues
+                     excluded: tuple[str, ...], allow: tuple[str, ...] = ()) -> list[str]:
+    """What the wheel installs (its ``NAME.data/`` schemes mapped to where they land)
+    against the recipe's content rules (:mod:`.content`): its top-level modules against
+    ``top_level`` (``verify.top-level``; a foreign package such as flash-attn's
+    ``hopper``), its paths against ``excluded`` (``verify.excluded``), and, for every
+    recipe, no ``.pth`` file, ``sitecustomize``/``usercustomize`` module or command that
+    ``allow`` (``verify.allow``) does not name.  Also the publisher's check of a wheel
+    built elsewhere."""
+    return content.content_problems(wheel, content.ContentRules(top_level, excluded, allow))
 
 
 def code_problems(wheel: Path, *, extension: bool, archs: tuple[Arch, ...]) -> list[str]:
@@ -166,7 +149,8 @@ def verify_wheel(
 
     found, cuda_sos = _code_problems(wheel, info, recipe.build.kind == "extension", archs)
     issues.extend(found)
-    issues.extend(content_problems(wheel, recipe.verify.top_level, recipe.verify.excluded))
+    issues.extend(content_problems(wheel, recipe.verify.top_level, recipe.verify.excluded,
+                                   recipe.verify.allow))
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,
