@@ -210,8 +210,8 @@ def run(
         try:
             proc = subprocess.Popen(
                 args, cwd=cwd, env=dict(env) if env is not None else None,
-                stdin=source if source is not None else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                stdin=source if source is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             if check:
                 raise CommandFailed(args, 127, f"cannot run {args[0]}: {exc}") from exc
