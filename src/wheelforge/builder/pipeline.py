@@ -29,7 +29,7 @@ from packaging.version import Version
 from .. import index, workdirs
 from .._fs import owned_lock
 from .._log import Reporter
-from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError
+from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError, attach_log
 from ..recipe.model import Recipe
 from ..recipe.subsets import subset_environment, subset_label
 from ..wheel import labeled_version, relabel, relabeled_name, wheel_version
@@ -461,11 +461,13 @@ def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
             err.fix += f"; work directory kept at {work} (wheelforge clean removes it)"
         err.log = str(log) if log.exists() else None
         raise err from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if fixed is not None and work is not None:
             fixed.keep(work)
         kept = f"; work directory kept at {work}" if work is not None and work.exists() else ""
         logged = f"; log {log}" if log.exists() else ""
+        if log.exists():  # the nightly report links an interrupted cell's log
+            attach_log(exc, str(log))
         reporter.info(f"stopped; nothing was published{kept}{logged}")
         raise
     finally:

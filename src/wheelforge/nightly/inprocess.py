@@ -121,7 +121,12 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
             assert plan.key is not None
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
             with owned_lock(lock_path(settings.cache_dir, plan.key)):
-                results[i] = _build_cell(state, plan)
+                started_cell = time.monotonic()
+                try:
+                    results[i] = _build_cell(state, plan)
+                except KeyboardInterrupt as exc:
+                    results[i] = state.interrupted(plan, exc, time.monotonic() - started_cell)
+                    raise
         stacks = check_night(settings, book, list(results.values()), reporter)
         # last, never publishing: a canary's failure is reported, the night's status stays
         canaries = run_canaries(matrix, book, settings, reporter=reporter, build=state.build)
@@ -163,7 +168,12 @@ def _try_cell(state: CellRunner, i: int, plan: CellPlan, results: dict[int, Cell
             state.reporter.info(f"{where}: another run is building it; taken up last")
             return False
         state.reporter.header(f"{where}: building")
-        results[i] = _build_cell(state, plan)
+        started = time.monotonic()
+        try:
+            results[i] = _build_cell(state, plan)
+        except KeyboardInterrupt as exc:  # the report says how far it came, with its log
+            results[i] = state.interrupted(plan, exc, time.monotonic() - started)
+            raise
         return True
 
 
