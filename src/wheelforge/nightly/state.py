@@ -172,10 +172,11 @@ class CellRunner:
         return self.result(plan, "failed", error=exc.render(), log=exc.log,
                            log_tail=log_tail(exc.log))
 
-    def interrupted(self, plan: CellPlan, exc: BaseException, seconds: float) -> CellResult:
+    def interrupted(self, plan: CellPlan, exc: BaseException | None,
+                    seconds: float) -> CellResult:
         """A cell whose build Ctrl-C (SIGTERM, --timeout) stopped after ``seconds``: how
-        long it ran, and its log when the build had one."""
-        log = attached_log(exc)
+        long it ran, and its log when the build named it (on ``exc``)."""
+        log = attached_log(exc) if exc is not None else None
         return dataclasses.replace(
             self.result(plan, "interrupted", log=log, log_tail=log_tail(log),
                         note=f"interrupted after {seconds:.0f} s"),
