@@ -8,6 +8,7 @@ DOM with that measurement in it.  Real Chromium, real layout: no mock of the bro
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 from dataclasses import dataclass
@@ -82,3 +83,72 @@ def screenshot(chromium: str, page: Path, profile: Path, out: Path, *, width: in
                           capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     return out
+
+
+# ------------------------------------------------------------------ probes: colours, breaks
+
+_PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "wf-probe";
+  out.hidden = true;
+  out.textContent = JSON.stringify((%s)());
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+#: every element with text of its own that is shown: its text colour and the background
+#: it is drawn on (the nearest ancestor's, itself included, that is not transparent)
+COLOURS = """() => [...document.querySelectorAll("body *")]
+  .filter((e) => e.getClientRects().length && [...e.childNodes].some(
+    (n) => n.nodeType === 3 && n.textContent.trim()))
+  .map((e) => {
+    let bg = "rgb(255, 255, 255)";
+    for (let a = e; a; a = a.parentElement) {
+      const c = getComputedStyle(a).backgroundColor;
+      if (c !== "transparent" && !c.startsWith("rgba(0, 0, 0, 0)")) { bg = c; break; }
+    }
+    return {what: e.tagName.toLowerCase() + (e.className ? "." + e.className : "") + ": "
+                  + e.textContent.trim().slice(0, 50),
+            fg: getComputedStyle(e).color, bg: bg};
+  })"""
+
+#: for every element matching SELECTOR: its text split where its lines break
+LINES = """() => [...document.querySelectorAll(%s)].map((e) => {
+  const lines = [];
+  let top = null;
+  const walk = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    for (let i = 0; i < n.textContent.length; i++) {
+      const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
+      const rect = r.getBoundingClientRect();
+      if (top === null || rect.top > top + 2) { lines.push(""); top = rect.top; }
+      lines[lines.length - 1] += n.textContent[i];
+    }
+  }
+  return lines;
+})"""
+
+
+def probe(chromium: str, page: Path, profile: Path, script: str, *, width: int = 1400,
+          height: int = 900, dark: bool = False) -> object:
+    """What ``script`` (a JavaScript function's source) returns on the page once it has
+    loaded, in headless Chromium; ``dark``: with the page's prefers-color-scheme: dark
+    rules in force (they are made unconditional in the copy that is loaded)."""
+    text = page.read_text(encoding="utf-8")
+    if dark:
+        assert "@media (prefers-color-scheme: dark)" in text, f"{page} has no dark rules"
+        text = text.replace("@media (prefers-color-scheme: dark)", "@media all")
+    copy = page.with_name(f".probe-{page.name}")
+    copy.write_text(text.replace("</body>", _PROBE % script + "</body>", 1), encoding="utf-8")
+    try:
+        done = subprocess.run([*chromium_argv(chromium, profile, width, height),
+                               "--virtual-time-budget=5000", "--dump-dom", copy.as_uri()],
+                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        copy.unlink()
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    dom = done.stdout.decode()
+    start = dom.index('<pre id="wf-probe" hidden="">') + len('<pre id="wf-probe" hidden="">')
+    return json.loads(html.unescape(dom[start:dom.index("</pre>", start)]))

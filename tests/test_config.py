@@ -95,8 +95,9 @@ def test_defaults(tmp_path: Path) -> None:
 def test_bad_project_file(tmp_path: Path) -> None:
     pf = tmp_path / "wheelforge.yaml"
     pf.write_text("defaults:\n  archs: '9.0'\n")
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError) as info:
         resolve(project_file=pf, environ={})
+    assert "defaults.archs: unknown key; did you mean 'arch'?" in (info.value.why or "")
     with pytest.raises(ConfigError, match="not a torch requirement"):
         resolve(project_file=None, torch="jax==1", environ={})
 

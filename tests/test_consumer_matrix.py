@@ -642,8 +642,11 @@ def test_the_readmes_uv_line_is_the_printed_one(tmp_path: Path):
             ("flash-linear-attention", "0.6.0+wf", NO_TARGET, "py3-none-any"),
             ("mamba-ssm", "2.3.2+cu130torch2.14sm120", CU130, "cp311-cp311-linux_x86_64")]:
         index.publish(root, _wheel(dist, name, version, "local", tag=tag), **target)
+    from wheelforge.cli._options import uv_command
+
     text = install_lines(root, None, None).replace(f"file://{root.parent}", "file://$PWD")
-    (printed,) = [ln for ln in text.splitlines() if ln.startswith("uv venv")]
+    text = text.replace(f"{uv_command()} ", ".venv/bin/uv ")  # the checkout's, as README says
+    (printed,) = [ln for ln in text.splitlines() if ln.startswith(".venv/bin/uv venv")]
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     install = readme[readme.index("## Install the stack"):]
     blocks = [b.split("```", 1)[0] for b in install.split("```sh\n")[1:3]]

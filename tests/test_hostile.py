@@ -139,8 +139,9 @@ def test_project_file_with_a_non_string_key(tmp_path: Path) -> None:
 
     path = tmp_path / "wheelforge.yaml"
     path.write_text("defaults: {arch: '12.0', 5: null}\n")
-    with pytest.raises(ConfigError, match="unknown key\\(s\\) under defaults: 5"):
+    with pytest.raises(ConfigError) as info:
         load_project_file(path)
+    assert "defaults.5: unknown key" in (info.value.why or "")
 
 
 def test_the_shipped_yaml_still_loads() -> None:

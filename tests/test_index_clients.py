@@ -167,7 +167,7 @@ def served(local: Path) -> Iterator[str]:
     try:
         assert proc.stdout is not None
         first, second = proc.stdout.readline(), proc.stdout.readline()
-        SERVE_BANNER[:] = [proc.stdout.readline() for _ in range(5)]  # the one-command install
+        SERVE_BANNER[:] = [proc.stdout.readline() for _ in range(6)]  # the one-command install
         match = re.fullmatch(r"serving (.+) at (http://127\.0\.0\.1:(\d+))/ \(read-only\); "
                              r"Ctrl-C stops\n", first)
         assert match, (first, proc.stderr.read() if proc.poll() is not None else "")

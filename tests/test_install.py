@@ -108,8 +108,9 @@ def test_the_printed_uv_line_pasted_as_printed(local: Path, public: str, uv: str
     from wheelforge.cli._options import install_lines
 
     text = install_lines(local, None, None)
-    (line,) = [ln for ln in text.splitlines() if ln.startswith("uv venv")]
-    env = home_env(tmp_path / "home", public, PATH=f"{Path(uv).parent}:{os.environ['PATH']}")
+    (line,) = [ln for ln in text.splitlines() if " pip install --python " in ln]
+    assert line.startswith("/") and shlex.split(line)[1] == "venv"  # uv's absolute path
+    env = home_env(tmp_path / "home", public, PATH="/usr/bin:/bin")  # no uv on PATH
     done = run(["bash", "-euo", "pipefail", "-c", line], env, elsewhere(tmp_path))
     assert done.returncode == 0, done.stderr
     assert kept(tmp_path / "home" / "venvs" / "stack" / "bin" / "python")

@@ -183,7 +183,8 @@ def test_a_failing_cell_does_not_stop_the_others_and_is_reported(
     assert bad.error and bad.error.startswith("build error: the build of pureb failed")
     assert bad.log_tail is None  # no log: the error says it all, no "last lines" box
     data = json.loads((tmp_path / "index" / "reports" / "nightly-latest.json").read_text())
-    assert data["summary"] == {"built": 2, "skipped": 0, "failed": 1, "not run": 0}
+    assert data["summary"] == {"built": 2, "skipped": 0, "failed": 1, "interrupted": 0,
+                               "not run": 0}
     assert [c["status"] for c in data["cells"]] == ["built", "failed", "built"]
     assert set(data["cells"][0]) >= {"recipe", "python", "torch", "archs", "status",
                                      "duration_s", "wheel", "archs_found", "build_key", "log"}
@@ -252,7 +253,10 @@ def test_ctrl_c_stops_every_cell_building_at_once_and_the_report_says_so(
     assert not _proc.stopping()  # both cells ended: commands may run again
     data = latest(tmp_path)
     assert data["interrupted"] is True
-    assert [c["status"] for c in data["cells"]] == ["not run", "not run"]
+    # both were building: each says so, and for how long (issue 53: "not run, 0.0 s")
+    assert [c["status"] for c in data["cells"]] == ["interrupted", "interrupted"]
+    assert all(c["duration_s"] > 0 and c["note"].startswith("interrupted after ")
+               for c in data["cells"])
 
 
 def test_a_cell_locked_by_another_run_is_taken_up_last(
@@ -335,7 +339,7 @@ def test_an_interrupted_run_still_writes_its_report(tmp_path: Path,
         run_fake(tmp_path, pure_book, interrupted, ["purea", "pureb"])
     data = latest(tmp_path)
     assert data["interrupted"] is True
-    assert [c["status"] for c in data["cells"]] == ["not run", "not run"]
+    assert [c["status"] for c in data["cells"]] == ["interrupted", "interrupted"]
 
 
 def test_a_missing_interpreter_fails_its_cells_only(tmp_path: Path) -> None:

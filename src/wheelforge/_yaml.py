@@ -97,6 +97,18 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _marked(exc: yaml.MarkedYAMLError) -> str:
+    """``line L, column C: PROBLEM (CONTEXT at line L, column C)``: the caller names the
+    file (PyYAML's own text names the stream, ``"<unicode string>"``)."""
+    problem = exc.problem or "invalid YAML"
+    text = f"{_where(exc.problem_mark)}: {problem}" if exc.problem_mark else problem
+    if exc.context:
+        at = (f" at {_where(exc.context_mark)}" if exc.context_mark is not None
+              and exc.context_mark != exc.problem_mark else "")
+        text += f" ({exc.context}{at})"
+    return text
+
+
 def decode(data: bytes) -> str:
     """UTF-8 text of ``data``; YamlProblem naming the byte offset otherwise."""
     if len(data) > MAX_BYTES:
@@ -117,7 +129,9 @@ def loads(text: str) -> Any:
         return loader.get_single_data()
     except YamlProblem:
         raise
-    except yaml.YAMLError as exc:  # ConstructorError and ReaderError included
+    except yaml.MarkedYAMLError as exc:  # a syntax error: where and what, without
+        raise YamlProblem(_marked(exc)) from None  # PyYAML's 'in "<unicode string>"'
+    except yaml.YAMLError as exc:  # ReaderError included
         raise YamlProblem(str(exc)) from None
     except RecursionError:  # not reached with MAX_DEPTH; a last guard
         raise YamlProblem(f"nested too deeply (more than {MAX_DEPTH} levels)") from None

@@ -129,6 +129,18 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
+def attach_log(exc: BaseException, log: str) -> None:
+    """Name the log of the work that ``exc`` (a Ctrl-C, which has no fields) stopped, so
+    that the nightly report links an interrupted cell's log."""
+    exc.wheelforge_log = log  # type: ignore[attr-defined]
+
+
+def attached_log(exc: BaseException) -> str | None:
+    """The log :func:`attach_log` named, if any."""
+    log = getattr(exc, "wheelforge_log", None)
+    return log if isinstance(log, str) else None
+
+
 #: Exit statuses of interrupted runs (shell convention: 128 + signal; 124 like timeout(1)).
 INTERRUPT_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "timeout": 124}
 

@@ -8,7 +8,6 @@ from so the summary printed before a build says why it is what it is.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from .._fs import atomic_write
 from .._yaml import read_yaml
 from ..arch import Arch, parse_arch_list, torch_arch_list
 from ..errors import ConfigError
+from ..recipe.fields import Problems
 from ..recipe.matrix import PROJECT_KEYS
 from ..recipe.model import Choice
 from .compiling import compilecache
@@ -110,23 +110,39 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
                      "--config") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping")
-    strays = sorted(repr(k) if not isinstance(k, str) else k for k in data
-                    if k not in PROJECT_KEYS)
-    if strays:  # a typo (default: for defaults:) would otherwise be silently ignored
-        close = [m for k in strays for m in difflib.get_close_matches(k, PROJECT_KEYS, n=1)]
-        raise ConfigError(f"{path}: unknown top-level key(s): {', '.join(strays)}",
-                          why=f"wheelforge.yaml holds {', '.join(PROJECT_KEYS)}",
-                          fix=(f"did you mean {', '.join(close)}? " if close else "")
-                          + "docs/nightly.md and the README's settings table list the keys")
+    p = Problems(path)  # every problem at once, each key's with a did-you-mean
+    p.unknown_keys("", data, PROJECT_KEYS)  # a typo (default:) would be silently ignored
     defaults = data.get("defaults", {}) or {}
     if not isinstance(defaults, dict):
-        raise ConfigError(f"{path}: defaults must be a mapping")
-    unknown = sorted(repr(k) if not isinstance(k, str) else k for k in defaults
-                     if k not in _DEFAULT_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) under defaults: {', '.join(unknown)}",
-                          fix=f"allowed: {', '.join(_DEFAULT_KEYS)}")
+        p.add("defaults", f"must be a mapping, got {type(defaults).__name__}")
+        defaults = {}
+    p.unknown_keys("defaults", defaults, _DEFAULT_KEYS)
+    _check_default_values(p, defaults)
+    if p.items:
+        raise ConfigError(f"{path} has {len(p.items)} problem(s)",
+                          why="\n    " + "\n    ".join(p.items),
+                          fix="correct the keys above; docs/usage.md lists the settings of "
+                              "defaults:, docs/nightly.md the matrix")
     return defaults
+
+
+def _check_default_values(p: Problems, defaults: Mapping[Any, Any]) -> None:
+    """The values of defaults: that need nothing but themselves to check."""
+    torch = defaults.get("torch")
+    if torch is not None:
+        try:
+            if Requirement(str(torch)).name != "torch":
+                p.add("defaults.torch", f"{torch!r} is not a torch requirement")
+        except InvalidRequirement as exc:
+            p.add("defaults.torch", f"{torch!r} is not a requirement: {exc}")
+    try:
+        project_gib_per_job(defaults)
+    except ConfigError:
+        p.add("defaults.gib-per-job", "must be a positive number of GiB, got "
+              f"{defaults.get('gib-per-job')!r} (e.g. gib-per-job: 4)")
+    pip_args = defaults.get("torch-pip-args")
+    if pip_args is not None and not isinstance(pip_args, list):
+        p.add("defaults.torch-pip-args", "must be a list of pip arguments")
 
 
 def find_python(value: str | os.PathLike[str], origin: str,

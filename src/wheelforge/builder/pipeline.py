@@ -29,7 +29,7 @@ from packaging.version import Version
 from .. import index, workdirs
 from .._fs import owned_lock
 from .._log import Reporter
-from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError
+from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError, attach_log
 from ..recipe.model import Recipe
 from ..recipe.subsets import subset_environment, subset_label
 from ..wheel import labeled_version, relabel, relabeled_name, wheel_version
@@ -299,9 +299,11 @@ class _Build:
                 err.fix += f"; {kept}"
             err.log = str(self.log) if self.log.exists() else None
             raise err from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             kept = self._keep_work().removesuffix(" (wheelforge clean removes it)")
             logged = f"; log {self.log}" if self.log.exists() else ""
+            if self.log.exists():  # the nightly report links an interrupted cell's log
+                attach_log(exc, str(self.log))
             self.reporter.info(f"stopped; nothing was published{'; ' + kept if kept else ''}"
                                f"{logged}")
             raise

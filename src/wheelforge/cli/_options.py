@@ -96,6 +96,17 @@ def wheelforge_command() -> str:
     return f"{shlex.quote(sys.executable)} -m wheelforge"
 
 
+def uv_command() -> str | None:
+    """uv's binary as the install lines name it: the one wheelforge itself runs (its
+    ``uv`` dependency, beside the interpreter), an absolute path; None when none is found."""
+    import shlex
+
+    from ..builder.env.buildenv import find_uv
+
+    found = find_uv()
+    return shlex.quote(os.path.abspath(found)) if found else None
+
+
 def install_lines(index_dir: Path, url: str | None, channel: str | None) -> str:
     """The one-command install for the index's channel (None: its only channel, or the
     top-level pages), pasteable from any directory: served at ``url`` (a channel's base
@@ -120,7 +131,8 @@ def install_lines(index_dir: Path, url: str | None, channel: str | None) -> str:
         version = f"{tag[2]}.{tag[3:]}"
     where = url.rstrip("/") + "/" if url else os.path.abspath(index_dir)
     lines = consumer.one_command(p, wheelforge=wheelforge_command(), index=where,
-                                 channel=None if url else channel, python_version=version)
+                                 channel=None if url else channel, python_version=version,
+                                 uv=uv_command())
     dropped = [f"# not pinned: {why}" for why in p.dropped]
     return "\n".join([*dropped, *lines]) + "\n"
 

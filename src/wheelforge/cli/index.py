@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, get_args
 import click
 
 from ..consume.install import Format
-from ..errors import ConfigError, Interrupted
+from ..errors import INTERRUPT_EXIT_CODES, ConfigError, Interrupted
 from ._options import EPILOG_SHORT, config_option
 from ._options import existing_index as _existing_index
 from ._options import install_lines as _install_lines
@@ -145,14 +145,16 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
           max_connections: int) -> None:
     """Serve the index over HTTP, read-only (HTML and PEP 691 JSON, negotiated).
 
-    Ctrl-C or SIGTERM stops it (exit 0).
+    Ctrl-C or SIGTERM stops it (exit 130 or 143, as the exit-code table says).  With
+    --host 0.0.0.0 (or ::) the banner names this machine's name and addresses, which
+    other machines reach, in place of 0.0.0.0.
 
     \b
     Examples:
       wheelforge serve                              # ./index at http://127.0.0.1:8765/
       wheelforge serve --index /srv/wheels --host 0.0.0.0 --port 8080
-      # then, on a machine that reaches it (the banner prints this line):
-      wheelforge install --index http://127.0.0.1:8765/cu130-torch2.14/ --python ~/venvs/stack
+      # then, on a machine that reaches it (the banner prints this line, with its name):
+      wheelforge install --index http://HOST:8080/cu130-torch2.14/ --python ~/venvs/stack
     """
     from .. import index
 
@@ -163,8 +165,7 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
     bound_port = server.server_address[1]
     url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}"
     try:  # from here on, Ctrl-C and SIGTERM are the normal way to stop
-        banner = (f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops\n"
-                  + _serve_install_text(index_dir, url))
+        banner = _serve_banner(index_dir, host, url, bound_port)
 
         def ready() -> None:  # printed once the server answers
             click.echo(banner, nl=False)
@@ -172,21 +173,44 @@ def serve(index_dir: Path | None, host: str, port: int, log_requests: bool, idle
 
         server.on_ready = ready
         server.serve_forever()
-    except KeyboardInterrupt as exc:
-        reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"
+    except KeyboardInterrupt as exc:  # stopped: said plainly, then the exit code of the
+        reason = exc.reason if isinstance(exc, Interrupted) else "Ctrl-C"  # table
         click.echo(f"stopped serving {index_dir} ({reason})", err=True)
+        sys.exit(exc.exit_code if isinstance(exc, Interrupted)
+                 else INTERRUPT_EXIT_CODES["SIGINT"])
     finally:
         server.server_close()
 
 
-def _serve_install_text(index_dir: Path, url: str) -> str:
+def _serve_banner(index_dir: Path, host: str, url: str, port: int) -> str:
+    """Where the index is served and the install lines, naming an address that other
+    machines reach when it is bound to every address (0.0.0.0, ::); the lines' wheelforge
+    and uv are this machine's, which the banner says."""
+    from ..index.serve import WILDCARD_HOSTS, reachable_hosts
+
+    head = f"serving {os.path.abspath(index_dir)} at {url}/ (read-only); Ctrl-C stops\n"
+    if host not in WILDCARD_HOSTS:
+        return head + _serve_install_text(index_dir, url)
+    hosts = reachable_hosts(host)
+    others = [f"http://{h}:{port}/" for h in hosts]
+    shown = f"http://{hosts[0]}:{port}" if hosts else f"http://HOST:{port}"
+    head += ("other machines reach it at " + " or ".join(others) + "\n" if others else
+             f"other machines reach it at http://HOST:{port}/: in the lines below, replace "
+             "HOST with this machine's name or address as they know it\n")
+    return head + _serve_install_text(index_dir, shown, elsewhere=True)
+
+
+def _serve_install_text(index_dir: Path, url: str, *, elsewhere: bool = False) -> str:
     """The banner's install lines: the one-command install per channel (the top-level
-    pages when the index has no channel)."""
+    pages when the index has no channel); ``elsewhere``: for other machines, whose
+    wheelforge and uv are their own."""
     from .. import index
     from ..index.pins import channels
 
     found: list[str | None] = [*channels(index.load_records(index_dir))]
-    text = ""
+    text = ("# on another machine, run these with its own wheelforge (a checkout's "
+            ".venv/bin/wheelforge) and uv in place of this machine's paths\n"
+            if elsewhere else "")
     for channel in found or [None]:
         base = f"{url}/{channel}/" if channel else f"{url}/"
         try:

@@ -207,9 +207,15 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
 @cli.command("list")
 @recipes_option
 def list_(recipes: Path | None) -> None:
-    """List the recipes: name, version, kind."""
-    for r in _book(recipes, nonempty=True).load_all():
+    """List the recipes: name, version, kind.  A broken recipe does not hide the others:
+    they are listed, then the broken ones with their problems (exit 3, as `check`)."""
+    from ..recipe.format import broken_recipes
+
+    good, broken = _book(recipes, nonempty=True).load_each()
+    for r in good:
         click.echo(f"{r.name:28} {str(r.version):12} {r.build.kind}")
+    if broken:
+        raise broken_recipes(broken)
 
 
 @cli.command()

@@ -361,7 +361,7 @@ def nightly_publish(stages: tuple[Path, ...], plan_file: Path, index_dir: Path |
                                 require_reproduced=require_reproduced,
                                 allowed_signers=allowed_signers)
     _echo_report(report, reports)
-    bad = report.count("failed") + report.count("not run")
+    bad = report.count("failed") + report.count("interrupted") + report.count("not run")
     if bad:
         raise WheelforgeError(f"{bad} of {len(report.results)} cell(s) failed or did not run",
                               fix=f"see {reports / 'nightly-latest.html'}")

@@ -165,21 +165,28 @@ EXAMPLE_VENV = "~/venvs/stack"
 
 
 def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
-                python_version: str | None, venv: str = EXAMPLE_VENV) -> list[str]:
+                python_version: str | None, venv: str = EXAMPLE_VENV,
+                uv: str | None = None) -> list[str]:
     """The install as users paste it, from any directory: ``wheelforge install`` (pip, with
     the lasting venv settings) and uv's one line (project names: the constraints pin them).
-    ``wheelforge``: how to run wheelforge (an absolute path); ``index``: the --index
+    ``wheelforge``: how to run wheelforge (an absolute path); ``uv``: uv's binary (an
+    absolute path; None: not found, the line says how to get it); ``index``: the --index
     argument (an absolute path or the served channel's URL); ``python_version``: "3.11"
     for cp311 wheels (None: any)."""
     q = shlex.quote
     args = f" --index {q(index)}" + (f" --channel {q(channel)}" if channel else "")
     uv_python = f" --python {python_version}" if python_version else ""
+    how_uv = ([] if uv else ["# (uv is not installed here: pip install uv, or see "
+                             "https://docs.astral.sh/uv/; then run it as uv)"])
+    uv = uv or "uv"
     return [
-        "# install every wheel with its dependencies into a venv (made if missing); later pip",
-        "# commands there keep these wheels:",
+        "# install every wheel with its dependencies into a venv (made if missing); its",
+        "# pip.conf keeps these wheels in later pip commands there (pip install -U):",
         f"{wheelforge} install{args} --python {venv}",
-        "# or with uv alone:",
-        f"uv venv{uv_python} {venv} && uv pip install --python {venv} "
+        "# or with uv alone; uv keeps no per-venv settings: later uv pip commands in that",
+        "# venv need the same --index and --constraint (wheelforge consumer-config --format uv):",
+        *how_uv,
+        f"{uv} venv{uv_python} {venv} && {uv} pip install --python {venv} "
         f"--index {q(f'{UV_INDEX_NAME}={p.index_url}')} --constraint {q(p.constraints)} "
         + " ".join(q(x.split("==", 1)[0]) for x in p.pins),
     ]

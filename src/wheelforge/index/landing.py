@@ -163,15 +163,15 @@ button.copy { font: 12px system-ui, sans-serif; margin-left: .5rem; padding: 0 .
        border: 1px solid #ddd; border-radius: 4px; padding: .35rem .6rem; margin: .3rem 0; }
 .cmd code { flex: 1; white-space: pre-wrap; overflow-wrap: anywhere; }
 .yanked { color: #a40e26; font-size: .85em; font-weight: bold; margin-left: .4rem; }
-tr.yanked-row td { color: #777; }
+tr.yanked-row td { color: #6a6a6a; }
 td.ok, .ok { color: #116329; } td.bad, .bad { color: #a40e26; }
-td.none, .none { color: #777; }
+td.none, .none { color: #6a6a6a; }
 ul.stacks { margin-top: 0; } .note { color: #555; }
 @media (prefers-color-scheme: dark) {
   body { color: #ddd; background: #161616; } th { background: #262626; }
   th, td { border-color: #333; } tbody:nth-of-type(even) { background: #1c1c1c; }
-  a { color: #79b8ff; } tr.yanked-row td, td.none, .note { color: #999; }
-  td.ok { color: #56d364; } td.bad, .yanked { color: #f85149; }
+  a { color: #79b8ff; } tr.yanked-row td, td.none, .none, .note { color: #999; }
+  td.ok, .ok { color: #56d364; } td.bad, .bad, .yanked { color: #f85149; }
   .cmd { background: #1f1f1f; border-color: #333; }
   button.copy { background: #262626; color: #ddd; border-color: #444; }
 }
@@ -219,9 +219,20 @@ def _install_section(installs: Sequence[ChannelInstall]) -> str:
     venv = "~/venvs/stack"
     out = ["<h2>Install</h2>\n<p>Every wheel of a channel with its dependencies into a venv "
            "(made if missing), from any directory. The wheels come from this index alone, "
-           "pinned to their exact versions, and later <code>pip install -U</code> runs in "
-           "that venv keep them; torch and the other dependencies come from your usual "
-           "index.</p>\n<noscript><p>INDEX: this index's directory; INDEX-URL: its URL "
+           "pinned to their exact versions; torch and the other dependencies come from your "
+           "usual index.</p>\n"
+           "<p>What keeps them later: <code>wheelforge install</code> (pip) also writes the "
+           "venv's <code>pip.conf</code>, so later <code>pip install -U</code> runs in that "
+           "venv keep these wheels. uv keeps no settings in a venv: a later <code>uv pip "
+           "install</code> there needs the same <code>--index</code> and "
+           "<code>--constraint</code>, or it takes the public wheels of the same names "
+           "(<code>wheelforge consumer-config --format uv</code> writes them into a "
+           "<code>uv.toml</code>).</p>\n"
+           '<p class="note">Where the commands are: <code>wheelforge</code> is '
+           "<code>.venv/bin/wheelforge</code> in a wheelforge checkout after <code>make "
+           "build</code> (type its path, or put that directory on PATH); <code>uv</code> is "
+           "<code>.venv/bin/uv</code> there, or <code>pip install uv</code>.</p>\n"
+           "<noscript><p>INDEX: this index's directory; INDEX-URL: its URL "
            "(file:// and the directory, or the server's).</p></noscript>\n"]
     for block in installs:
         sub = f"/{_e(block.channel)}/" if block.channel else "/"

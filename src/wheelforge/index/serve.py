@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http
+import ipaddress
 import os
 import resource
 import socket
@@ -507,6 +508,50 @@ def _fd_budget() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
             soft = want
     return max(16, soft - 64)
+
+
+#: addresses that bind every interface: never a URL another machine can use
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+_PROBES = {socket.AF_INET: "192.0.2.1", socket.AF_INET6: "2001:db8::1"}  # TEST-NETs
+
+
+def _outward(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    return not (ip.is_loopback or ip.is_unspecified or ip.is_link_local)
+
+
+def _addresses(family: socket.AddressFamily) -> list[str]:
+    """This machine's outward addresses of ``family``: those its name resolves to, and
+    the one a datagram to a documentation address would leave from (nothing is sent)."""
+    found: list[str] = []
+    with contextlib.suppress(OSError, UnicodeError):
+        for *_, addr in socket.getaddrinfo(socket.gethostname(), None, family,
+                                           socket.SOCK_STREAM):
+            found.append(str(addr[0]))
+    with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((_PROBES[family], 9))
+        found.append(str(probe.getsockname()[0]))
+    return list(dict.fromkeys(a for a in found if _outward(a)))
+
+
+def reachable_hosts(host: str) -> list[str]:
+    """The names other machines may reach a server bound to ``host`` by, best first: for
+    a wildcard address (0.0.0.0, ::), this machine's name when it resolves to an outward
+    address, then those addresses (IPv6 ones bracketed); [] when none is found (no
+    network); else ``host`` itself."""
+    if host not in WILDCARD_HOSTS:
+        return [f"[{host}]" if ":" in host else host]
+    families = [socket.AF_INET] + ([socket.AF_INET6] if ":" in host else [])
+    addresses = [a for family in families for a in _addresses(family)]
+    names = []
+    with contextlib.suppress(OSError, UnicodeError):
+        name = socket.getfqdn()
+        if any(_outward(str(info[4][0])) for info in socket.getaddrinfo(name, None)):
+            names.append(name)
+    return names + [f"[{a}]" if ":" in a else a for a in addresses]
 
 
 def make_server(

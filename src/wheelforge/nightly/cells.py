@@ -19,7 +19,9 @@ from ..errors import ToolchainError
 from ..index.health import StackStatus
 from ..recipe.model import Recipe
 
-CellStatus = Literal["built", "skipped", "failed", "not run"]
+CellStatus = Literal["built", "skipped", "failed", "interrupted", "not run"]
+#: every status, in the order the summaries count them
+CELL_STATUSES: tuple[CellStatus, ...] = ("built", "skipped", "failed", "interrupted", "not run")
 REPORT_SCHEMA = 1
 REPORTS_DIR = "reports"
 LOGS_DIR = "logs"  # beside the reports: copies of the cells' build logs, linked relatively
@@ -134,8 +136,7 @@ class NightlyReport:
                 or any(s.state == "broken" for s in self.stacks))
 
     def summary(self) -> str:
-        counts = ", ".join(f"{self.count(s)} {s}" for s in ("built", "skipped", "failed",
-                                                             "not run") if self.count(s))
+        counts = ", ".join(f"{self.count(s)} {s}" for s in CELL_STATUSES if self.count(s))
         broken = [s.channel or "simple/" for s in self.stacks if s.state == "broken"]
         return (f"{len(self.results)} cell(s): {counts or 'none'}"
                 + (f"; stack broken: {', '.join(broken)}" if broken else "")

@@ -92,6 +92,7 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     state.check_companions()
     todo = state.companions_first(cells(matrix, state.kinds()))
     results: dict[int, CellResult] = {}
+    began: Began = {}  # the cells whose build started, and when
     interrupted = False
     stacks: tuple[StackStatus, ...] = ()
     canaries: tuple[CanaryResult, ...] = ()
@@ -112,16 +113,17 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         if together is None:
             together = scheduler.at_once(settings.environ)
         if together and len(queue) > 1:
-            deferred = _at_once(state, queue, len(todo), results, own_builder=build is None)
+            deferred = _at_once(state, queue, len(todo), (results, began),
+                                own_builder=build is None)
         else:
             deferred = [item for item in queue
-                        if not _try_cell(state, *item, results,
+                        if not _try_cell(state, *item, (results, began),
                                          f"[{item[0] + 1}/{len(todo)}] {item[1].cell.label}")]
         for i, plan in deferred:
             assert plan.key is not None
             reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
             with owned_lock(lock_path(settings.cache_dir, plan.key)):
-                results[i] = _build_cell(state, plan)
+                _build_and_record(state, i, plan, (results, began))
         stacks = check_night(settings, book, list(results.values()), reporter)
         # last, never publishing: a canary's failure is reported, the night's status stays
         canaries = run_canaries(matrix, book, settings, reporter=reporter, build=state.build)
@@ -130,7 +132,11 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         raise
     finally:
         for i, cell in enumerate(todo):
-            if i not in results:
+            if i in results:
+                continue
+            if interrupted and i in began:  # it ended in another error while being stopped
+                results[i] = state.interrupted(began[i][0], None, time.monotonic() - began[i][1])
+            else:
                 results[i] = state.result(CellPlan(cell=cell), "not run")
         report = NightlyReport(
             started=iso(started_wall), finished=iso(datetime.now(timezone.utc)),
@@ -153,8 +159,24 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
     return report
 
 
-def _try_cell(state: CellRunner, i: int, plan: CellPlan, results: dict[int, CellResult],
-              where: str) -> bool:
+#: the results of a run's cells, and the cells that began building (their plan, when)
+Began = dict[int, tuple[CellPlan, float]]
+Outcomes = tuple[dict[int, CellResult], Began]
+
+
+def _build_and_record(state: CellRunner, i: int, plan: CellPlan, out: Outcomes) -> None:
+    """Build cell ``i`` (the caller holds its lock) into ``out``; a Ctrl-C records it as
+    interrupted, with how long it ran and its log."""
+    results, began = out
+    began[i] = (plan, time.monotonic())
+    try:
+        results[i] = _build_cell(state, plan)
+    except KeyboardInterrupt as exc:  # the report says how far it came, with its log
+        results[i] = state.interrupted(plan, exc, time.monotonic() - began[i][1])
+        raise
+
+
+def _try_cell(state: CellRunner, i: int, plan: CellPlan, out: Outcomes, where: str) -> bool:
     """Build cell ``i`` unless another run holds its lock; False when it does (the cell
     is then taken up last)."""
     assert plan.key is not None
@@ -163,12 +185,12 @@ def _try_cell(state: CellRunner, i: int, plan: CellPlan, results: dict[int, Cell
             state.reporter.info(f"{where}: another run is building it; taken up last")
             return False
         state.reporter.header(f"{where}: building")
-        results[i] = _build_cell(state, plan)
+        _build_and_record(state, i, plan, out)
         return True
 
 
 def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
-             results: dict[int, CellResult], *, own_builder: bool) -> list[tuple[int, CellPlan]]:
+             out: Outcomes, *, own_builder: bool) -> list[tuple[int, CellPlan]]:
     """Build the cells of ``queue`` at once (at most :data:`CELLS_AT_ONCE`), each after
     the cells of its recipe's companions; returns the cells another run holds.  With
     wheelforge's own builder the cells share one pool of compile slots."""
@@ -198,7 +220,7 @@ def _at_once(state: CellRunner, queue: list[tuple[int, CellPlan]], total: int,
                 try:
                     mine = copy.copy(shared)  # the run's state, reporting through the view
                     mine.reporter = view
-                    if not _try_cell(mine, i, plan, results, plan.cell.label):  # [N/M]: the view
+                    if not _try_cell(mine, i, plan, out, plan.cell.label):  # [N/M]: the view
                         deferred.append((i, plan))
                 finally:
                     turns.release()

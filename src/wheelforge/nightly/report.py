@@ -8,6 +8,7 @@ import dataclasses
 import html
 import json
 import os
+import re
 import urllib.parse
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from ..errors import WheelforgeError
 from ..index.health import summary_line
 from .cells import (
     CANARY_STEPS,
+    CELL_STATUSES,
     LOGS_DIR,
     REPORT_SCHEMA,
     REPORTS_DIR,
@@ -47,7 +49,7 @@ def iso(moment: datetime) -> str:
 def to_json(report: NightlyReport) -> str:
     data = dataclasses.asdict(report)
     data = {"schema": REPORT_SCHEMA, **data,
-            "summary": {s: report.count(s) for s in ("built", "skipped", "failed", "not run")}}
+            "summary": {s: report.count(s) for s in CELL_STATUSES}}
     data["cells"] = data.pop("results")
     return json.dumps(data, indent=2) + "\n"
 
@@ -59,20 +61,28 @@ table { border-collapse: collapse; font-size: 0.9em; width: 100%; }
 th, td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: left;
          vertical-align: top; overflow-wrap: break-word; }
 td code, td a { overflow-wrap: anywhere; }  /* paths and links break anywhere, words never */
+td a.wheel { overflow-wrap: normal; }  /* a wheel's name: only at its <wbr>s, after - + _ */
 th, td.n { white-space: nowrap; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre { background: #f6f8fa; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
-.built { color: #1a7f37; } .skipped { color: #57606a; } .failed, .not { color: #cf222e; }
+.built { color: #1a7f37; } .skipped { color: #57606a; }
+.failed, .not, .interrupted { color: #cf222e; }
 @media (prefers-color-scheme: dark) {
   body { background: #0d1117; color: #e6edf3; } pre { background: #161b22; }
-  th, td { border-color: #30363d; } .built { color: #56d364; } .failed { color: #f85149; }
-  a { color: #79b8ff; }
+  th, td { border-color: #30363d; } .built { color: #56d364; } .skipped { color: #9198a1; }
+  .failed, .not, .interrupted { color: #f85149; } a { color: #79b8ff; }
 }
 """
 
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+def _breakable_wheel(name: str) -> str:
+    """A wheel's file name, escaped, with line-break opportunities after each ``-``,
+    ``+`` and ``_``: a narrow column wraps it between its parts, never inside one."""
+    return re.sub(r"([-+_])", r"\1<wbr>", _e(name))
 
 
 def _log_link(r: CellResult, *, short: bool = False) -> str:
@@ -147,8 +157,10 @@ def render_html(report: NightlyReport, report_dir: Path) -> str:
         wheel = "-"
         if r.wheel:
             href = os.path.relpath(files / r.wheel, report_dir)
-            wheel = f'<a href="{_e(href)}">{_e(r.wheel)}</a>'
+            wheel = f'<a class="wheel" href="{_e(href)}">{_breakable_wheel(r.wheel)}</a>'
         status = f'<span class="{r.status.split()[0]}">{_e(r.status)}</span>'
+        if r.status == "interrupted":  # how far it came, and where its log is
+            status = f'<span class="interrupted">{_e(r.note or r.status)}</span>'
         if r.status == "failed":
             status = f'<a class="failed" href="#cell-{n}">failed</a>'
             failures.append(

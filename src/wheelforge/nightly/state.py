@@ -19,7 +19,7 @@ from ..builder import config, scheduler
 from ..builder.artifact import identity
 from ..builder.compiling import jobserver, toolchain
 from ..builder.env import buildenv
-from ..errors import ConfigError, ToolchainError, WheelforgeError
+from ..errors import ConfigError, ToolchainError, WheelforgeError, attached_log
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix
 from ..recipe.model import Recipe
@@ -171,6 +171,16 @@ class CellRunner:
         self.reporter.info(f"FAILED {plan.cell.label}: {exc.what}")
         return self.result(plan, "failed", error=exc.render(), log=exc.log,
                            log_tail=log_tail(exc.log))
+
+    def interrupted(self, plan: CellPlan, exc: BaseException | None,
+                    seconds: float) -> CellResult:
+        """A cell whose build Ctrl-C (SIGTERM, --timeout) stopped after ``seconds``: how
+        long it ran, and its log when the build named it (on ``exc``)."""
+        log = attached_log(exc) if exc is not None else None
+        return dataclasses.replace(
+            self.result(plan, "interrupted", log=log, log_tail=log_tail(log),
+                        note=f"interrupted after {seconds:.0f} s"),
+            duration_s=round(seconds, 3))
 
     def skipped(self, plan: CellPlan, why: str) -> CellResult:
         assert plan.key is not None

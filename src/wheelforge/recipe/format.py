@@ -554,16 +554,38 @@ class RecipeBook:
             )
         return load_recipe(path, self.patches_dir)
 
+    def load_each(self) -> tuple[list[Recipe], list[tuple[Path, RecipeError]]]:
+        """Every recipe that loads, and each broken one's file and error."""
+        recipes: list[Recipe] = []
+        broken: list[tuple[Path, RecipeError]] = []
+        for name in self.names():
+            path = self.recipes_dir / f"{name}.yaml"
+            try:
+                recipes.append(load_recipe(path, self.patches_dir))
+            except RecipeError as exc:
+                broken.append((path, exc))
+        return recipes, broken
+
     def load_all(self) -> list[Recipe]:
         """Load every recipe; raise one error listing every broken recipe's problems."""
-        recipes, problems = [], []
-        for name in self.names():
-            try:
-                recipes.append(load_recipe(self.recipes_dir / f"{name}.yaml", self.patches_dir))
-            except RecipeError as exc:
-                problems.append(exc.why or exc.what)
-        if problems:
-            raise RecipeError(f"{len(problems)} recipe(s) have problems",
-                              why="".join(problems),
-                              fix="correct the keys above; see docs/recipe-format.md")
+        recipes, broken = self.load_each()
+        if broken:
+            raise broken_recipes(broken)
         return recipes
+
+
+def problem_lines(path: Path, exc: RecipeError) -> list[str]:
+    """A broken recipe's problems, one line each, every one naming the file."""
+    text = (exc.why or exc.what).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and not all(line.startswith(str(path)) for line in lines):
+        lines = ["; ".join(lines)]  # one problem told on several lines
+    return [line if line.startswith(str(path)) else f"{path}: {line}" for line in lines]
+
+
+def broken_recipes(broken: Sequence[tuple[Path, RecipeError]]) -> RecipeError:
+    """One error for every broken recipe: each problem on a line of its own."""
+    lines = [line for path, exc in broken for line in problem_lines(path, exc)]
+    return RecipeError(f"{len(broken)} recipe(s) have problems",
+                       why="\n    " + "\n    ".join(lines),
+                       fix="correct the keys above; see docs/recipe-format.md")
