@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-if not getattr(sys.flags, "safe_path", False):  # Python 3.11+: -P, PYTHONSAFEPATH
+if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):  # 3.11+: -P
     sys.path[0] = ""
 
 import dataclasses  # noqa: E402  (after the path is python -c's)
