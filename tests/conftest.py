@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import tiers
 from wheelforge.builder.config import default_cache_dir
 
 PACKAGES = Path(__file__).parent / "packages"
@@ -34,6 +35,16 @@ os.environ["WHEELFORGE_STACK_CHECK"] = "off"
 #: the platform tag an extension built here gets (builder/artifact/platform.py: the newest manylinux
 #: policy its symbols allow, which the host's compiler and glibc decide)
 MANYLINUX = r"manylinux_2_[0-9]+_x86_64"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's cost tier as its marker (tests/tiers.py), before ``-m`` selects."""
+    tiers.mark_tiers(items)
+
+
+#: a unit-tier test runs with no process allowed (tests/tiers.py)
+pytest_runtest_protocol = tiers.pytest_runtest_protocol
 
 
 def built_wheel(files: Path, stem: str) -> Path:

@@ -107,6 +107,7 @@ def test_a_typo_of_a_top_level_key_of_the_project_file_is_an_error(tmp_path: Pat
     assert "did you mean defaults?" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.unit
 def test_a_missing_build_requirement_is_named_once(tmp_path: Path) -> None:
     """`wheel` in pyproject's build-system.requires and in the recipe's build.requires was
     listed twice (`wheel, wheel, ninja`)."""
@@ -141,6 +142,7 @@ def test_a_copy_of_recipes_and_patches_without_gputests_lists_and_checks(tmp_pat
     assert checked.returncode == 0, checked.stderr
 
 
+@pytest.mark.unit
 def test_wheelforge_test_names_a_missing_gpu_test_file(tmp_path: Path) -> None:
     import shutil
 

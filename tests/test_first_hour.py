@@ -50,6 +50,7 @@ def test_python_as_a_bare_name_is_looked_up_on_path(tmp_path: Path) -> None:
     assert "./python3" not in res.stdout
 
 
+@pytest.mark.unit
 def test_the_build_summary_names_the_interpreter_a_bare_name_resolved_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from wheelforge.builder.config import resolve
@@ -221,6 +222,7 @@ def test_defaults_python_and_gib_per_job_reach_doctor(tmp_path: Path) -> None:
         "GiB, got 'lots'")
 
 
+@pytest.mark.unit
 def test_the_usage_docs_settings_table_lists_every_defaults_key() -> None:
     from wheelforge.builder.config import _DEFAULT_KEYS
 
@@ -278,6 +280,7 @@ class FakeTty(io.StringIO):
         return True
 
 
+@pytest.mark.unit
 def test_the_live_line_is_cleared_before_any_other_line() -> None:
     from wheelforge._log import Reporter, clear_live
 
@@ -294,6 +297,7 @@ def test_the_live_line_is_cleared_before_any_other_line() -> None:
     assert not out.getvalue().endswith("\r\x1b[K\r\x1b[K")
 
 
+@pytest.mark.unit
 def test_a_python_warning_of_wheelforge_itself_clears_the_live_line() -> None:
     import warnings
 
@@ -381,6 +385,7 @@ def test_one_exit_code_table_in_help_and_readme() -> None:
         assert f"{code} {' '.join(meaning.split())}" in helped
 
 
+@pytest.mark.unit
 def test_no_page_holds_a_merge_conflict_marker() -> None:
     """A merge must not leave its conflict markers in what users read (one did in the
     README for four stops)."""
@@ -392,6 +397,7 @@ def test_no_page_holds_a_merge_conflict_marker() -> None:
             assert not re.match(r"(<{7}|={7}|>{7})( |$)", line), f"{page.name}: {line!r}"
 
 
+@pytest.mark.unit
 def test_the_readme_counts_each_shipped_recipes_patches_as_its_recipe_lists_them() -> None:
     """The README and docs/shipped-recipes.md say how many patches each shipped recipe
     carries (`NAME` ... (N patches / N patches;): the nearest recipe named before the
@@ -419,6 +425,7 @@ def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Com
     return out
 
 
+@pytest.mark.unit
 def test_every_option_has_help_text() -> None:
     missing = [f"{name} {param.opts[0]}" for name, command in _commands(cli)
                for param in command.params
@@ -468,6 +475,7 @@ def test_a_recipe_without_test_section_asked_to_test_is_a_recipe_error(tmp_path:
     assert f"add a 'test:' section to {tmp_path / 'recipes' / 'notest.yaml'}" in res.stderr
 
 
+@pytest.mark.unit
 def test_the_test_section_is_documented() -> None:
     doc = (REPO / "docs" / "recipe-format.md").read_text()
     assert "## The test section" in doc

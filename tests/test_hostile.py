@@ -122,6 +122,7 @@ def test_non_utf8_names_the_byte_offset(tmp_path: Path) -> None:
                                   "0xe9); save the file as UTF-8")
 
 
+@pytest.mark.integration
 def test_yaml_errors_through_the_cli(tmp_path: Path) -> None:
     """The bomb and the duplicate key end as recipe and config errors, not tracebacks."""
     write_recipe(tmp_path, "demo", PURE + _bomb())
@@ -172,6 +173,7 @@ def test_a_name_is_not_a_path(tmp_path: Path, name: str) -> None:
     assert "never by a path" in exc.value.why
 
 
+@pytest.mark.integration
 def test_show_refuses_a_path(tmp_path: Path) -> None:
     outside = tmp_path / "some" / "dir"
     outside.mkdir(parents=True)
@@ -224,6 +226,7 @@ def test_recipe_env_project_switches_allowed(tmp_path: Path, key: str) -> None:
     assert RecipeBook(rdir, tmp_path / "patches").load("demo").build.env == ((key, "x"),)
 
 
+@pytest.mark.integration
 def test_recipe_env_every_bad_key_named_at_once(tmp_path: Path) -> None:
     body = PURE.replace("build: {kind: pure}", "build:\n  kind: pure\n  env: {PYTHONPATH: /x, "
                         "LD_PRELOAD: /y.so, OK_SWITCH: '1', PATH: /z}")
@@ -356,6 +359,7 @@ def test_hostile_patch_refused_before_anything_is_applied(src_tree: Path, tmp_pa
     assert not Path("/tmp/wf-hostile-new").exists() and not (tmp_path / "work" / "x").exists()
 
 
+@pytest.mark.integration
 def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The second line of defence: were the header checks fooled, the tree is checked after
@@ -373,6 +377,7 @@ def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_pat
         assert not (src_tree / name).is_symlink()
 
 
+@pytest.mark.integration
 def test_escaping_link_in_the_tree_is_caught(src_tree: Path, tmp_path: Path) -> None:
     from wheelforge.builder.source.patch import apply_series
     from wheelforge.errors import PatchError
@@ -677,6 +682,7 @@ def test_recipe_raises_the_bounds(tmp_path: Path, body: str, expected: tuple[int
     assert (lim.max_bytes, lim.max_members, lim.max_member_bytes) == expected
 
 
+@pytest.mark.integration
 def test_show_prints_the_bounds(tmp_path: Path) -> None:
     write_recipe(tmp_path, "demo", PURE + "extract: {max-bytes: 4GiB, max-members: 200000}\n")
     res = wf("show", "demo", "--recipes", str(tmp_path / "recipes"))
@@ -715,6 +721,7 @@ BUILD_CASES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("members, patch, code, expected", [c[1:] for c in BUILD_CASES],
                          ids=[c[0] for c in BUILD_CASES])
 def test_hostile_build_inputs_end_as_errors(tmp_path: Path, members: list[tuple[str, str, str]]
@@ -909,6 +916,7 @@ def test_hostile_wheel_fails_verification(tmp_path: Path, make: object, named: s
         assert not list(tmp_path.glob("out/*.whl"))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("make, named", [c[1:3] for c in WHEEL_CASES if c[3]],
                          ids=[c[0] for c in WHEEL_CASES if c[3]])
 def test_hostile_wheel_inspect_command(tmp_path: Path, make: object, named: str) -> None:
@@ -916,6 +924,7 @@ def test_hostile_wheel_inspect_command(tmp_path: Path, make: object, named: str)
     assert_clean_failure(wf("inspect", str(wheel)), 8, named)
 
 
+@pytest.mark.integration
 def test_recipe_pythonpath_never_reaches_the_build(tmp_path: Path) -> None:
     """The issue's case: a sitecustomize.py in a recipe's PYTHONPATH ran inside the build."""
     hook = tmp_path / "hook"
@@ -1089,6 +1098,7 @@ def test_structured_archives_stay_inside(tmp_path: Path) -> None:
     assert counts["refused"] and counts["extracted"], counts
 
 
+@pytest.mark.integration
 def test_structured_patches_with_real_git(tmp_path: Path) -> None:
     """Random patches of symlink, mode, rename and path headers (fixed seed), applied for
     real: each is refused, or leaves no new symlink and nothing written outside."""

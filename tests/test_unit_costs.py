@@ -29,6 +29,7 @@ from wheelforge.recipe.format import RecipeBook
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 
 
+@pytest.mark.integration
 def test_read_from_a_real_ninja_log(tmp_path: Path) -> None:
     """A manifest as torch writes it (absolute paths, one build line per unit): the
     seconds ninja logged per unit, longest first, and the files a generated unit
@@ -150,6 +151,7 @@ def packer(recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
     return setup_py_function(tree, function, **scope), headers, cost
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("recipe", sorted(CASES))
 def test_a_record_packs_the_units_by_what_was_measured(
         recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
@@ -184,6 +186,7 @@ def test_a_record_packs_the_units_by_what_was_measured(
     assert sorted(f for files in after for f in files) == sorted(f for fs in layout for f in fs)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("recipe", sorted(CASES))
 def test_a_record_of_several_builds_packs_by_their_mean(
         recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
