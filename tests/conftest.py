@@ -258,8 +258,8 @@ def _free_module_dirs(request: pytest.FixtureRequest,
     """Remove the directories a test module made with ``tmp_path_factory.mktemp`` when the
     module ends with no failure (pytest's retention policy covers ``tmp_path`` only).  Each
     e2e module leaves several GB of venvs and wheels; kept to the end of the session they
-    filled CI's disk.  No session-scoped fixture makes directories there, so nothing
-    another module needs is removed; a module with a failure keeps its directories."""
+    filled CI's disk.  A session-scoped fixture's directory (``session-*``) is left to it:
+    other modules use it; a module with a failure keeps its directories."""
     base = tmp_path_factory.getbasetemp()
     before = set(base.iterdir())
     failed = request.session.testsfailed
@@ -267,8 +267,24 @@ def _free_module_dirs(request: pytest.FixtureRequest,
     if request.session.testsfailed != failed:
         return
     for entry in set(base.iterdir()) - before:
-        if entry.is_dir() and not entry.is_symlink():
+        if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("session-"):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def upstream_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                   shared_cache: Path) -> Iterator[Any]:
+    """The four shipped recipes built for real, once per run, for every e2e module that
+    needs only a build of them (tests/upstream.py); removed at the session's end unless a
+    test failed.  A failed build fails each test that asks for it, without building again."""
+    import upstream
+
+    base = tmp_path_factory.getbasetemp() / "session-upstream-stack"
+    base.mkdir()
+    failed = request.session.testsfailed
+    yield upstream.build_stack(base, shared_cache)
+    if request.session.testsfailed == failed:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
