@@ -16,14 +16,24 @@ from pathlib import Path
 import click
 import pytest
 
+from cli_inprocess import Ran, run_wheelforge
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.cli.main import cli
 from wheelforge.errors import ConfigError, exit_code_markdown, exit_code_table
 from wheelforge.recipe.format import RecipeBook
 
 
-def wf(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
-       ) -> subprocess.CompletedProcess[str]:
+def wf(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None) -> Ran:
+    """The command in this process (tests/cli_inprocess.py): these tests check its text and
+    exit status; the caller's arch list, recipes and job count are not the command's."""
+    unset: dict[str, str | None] = {k: None for k in ("TORCH_CUDA_ARCH_LIST",
+                                                       "WHEELFORGE_RECIPES", "MAX_JOBS")}
+    return run_wheelforge(*args, cwd=cwd, env={**unset, **(env or {})})
+
+
+def wf_process(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    """The command as a process of its own: for a real build."""
     base = {k: v for k, v in os.environ.items()
             if k not in ("TORCH_CUDA_ARCH_LIST", "WHEELFORGE_RECIPES", "MAX_JOBS")}
     return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
@@ -50,7 +60,6 @@ def test_python_as_a_bare_name_is_looked_up_on_path(tmp_path: Path) -> None:
     assert "./python3" not in res.stdout
 
 
-@pytest.mark.unit
 def test_the_build_summary_names_the_interpreter_a_bare_name_resolved_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from wheelforge.builder.config import resolve
@@ -222,7 +231,6 @@ def test_defaults_python_and_gib_per_job_reach_doctor(tmp_path: Path) -> None:
         "GiB, got 'lots'")
 
 
-@pytest.mark.unit
 def test_the_usage_docs_settings_table_lists_every_defaults_key() -> None:
     from wheelforge.builder.config import _DEFAULT_KEYS
 
@@ -280,7 +288,6 @@ class FakeTty(io.StringIO):
         return True
 
 
-@pytest.mark.unit
 def test_the_live_line_is_cleared_before_any_other_line() -> None:
     from wheelforge._log import Reporter, clear_live
 
@@ -297,7 +304,6 @@ def test_the_live_line_is_cleared_before_any_other_line() -> None:
     assert not out.getvalue().endswith("\r\x1b[K\r\x1b[K")
 
 
-@pytest.mark.unit
 def test_a_python_warning_of_wheelforge_itself_clears_the_live_line() -> None:
     import warnings
 
@@ -359,14 +365,14 @@ verify:
               tmp_path / "sdists", "--index", tmp_path / "index", "--work-dir",
               tmp_path / "work", "--cache-dir", default_cache_dir(), "--force"]
     noise = ("Failed to initialize NumPy", "License classifiers are deprecated")
-    quiet = wf(*common, cwd=tmp_path, env={"PYTHONWARNINGS": ""})
+    quiet = wf_process(*common, cwd=tmp_path, env={"PYTHONWARNINGS": ""})
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert not [n for n in noise if n in quiet.stderr + quiet.stdout]
     log = sorted((default_cache_dir() / "logs").glob("noisy-0.1.0-*.log"))[-1]
     assert all(n in log.read_text() for n in noise)
-    verbose = wf(*common, "-v", cwd=tmp_path)
+    verbose = wf_process(*common, "-v", cwd=tmp_path)
     assert verbose.returncode == 0 and all(n in verbose.stderr for n in noise)
-    failed = wf(*common, cwd=tmp_path, env={"NOISY_FAIL": "1"})
+    failed = wf_process(*common, cwd=tmp_path, env={"NOISY_FAIL": "1"})
     assert failed.returncode == 7
     assert "build error: the build of noisy-0.1.0 failed" in failed.stderr
     assert "noisy: deliberate failure" in failed.stderr
@@ -385,7 +391,6 @@ def test_one_exit_code_table_in_help_and_readme() -> None:
         assert f"{code} {' '.join(meaning.split())}" in helped
 
 
-@pytest.mark.unit
 def test_no_page_holds_a_merge_conflict_marker() -> None:
     """A merge must not leave its conflict markers in what users read (one did in the
     README for four stops)."""
@@ -397,7 +402,6 @@ def test_no_page_holds_a_merge_conflict_marker() -> None:
             assert not re.match(r"(<{7}|={7}|>{7})( |$)", line), f"{page.name}: {line!r}"
 
 
-@pytest.mark.unit
 def test_the_readme_counts_each_shipped_recipes_patches_as_its_recipe_lists_them() -> None:
     """The README and docs/shipped-recipes.md say how many patches each shipped recipe
     carries (`NAME` ... (N patches / N patches;): the nearest recipe named before the
@@ -425,7 +429,6 @@ def _commands(group: click.Group, prefix: str = "") -> list[tuple[str, click.Com
     return out
 
 
-@pytest.mark.unit
 def test_every_option_has_help_text() -> None:
     missing = [f"{name} {param.opts[0]}" for name, command in _commands(cli)
                for param in command.params
@@ -475,7 +478,6 @@ def test_a_recipe_without_test_section_asked_to_test_is_a_recipe_error(tmp_path:
     assert f"add a 'test:' section to {tmp_path / 'recipes' / 'notest.yaml'}" in res.stderr
 
 
-@pytest.mark.unit
 def test_the_test_section_is_documented() -> None:
     doc = (REPO / "docs" / "recipe-format.md").read_text()
     assert "## The test section" in doc
@@ -483,6 +485,7 @@ def test_the_test_section_is_documented() -> None:
         assert f"| `{key}` |" in doc
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_stops_normally(tmp_path: Path, sig: signal.Signals) -> None:
     """Stopping a server is its normal end: exit 0, 'stopped serving', not 'interrupted'."""

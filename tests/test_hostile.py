@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inprocess import Ran, run_wheelforge
 from conftest import REPO, write_recipe
 from wheelforge.errors import ConfigError, RecipeError
 from wheelforge.recipe.format import RecipeBook, refused_env
@@ -28,7 +29,13 @@ def wf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def assert_clean_failure(res: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+def wf_here(*args: str, cwd: Path = REPO) -> Ran:
+    """``wf`` in the test's process, for a test that checks only text and exit status."""
+    return run_wheelforge(*args, cwd=cwd)
+
+
+def assert_clean_failure(res: subprocess.CompletedProcess[str] | Ran, code: int,
+                         *needles: str) -> None:
     assert res.returncode == code, res.stderr
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
     for n in needles:
@@ -122,16 +129,16 @@ def test_non_utf8_names_the_byte_offset(tmp_path: Path) -> None:
                                   "0xe9); save the file as UTF-8")
 
 
-@pytest.mark.integration
 def test_yaml_errors_through_the_cli(tmp_path: Path) -> None:
     """The bomb and the duplicate key end as recipe and config errors, not tracebacks."""
     write_recipe(tmp_path, "demo", PURE + _bomb())
-    assert_clean_failure(wf("show", "demo", "--recipes", str(tmp_path / "recipes")), 3,
+    assert_clean_failure(wf_here("show", "demo", "--recipes", str(tmp_path / "recipes")), 3,
                          "is not valid YAML", "anchor &a is not allowed")
     (tmp_path / "wheelforge.yaml").write_bytes(b"defaults: {arch: '12.0', arch: '9.0'}\n")
-    assert_clean_failure(wf("doctor", cwd=tmp_path), 2, "duplicate key 'arch' (first at line 1)")
+    assert_clean_failure(wf_here("doctor", cwd=tmp_path), 2,
+                         "duplicate key 'arch' (first at line 1)")
     (tmp_path / "wheelforge.yaml").write_bytes(b"defaults: {}\n# \xff\n")
-    assert_clean_failure(wf("doctor", cwd=tmp_path), 2, "wheelforge.yaml: byte offset 15")
+    assert_clean_failure(wf_here("doctor", cwd=tmp_path), 2, "wheelforge.yaml: byte offset 15")
 
 
 def test_project_file_with_a_non_string_key(tmp_path: Path) -> None:
@@ -173,12 +180,11 @@ def test_a_name_is_not_a_path(tmp_path: Path, name: str) -> None:
     assert "never by a path" in exc.value.why
 
 
-@pytest.mark.integration
 def test_show_refuses_a_path(tmp_path: Path) -> None:
     outside = tmp_path / "some" / "dir"
     outside.mkdir(parents=True)
     (outside / "name.yaml").write_text(PURE.replace("demo", "name"))
-    res = wf("show", str(outside / "name"), "--recipes", str(REPO / "recipes"))
+    res = wf_here("show", str(outside / "name"), "--recipes", str(REPO / "recipes"))
     assert_clean_failure(res, 3, f"'{outside / 'name'}' is not a project name")
     assert res.stdout == ""
 
@@ -682,10 +688,9 @@ def test_recipe_raises_the_bounds(tmp_path: Path, body: str, expected: tuple[int
     assert (lim.max_bytes, lim.max_members, lim.max_member_bytes) == expected
 
 
-@pytest.mark.integration
 def test_show_prints_the_bounds(tmp_path: Path) -> None:
     write_recipe(tmp_path, "demo", PURE + "extract: {max-bytes: 4GiB, max-members: 200000}\n")
-    res = wf("show", "demo", "--recipes", str(tmp_path / "recipes"))
+    res = wf_here("show", "demo", "--recipes", str(tmp_path / "recipes"))
     assert "extract:   at most 4,294,967,296 bytes, 200,000 members, 536,870,912 bytes a " \
         "member" in res.stdout
 
@@ -916,12 +921,11 @@ def test_hostile_wheel_fails_verification(tmp_path: Path, make: object, named: s
         assert not list(tmp_path.glob("out/*.whl"))
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("make, named", [c[1:3] for c in WHEEL_CASES if c[3]],
                          ids=[c[0] for c in WHEEL_CASES if c[3]])
 def test_hostile_wheel_inspect_command(tmp_path: Path, make: object, named: str) -> None:
     wheel = make(tmp_path)  # type: ignore[operator]
-    assert_clean_failure(wf("inspect", str(wheel)), 8, named)
+    assert_clean_failure(wf_here("inspect", str(wheel)), 8, named)
 
 
 @pytest.mark.integration

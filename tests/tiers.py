@@ -35,6 +35,7 @@ TIERS = ("unit", "integration", "e2e")
 MODULES: dict[str, str] = {
     # unit: pure Python (a few tests in them are marked integration or e2e)
     "test_arch.py": "unit",
+    "test_cli.py": "unit",  # the command in-process (tests/cli_inprocess.py)
     "test_architecture.py": "unit",
     "test_companions.py": "unit",
     "test_config.py": "unit",
@@ -42,6 +43,8 @@ MODULES: dict[str, str] = {
     "test_download.py": "unit",
     "test_fanout.py": "unit",
     "test_fatbin.py": "unit",
+    "test_first_day.py": "unit",  # the command in-process where only its text is checked
+    "test_first_hour.py": "unit",  # likewise
     "test_gputest.py": "unit",
     "test_hostile.py": "unit",
     "test_index.py": "unit",
@@ -60,13 +63,10 @@ MODULES: dict[str, str] = {
     # integration: processes (a few pure tests in them are marked unit)
     "test_bytecode.py": "integration",
     "test_causal_conv1d_patches.py": "integration",  # git apply on the real sdist
-    "test_cli.py": "integration",
     "test_consumer_matrix.py": "integration",  # pip and uv against the index, venvs
     "test_doctor.py": "integration",
     "test_envlock.py": "integration",
     "test_faults.py": "integration",  # the wheelforge command with injected faults
-    "test_first_day.py": "integration",
-    "test_first_hour.py": "integration",
     "test_flash_attn_patches.py": "integration",  # the real flash-attn sdist, patched
     "test_git_source.py": "integration",
     "test_gpustack.py": "integration",
