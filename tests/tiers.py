@@ -57,6 +57,7 @@ MODULES: dict[str, str] = {
     "test_shared_cache.py": "unit",
     "test_source.py": "unit",
     "test_subsets.py": "unit",
+    "test_tiers.py": "unit",
     "test_unit_costs.py": "unit",
     "test_wheel.py": "unit",
     "test_zip.py": "unit",
