@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MANYLINUX, REPO, built_wheel, wheel_differences
-from upstream import JOBS, StackBuild, build_env, cache_root
+from upstream import JOBS, StackBuild, cache_root, cold_env
 from wheelforge.builder.artifact.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
@@ -29,11 +29,10 @@ CC = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311"  # + the manylinux ta
 
 @pytest.fixture(scope="module")
 def built(upstream_stack: StackBuild) -> Path:
-    """causal-conv1d, fla-core and flash-linear-attention in the run's one build of the
-    shipped recipes (tests/upstream.py), compiled for real: ccache with an empty cache
-    (every unit a miss), in a cache root of its own (whose compile cache the
-    reproducibility test reads)."""
-    out = upstream_stack.output
+    """causal-conv1d, fla-core and flash-linear-attention as the run's shared build compiled
+    them (tests/upstream.py, step 1): ccache with an empty cache (every unit a miss), in a
+    cache root of its own (whose compile cache the reproducibility test reads)."""
+    out = upstream_stack.compiled
     assert re.search(rf"published: {re.escape(CC)}-{MANYLINUX}\.whl  \[sm_120\]", out), out
     assert re.search(r"compile cache: 0 hits, [1-9][0-9]* misses", out), out[-3000:]
     return upstream_stack.index
@@ -83,7 +82,7 @@ def test_a_second_build_elsewhere_is_byte_identical(built: Path, upstream_stack:
     fixture shows (tests/test_reproducible.py)."""
     cache = cache_root(tmp_path / "another" / "cache-root", shared_cache)
     (cache / "ccache").symlink_to(upstream_stack.cache / "ccache", target_is_directory=True)
-    env = {**build_env(), "SOURCE_DATE_EPOCH": "1"}  # WHEELFORGE_COMPILE_CACHE=ccache, MAX_JOBS
+    env = {**cold_env(), "SOURCE_DATE_EPOCH": "1"}  # WHEELFORGE_COMPILE_CACHE=ccache, MAX_JOBS
     assert env["MAX_JOBS"] == JOBS
     index = tmp_path / "index"
     res = subprocess.run(

@@ -1,16 +1,21 @@
 """The shipped stack built for real once per test run (conftest's ``upstream_stack``).
 
 tests/test_e2e_causal_conv1d.py, tests/test_e2e_mamba_ssm.py and tests/test_e2e_stack.py
-each built causal-conv1d (and the stack test all four recipes again).  They only need *a*
-build of the recipes as `make build` runs it, so one build serves the three: causal-conv1d,
-fla-core, flash-linear-attention and mamba-ssm, real upstream sources (mamba-ssm from the
-offline bundle), real nvcc, the managed torch, into a fresh index, with the stack gate on.
+each built causal-conv1d (and the stack test all four recipes again).  They need only *a*
+build of the recipes, so one index serves the three, each recipe built once, in two
+commands:
 
-It runs in a cache root of its own whose compile cache starts empty (every unit compiled
-for real; causal-conv1d's reproducibility test builds again from that cache), linked to the
-user's managed environments and verified sdists (installing torch again would cost CI
-minutes).  A test that needs another configuration builds on its own (flash-attn's subset,
-the reproducibility test's second build).
+1. causal-conv1d, fla-core and flash-linear-attention, compiled for real: a cache root of
+   its own whose compile cache starts empty (every unit a miss; causal-conv1d's
+   reproducibility test builds again from that cache), MAX_JOBS fixed, no stack gate;
+2. the four shipped recipes as `make build` runs them (the user's cache root, mamba-ssm
+   from the offline bundle, the stack gate on), into the same index: the three above are
+   already published (same build keys) and mamba-ssm is built beside its companion.  Where
+   an earlier run or `make build` compiled mamba-ssm, the compile cache serves it.
+
+The cache root of step 1 links the user's managed environments and verified sdists
+(installing torch again would cost CI minutes).  A test that needs another configuration
+builds on its own (flash-attn's subset, the reproducibility test's second build).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import pytest
 from conftest import IN_CI, REPO, require_python311, require_tool
 
 RECIPES = ["causal-conv1d", "fla-core", "flash-linear-attention", "mamba-ssm"]
-#: MAX_JOBS of the build and of the reproducibility test's second one: causal-conv1d's patch
+#: MAX_JOBS of step 1 and of the reproducibility test's second build: causal-conv1d's patch
 #: 0005 groups the backward kernels into as many translation units as there are jobs, so
 #: another MAX_JOBS is another binary (docs/reproducible.md, remaining differences); without
 #: it, the jobs follow the memory available at the time.  CI's runner has 2 cores.
@@ -36,12 +41,13 @@ URL = "https://github.com/state-spaces/mamba"
 
 @dataclass(frozen=True)
 class StackBuild:
-    """What the one build made: its index, its cache root, and what it printed (stdout and
-    stderr together)."""
+    """What the two commands made: the index, step 1's cache root, and what each printed
+    (stdout and stderr together)."""
 
     index: Path
     cache: Path
-    output: str
+    compiled: str  # step 1: causal-conv1d, fla-core, flash-linear-attention from cold
+    output: str  # step 2: the four recipes, the stack gate
 
 
 def bundle() -> Path:
@@ -65,10 +71,10 @@ def cache_root(root: Path, shared_cache: Path) -> Path:
     return root
 
 
-def build_env() -> dict[str, str]:
-    """This process's environment for a build as `make build` runs it: no arch list, job
-    count, mirrors or stack-gate switch of the caller's (the gate runs); ccache with
-    MAX_JOBS=JOBS."""
+def cold_env() -> dict[str, str]:
+    """This process's environment for a build compiled for real and reproducibly: no arch
+    list, mirrors or stack-gate switch of the caller's; ccache (its cache root's, empty at
+    first) and MAX_JOBS=JOBS."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS",
                         "WHEELFORGE_STACK_CHECK")}
@@ -76,17 +82,34 @@ def build_env() -> dict[str, str]:
     return env
 
 
+def make_build_env() -> dict[str, str]:
+    """This process's environment for a build as `make build` runs it: the compile cache
+    and job count wheelforge chooses, the stack gate on."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS",
+                         "WHEELFORGE_STACK_CHECK")}
+
+
+def wheelforge_build(args: list[str], env: dict[str, str]) -> str:
+    """``wheelforge build ARGS`` in the checkout; what it printed, after it succeeded."""
+    res = subprocess.run([sys.executable, "-m", "wheelforge", "build", *args], cwd=REPO,
+                         env=env, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, timeout=5400)
+    assert res.returncode == 0, res.stdout[-8000:]
+    return res.stdout
+
+
 def build_stack(base: Path, shared_cache: Path) -> StackBuild:
-    """`wheelforge build` of the four shipped recipes into BASE/index, from BASE/cache."""
+    """The two commands of the module docstring, into BASE/index (step 1 from BASE/cache)."""
     require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
     require_python311()
     mirror = bundle()
     index, cache = base / "index", cache_root(base / "cache", shared_cache)
-    res = subprocess.run(
-        [sys.executable, "-m", "wheelforge", "build", *RECIPES, "--arch", "12.0",
-         "--index", str(index), "--cache-dir", str(cache), "--force",
-         "--git-mirror", f"{URL}={mirror}"],
-        cwd=REPO, env=build_env(), text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, timeout=7200)
-    assert res.returncode == 0, res.stdout[-8000:]
-    return StackBuild(index=index, cache=cache, output=res.stdout)
+    target = ["--arch", "12.0", "--index", str(index)]
+    compiled = wheelforge_build(
+        ["causal-conv1d", "fla-core", "flash-linear-attention", *target, "--cache-dir",
+         str(cache), "--force", "--no-stack-check"], cold_env())
+    output = wheelforge_build(
+        [*RECIPES, *target, "--cache-dir", str(shared_cache), "--git-mirror",
+         f"{URL}={mirror}"], make_build_env())
+    return StackBuild(index=index, cache=cache, compiled=compiled, output=output)
