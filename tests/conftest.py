@@ -272,19 +272,28 @@ def _free_module_dirs(request: pytest.FixtureRequest,
 
 
 @pytest.fixture(scope="session")
-def upstream_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                   shared_cache: Path) -> Iterator[Any]:
-    """The four shipped recipes built for real, once per run, for every e2e module that
-    needs only a build of them (tests/upstream.py); removed at the session's end unless a
-    test failed.  A failed build fails each test that asks for it, without building again."""
+def upstream_cold(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  shared_cache: Path) -> Iterator[Any]:
+    """causal-conv1d, fla-core and flash-linear-attention compiled for real, once per run
+    (tests/upstream.py, step 1); removed at the session's end unless a test failed.  A
+    failed build fails each test that asks for it, without building again."""
     import upstream
 
-    base = tmp_path_factory.getbasetemp() / "session-upstream-stack"
+    base = tmp_path_factory.getbasetemp() / "session-upstream"
     base.mkdir()
     failed = request.session.testsfailed
-    yield upstream.build_stack(base, shared_cache)
+    yield upstream.build_cold(base, shared_cache)
     if request.session.testsfailed == failed:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def upstream_stack(upstream_cold: Any, shared_cache: Path) -> Any:
+    """The four shipped recipes as `make build` builds them, into ``upstream_cold``'s index,
+    once per run (tests/upstream.py, step 2)."""
+    import upstream
+
+    return upstream.build_stack(upstream_cold, shared_cache)
 
 
 @pytest.fixture

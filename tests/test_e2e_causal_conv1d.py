@@ -2,8 +2,8 @@
 
 Real upstream sources, real nvcc 13.0, a managed torch 2.14.1 (CUDA 13.0)
 environment, the real index, and a fresh venv that installs from it with pip.
-The build is the run's one build of the shipped recipes (tests/upstream.py), shared with
-the mamba-ssm and stack end-to-end tests.
+The build is step 1 of the run's shared build (tests/upstream.py), into the index the
+mamba-ssm and stack end-to-end tests use too.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MANYLINUX, REPO, built_wheel, wheel_differences
-from upstream import JOBS, StackBuild, cache_root, cold_env
+from upstream import JOBS, ColdBuild, cache_root, cold_env
 from wheelforge.builder.artifact.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
@@ -28,14 +28,14 @@ CC = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311"  # + the manylinux ta
 
 
 @pytest.fixture(scope="module")
-def built(upstream_stack: StackBuild) -> Path:
+def built(upstream_cold: ColdBuild) -> Path:
     """causal-conv1d, fla-core and flash-linear-attention as the run's shared build compiled
     them (tests/upstream.py, step 1): ccache with an empty cache (every unit a miss), in a
     cache root of its own (whose compile cache the reproducibility test reads)."""
-    out = upstream_stack.compiled
+    out = upstream_cold.output
     assert re.search(rf"published: {re.escape(CC)}-{MANYLINUX}\.whl  \[sm_120\]", out), out
     assert re.search(r"compile cache: 0 hits, [1-9][0-9]* misses", out), out[-3000:]
-    return upstream_stack.index
+    return upstream_cold.index
 
 
 def test_causal_conv1d_wheel_holds_sm120_only(built: Path) -> None:
@@ -70,7 +70,7 @@ def test_fresh_venv_installs_from_the_index(built: Path, tmp_path: Path) -> None
     assert "2.14.1" in check.stdout
 
 
-def test_a_second_build_elsewhere_is_byte_identical(built: Path, upstream_stack: StackBuild,
+def test_a_second_build_elsewhere_is_byte_identical(built: Path, upstream_cold: ColdBuild,
                                                     shared_cache: Path, tmp_path: Path) -> None:
     """Reproducible bytes (docs/reproducible.md): causal-conv1d and fla-core built again
     from another cache root, a work directory at another depth, under umask 077, with a
@@ -81,7 +81,7 @@ def test_a_second_build_elsewhere_is_byte_identical(built: Path, upstream_stack:
     twice is the same, and that a cached object is what the compiler writes, the CUDA
     fixture shows (tests/test_reproducible.py)."""
     cache = cache_root(tmp_path / "another" / "cache-root", shared_cache)
-    (cache / "ccache").symlink_to(upstream_stack.cache / "ccache", target_is_directory=True)
+    (cache / "ccache").symlink_to(upstream_cold.cache / "ccache", target_is_directory=True)
     env = {**cold_env(), "SOURCE_DATE_EPOCH": "1"}  # WHEELFORGE_COMPILE_CACHE=ccache, MAX_JOBS
     assert env["MAX_JOBS"] == JOBS
     index = tmp_path / "index"

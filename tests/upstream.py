@@ -1,4 +1,5 @@
-"""The shipped stack built for real once per test run (conftest's ``upstream_stack``).
+"""The shipped stack built for real once per test run (conftest's ``upstream_cold``, step 1,
+and ``upstream_stack``, step 2).
 
 tests/test_e2e_causal_conv1d.py, tests/test_e2e_mamba_ssm.py and tests/test_e2e_stack.py
 each built causal-conv1d (and the stack test all four recipes again).  They need only *a*
@@ -12,6 +13,8 @@ commands:
    from the offline bundle, the stack gate on), into the same index: the three above are
    already published (same build keys) and mamba-ssm is built beside its companion.  Where
    an earlier run or `make build` compiled mamba-ssm, the compile cache serves it.
+
+Running tests/test_e2e_causal_conv1d.py alone makes step 1 only.
 
 The cache root of step 1 links the user's managed environments and verified sdists
 (installing torch again would cost CI minutes).  A test that needs another configuration
@@ -40,14 +43,21 @@ URL = "https://github.com/state-spaces/mamba"
 
 
 @dataclass(frozen=True)
-class StackBuild:
-    """What the two commands made: the index, step 1's cache root, and what each printed
+class ColdBuild:
+    """Step 1: its index, its cache root (whose compile cache it filled) and what it printed
     (stdout and stderr together)."""
 
     index: Path
     cache: Path
-    compiled: str  # step 1: causal-conv1d, fla-core, flash-linear-attention from cold
-    output: str  # step 2: the four recipes, the stack gate
+    output: str
+
+
+@dataclass(frozen=True)
+class StackBuild:
+    """Step 2: the index (step 1's) and what it printed (stdout and stderr together)."""
+
+    index: Path
+    output: str
 
 
 def bundle() -> Path:
@@ -99,17 +109,21 @@ def wheelforge_build(args: list[str], env: dict[str, str]) -> str:
     return res.stdout
 
 
-def build_stack(base: Path, shared_cache: Path) -> StackBuild:
-    """The two commands of the module docstring, into BASE/index (step 1 from BASE/cache)."""
+def build_cold(base: Path, shared_cache: Path) -> ColdBuild:
+    """Step 1 of the module docstring: into BASE/index, from the cache root BASE/cache."""
     require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
     require_python311()
-    mirror = bundle()
     index, cache = base / "index", cache_root(base / "cache", shared_cache)
-    target = ["--arch", "12.0", "--index", str(index)]
-    compiled = wheelforge_build(
-        ["causal-conv1d", "fla-core", "flash-linear-attention", *target, "--cache-dir",
-         str(cache), "--force", "--no-stack-check"], cold_env())
     output = wheelforge_build(
-        [*RECIPES, *target, "--cache-dir", str(shared_cache), "--git-mirror",
-         f"{URL}={mirror}"], make_build_env())
-    return StackBuild(index=index, cache=cache, compiled=compiled, output=output)
+        ["causal-conv1d", "fla-core", "flash-linear-attention", "--arch", "12.0", "--index",
+         str(index), "--cache-dir", str(cache), "--force", "--no-stack-check"], cold_env())
+    return ColdBuild(index=index, cache=cache, output=output)
+
+
+def build_stack(cold: ColdBuild, shared_cache: Path) -> StackBuild:
+    """Step 2 of the module docstring: the four recipes into step 1's index."""
+    mirror = bundle()
+    output = wheelforge_build(
+        [*RECIPES, "--arch", "12.0", "--index", str(cold.index), "--cache-dir",
+         str(shared_cache), "--git-mirror", f"{URL}={mirror}"], make_build_env())
+    return StackBuild(index=cold.index, output=output)
