@@ -38,7 +38,7 @@ build: $(BIN)/wheelforge  ## build the shipped recipes for $(ARCH) into ./$(INDE
 PYTEST = $(BIN)/python -m pytest tests
 
 test: venv  ## everything (CI runs this): the unit tier on xdist workers, then integration and e2e in one process (the 25 slowest listed); fails if either part failed
-	@status=0; \
+	status=0; \
 	$(PYTEST) -m unit -n auto -q || status=1; \
 	$(PYTEST) -m 'not unit' --durations=25 || status=1; \
 	exit $$status
