@@ -13,7 +13,7 @@ UPSTREAM ?= ../shared/upstream
 GIT_MIRRORS ?= $(if $(wildcard $(UPSTREAM)/state-spaces-mamba.bundle),--git-mirror \
   https://github.com/state-spaces/mamba=$(UPSTREAM)/state-spaces-mamba.bundle)
 
-.PHONY: venv build test test-fast lint bench clean
+.PHONY: venv build test test-fast test-integration test-e2e lint bench clean
 
 # wheelforge alone (what `make build` needs) ...
 $(BIN)/wheelforge: pyproject.toml
@@ -32,15 +32,29 @@ venv: $(VENV)/.test-tools  ## create .venv with wheelforge and the test tools
 build: $(BIN)/wheelforge  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
 	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX) $(GIT_MIRRORS)
 
-test: venv  ## the whole suite, real end-to-end builds included (the 25 slowest listed)
-	$(BIN)/python -m pytest tests --durations=25
+# The tests are in three cost tiers (tests/tiers.py, README's Development): unit (pure Python,
+# no child process), integration (pip, uv, venvs, torch environments, servers, Chromium, git)
+# and e2e (nvcc: the CUDA fixture and the real upstream builds).
+PYTEST = $(BIN)/python -m pytest tests
 
-test-fast: venv  ## unit tests only (no nvcc, no torch)
-	$(BIN)/python -m pytest tests -m 'not e2e and not nvcc'
+test: venv  ## everything (CI runs this): the unit tier on xdist workers, then integration and e2e in one process (the 25 slowest listed); fails if either part failed
+	status=0; \
+	$(PYTEST) -m unit -n auto -q || status=1; \
+	$(PYTEST) -m 'not unit' --durations=25 || status=1; \
+	exit $$status
 
-lint: venv
+test-fast: venv  ## the unit tier alone, on xdist workers (-n auto): no nvcc, no torch, no child process; about 2 min on 2 cores
+	$(PYTEST) -m unit -n auto -q
+
+test-integration: venv  ## the integration tier alone: pip, uv, venvs, torch environments, servers (nginx, redis), Chromium, git; no nvcc
+	$(PYTEST) -m integration --durations=15
+
+test-e2e: venv  ## the e2e tier alone: the CUDA fixture and the real upstream builds with nvcc (each recipe built once per run)
+	$(PYTEST) -m e2e --durations=15
+
+lint: venv  ## ruff and mypy --strict
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
-clean:
+clean:  ## remove .venv and build outputs
 	rm -rf $(VENV) build dist *.egg-info

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import tiers
 from wheelforge.builder.config import default_cache_dir
 
 PACKAGES = Path(__file__).parent / "packages"
@@ -34,6 +35,16 @@ os.environ["WHEELFORGE_STACK_CHECK"] = "off"
 #: the platform tag an extension built here gets (builder/artifact/platform.py: the newest manylinux
 #: policy its symbols allow, which the host's compiler and glibc decide)
 MANYLINUX = r"manylinux_2_[0-9]+_x86_64"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's cost tier as its marker (tests/tiers.py), before ``-m`` selects."""
+    tiers.mark_tiers(items)
+
+
+#: a unit-tier test runs with no process allowed (tests/tiers.py)
+pytest_runtest_protocol = tiers.pytest_runtest_protocol
 
 
 def built_wheel(files: Path, stem: str) -> Path:
@@ -247,8 +258,8 @@ def _free_module_dirs(request: pytest.FixtureRequest,
     """Remove the directories a test module made with ``tmp_path_factory.mktemp`` when the
     module ends with no failure (pytest's retention policy covers ``tmp_path`` only).  Each
     e2e module leaves several GB of venvs and wheels; kept to the end of the session they
-    filled CI's disk.  No session-scoped fixture makes directories there, so nothing
-    another module needs is removed; a module with a failure keeps its directories."""
+    filled CI's disk.  A session-scoped fixture's directory (``session-*``) is left to it:
+    other modules use it; a module with a failure keeps its directories."""
     base = tmp_path_factory.getbasetemp()
     before = set(base.iterdir())
     failed = request.session.testsfailed
@@ -256,8 +267,33 @@ def _free_module_dirs(request: pytest.FixtureRequest,
     if request.session.testsfailed != failed:
         return
     for entry in set(base.iterdir()) - before:
-        if entry.is_dir() and not entry.is_symlink():
+        if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("session-"):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def upstream_cold(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  shared_cache: Path) -> Iterator[Any]:
+    """causal-conv1d, fla-core and flash-linear-attention compiled for real, once per run
+    (tests/upstream.py, step 1); removed at the session's end unless a test failed.  A
+    failed build fails each test that asks for it, without building again."""
+    import upstream
+
+    base = tmp_path_factory.getbasetemp() / "session-upstream"
+    base.mkdir()
+    failed = request.session.testsfailed
+    yield upstream.build_cold(base, shared_cache)
+    if request.session.testsfailed == failed:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def upstream_stack(upstream_cold: Any, shared_cache: Path) -> Any:
+    """The four shipped recipes as `make build` builds them, into ``upstream_cold``'s index,
+    once per run (tests/upstream.py, step 2)."""
+    import upstream
+
+    return upstream.build_stack(upstream_cold, shared_cache)
 
 
 @pytest.fixture

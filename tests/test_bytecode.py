@@ -54,6 +54,7 @@ def test_a_managed_environment_gets_its_bytecode_beside_its_modules(
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.unit
 def test_nothing_changes_where_bytecode_may_be_written_or_is_there(
         env: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
@@ -122,6 +123,7 @@ def test_the_import_check_keeps_the_environments_bytecode_and_forgets_the_wheels
     assert not (where / "pkg" / "__pycache__").exists()
 
 
+@pytest.mark.unit
 def test_forget_removes_only_the_mirror_of_its_directory(tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
     real = tmp_path / "real"

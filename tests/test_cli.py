@@ -1,17 +1,18 @@
-"""The CLI is the interface: exit codes and messages asserted exactly."""
+"""The CLI is the interface: exit codes and messages asserted exactly.
+
+Run in the test's process (tests/cli_inprocess.py): these check only text and exit codes.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+from cli_inprocess import Ran, run_wheelforge
 from conftest import REPO, write_recipe
 
 
-def wf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "wheelforge", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+def wf(*args: str, cwd: Path = REPO) -> Ran:
+    return run_wheelforge(*args, cwd=cwd)
 
 
 def test_help_teaches() -> None:

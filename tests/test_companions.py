@@ -101,6 +101,7 @@ def fake_build(calls: list[str]):  # type: ignore[no-untyped-def]
     return build
 
 
+@pytest.mark.integration
 def test_nightly_builds_companions_first(tmp_path: Path) -> None:
     book = companion_book(tmp_path)
     path = write_matrix(tmp_path, ["purec", "purea", "pureb"],
@@ -141,6 +142,7 @@ def test_a_matrix_without_a_companion_is_a_config_error(tmp_path: Path) -> None:
                          reporter=Reporter(io.StringIO()))
 
 
+@pytest.mark.integration
 def test_build_makes_and_then_reuses_the_companion(tmp_path: Path, shared_cache: Path) -> None:
     companion_book(tmp_path)
     args = [sys.executable, "-m", "wheelforge", "build", "purea", "--recipes",
@@ -163,6 +165,7 @@ def test_build_makes_and_then_reuses_the_companion(tmp_path: Path, shared_cache:
         "already published: purea-0.1.0+wf-py3-none-any.whl  [pure Python]"]
 
 
+@pytest.mark.integration
 def test_a_build_verifies_beside_its_companion_and_never_publishes_before_it(
         tmp_path: Path, shared_cache: Path) -> None:
     """Real builds of the pure fixtures (build_one).  pureb says its exact version once

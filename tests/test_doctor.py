@@ -444,6 +444,7 @@ def test_a_crashing_check_is_a_finding_not_an_exception(tmp_path: Path, bin_dir:
     assert findings[-1].check == "memory"  # the checks after it still ran
 
 
+@pytest.mark.unit
 def test_render_layout() -> None:
     findings = [Finding("nvcc", "OK", "13.0 at /usr/local/cuda/bin/nvcc ($CUDA_HOME)"),
                 Finding("arch 12.0+PTX", "FAIL", "needs CUDA 12.8+, nvcc is 12.4", "upgrade")]
@@ -452,6 +453,7 @@ def test_render_layout() -> None:
         "FAIL  arch 12.0+PTX needs CUDA 12.8+, nvcc is 12.4  -> fix: upgrade")
 
 
+@pytest.mark.unit
 def test_failures_keeps_only_fail(tmp_path: Path) -> None:
     findings = [Finding("a", "OK", ""), Finding("b", "WARN", ""), Finding("c", "FAIL", "")]
     assert failures(findings) == [findings[2]]

@@ -221,6 +221,7 @@ def test_a_wrong_hash_is_not_retried(tmp_path: Path, serve):
     assert "does not match the recipe" in info.value.what and seen == [1]
 
 
+@pytest.mark.integration
 def test_managed_env_pip_gets_timeout_and_retries(tmp_path: Path, serve):
     """pip in a managed environment runs with --timeout and --retries; a user's
     torch-pip-args come after them and win (here --retries 1: two requests to a 503)."""
@@ -237,6 +238,7 @@ def test_managed_env_pip_gets_timeout_and_retries(tmp_path: Path, serve):
     assert seen == [1, 2]
 
 
+@pytest.mark.integration
 def test_a_git_server_that_stops_sending_is_cut_off(tmp_path: Path, serve):
     """git over http gets the download's stall limit (GIT_HTTP_LOW_SPEED_LIMIT/_TIME):
     a server that answers git's first request with a header and then nothing fails the

@@ -2,7 +2,8 @@
 
 Real upstream sources, real nvcc 13.0, a managed torch 2.14.1 (CUDA 13.0)
 environment, the real index, and a fresh venv that installs from it with pip.
-About ten minutes on 2 cores (the causal-conv1d compile dominates).
+The build is step 1 of the run's shared build (tests/upstream.py), into the index the
+mamba-ssm and stack end-to-end tests use too.
 """
 
 from __future__ import annotations
@@ -16,56 +17,25 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MANYLINUX, REPO, built_wheel, require_python311, wheel_differences
+from conftest import MANYLINUX, REPO, built_wheel, wheel_differences
+from upstream import JOBS, ColdBuild, cache_root, cold_env
 from wheelforge.builder.artifact.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
 
 CC = "causal_conv1d-1.7.0+cu130torch2.14sm120-cp311-cp311"  # + the manylinux tag
-#: MAX_JOBS of both builds: causal-conv1d's patch 0005 groups the backward kernels into
-#: as many translation units as there are jobs, so another MAX_JOBS is another binary
-#: (docs/reproducible.md, remaining differences); without it, the jobs follow the memory
-#: available at the time.  CI's runner has 2 cores.
-JOBS = "2"
-
-
-def cache_root(root: Path, shared_cache: Path) -> Path:
-    """A cache root of its own, with an empty compile cache, that links the user's managed
-    environments and verified sdists (installing torch again would cost CI minutes)."""
-    root.mkdir(parents=True)
-    for shared in ("envs", "sources"):
-        (shared_cache / shared).mkdir(parents=True, exist_ok=True)
-        (root / shared).symlink_to(shared_cache / shared, target_is_directory=True)
-    return root
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
-    """causal-conv1d, fla-core and flash-linear-attention into a fresh index, compiled for
-    real: ccache with an empty cache (every unit a miss), in a cache root of its own
-    (E2E/cache, whose compile cache the reproducibility test reads)."""
-    from conftest import require_tool
-
-    require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    require_python311()
-    base = tmp_path_factory.mktemp("e2e")
-    index = base / "index"
-    cache = cache_root(base / "cache", shared_cache)
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
-    env["WHEELFORGE_COMPILE_CACHE"] = "ccache"  # empty: every unit compiled for real
-    env["MAX_JOBS"] = JOBS  # patch 0005 sizes the translation units by it: the same twice
-    res = subprocess.run(
-        [sys.executable, "-m", "wheelforge", "build", "causal-conv1d", "fla-core",
-         "flash-linear-attention", "--arch", "12.0", "--index", str(index),
-         "--cache-dir", str(cache), "--force"],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        timeout=3600)
-    assert res.returncode == 0, res.stdout[-4000:]
-    assert re.search(rf"published: {re.escape(CC)}-{MANYLINUX}\.whl  \[sm_120\]", res.stdout)
-    assert re.search(r"compile cache: 0 hits, [1-9][0-9]* misses", res.stdout), \
-        res.stdout[-3000:]
-    return index
+def built(upstream_cold: ColdBuild) -> Path:
+    """causal-conv1d, fla-core and flash-linear-attention as the run's shared build compiled
+    them (tests/upstream.py, step 1): ccache with an empty cache (every unit a miss), in a
+    cache root of its own (whose compile cache the reproducibility test reads)."""
+    out = upstream_cold.output
+    assert re.search(rf"published: {re.escape(CC)}-{MANYLINUX}\.whl  \[sm_120\]", out), out
+    assert re.search(r"compile cache: 0 hits, [1-9][0-9]* misses", out), out[-3000:]
+    return upstream_cold.index
 
 
 def test_causal_conv1d_wheel_holds_sm120_only(built: Path) -> None:
@@ -100,8 +70,8 @@ def test_fresh_venv_installs_from_the_index(built: Path, tmp_path: Path) -> None
     assert "2.14.1" in check.stdout
 
 
-def test_a_second_build_elsewhere_is_byte_identical(built: Path, shared_cache: Path,
-                                                    tmp_path: Path) -> None:
+def test_a_second_build_elsewhere_is_byte_identical(built: Path, upstream_cold: ColdBuild,
+                                                    shared_cache: Path, tmp_path: Path) -> None:
     """Reproducible bytes (docs/reproducible.md): causal-conv1d and fla-core built again
     from another cache root, a work directory at another depth, under umask 077, with a
     SOURCE_DATE_EPOCH of the builder's own, minutes later, give the first build's files
@@ -111,9 +81,9 @@ def test_a_second_build_elsewhere_is_byte_identical(built: Path, shared_cache: P
     twice is the same, and that a cached object is what the compiler writes, the CUDA
     fixture shows (tests/test_reproducible.py)."""
     cache = cache_root(tmp_path / "another" / "cache-root", shared_cache)
-    (cache / "ccache").symlink_to(built.parent / "cache" / "ccache", target_is_directory=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
-    env.update(WHEELFORGE_COMPILE_CACHE="ccache", SOURCE_DATE_EPOCH="1", MAX_JOBS=JOBS)
+    (cache / "ccache").symlink_to(upstream_cold.cache / "ccache", target_is_directory=True)
+    env = {**cold_env(), "SOURCE_DATE_EPOCH": "1"}  # WHEELFORGE_COMPILE_CACHE=ccache, MAX_JOBS
+    assert env["MAX_JOBS"] == JOBS
     index = tmp_path / "index"
     res = subprocess.run(
         [sys.executable, "-m", "wheelforge", "build", "causal-conv1d", "fla-core", "--arch",

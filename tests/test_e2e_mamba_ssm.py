@@ -2,23 +2,25 @@
 companion causal-conv1d, real nvcc 13.0, the managed torch 2.14.1 (CUDA 13.0), the real
 index, and a fresh venv that installs both from it with pip.
 
-The compile cache stays on: on a fresh machine (CI) both extensions compile for real
-(about 15 minutes on 2 cores); where `make build` or the causal-conv1d end-to-end test ran
-before, the cache serves what they compiled and the wheels are still verified in full.
+The build is the run's shared build of the shipped recipes (tests/upstream.py), which the
+causal-conv1d and stack end-to-end tests check too: its companion causal-conv1d was
+compiled for real by the first step and is already published when mamba-ssm is built; the
+compile cache stays on for mamba-ssm (on a fresh machine it compiles for real, about 8
+minutes on 2 cores; where `make build` or an earlier run compiled it, the cache serves it
+and the wheel is still verified in full).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 import pytest
 
-from conftest import IN_CI, MANYLINUX, REPO, built_wheel, require_python311
+from conftest import MANYLINUX, built_wheel
+from upstream import URL, StackBuild, bundle
 from wheelforge.builder.artifact.verify import shared_object_archs
 from wheelforge.wheel import read_metadata
 
@@ -29,43 +31,20 @@ CC_VERSION = f"1.7.0+{LABEL}"
 MAMBA_VERSION = f"2.3.2.post1+ge9594ce1c732.{LABEL}"
 CC = f"causal_conv1d-{CC_VERSION}-cp311-cp311"  # + the manylinux tag
 MAMBA = f"mamba_ssm-{MAMBA_VERSION}-cp311-cp311"
-URL = "https://github.com/state-spaces/mamba"
-
-
-def bundle() -> Path:
-    for candidate in (REPO.parent / "shared" / "upstream" / "state-spaces-mamba.bundle",
-                      Path("/work/shared/upstream/state-spaces-mamba.bundle")):
-        if candidate.is_file():
-            return candidate
-    if IN_CI:
-        pytest.fail("../shared/upstream/state-spaces-mamba.bundle is required under CI=true")
-    pytest.skip("no offline mirror of https://github.com/state-spaces/mamba")
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
-    from conftest import require_tool
-
-    require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    require_python311()
-    index = tmp_path_factory.mktemp("e2e-mamba") / "index"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS")}
-    res = subprocess.run(
-        [sys.executable, "-m", "wheelforge", "build", "mamba-ssm", "--arch", "12.0",
-         "--index", str(index), "--cache-dir", str(shared_cache),
-         "--git-mirror", f"{URL}={bundle()}"],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        timeout=5400)
-    assert res.returncode == 0, res.stdout[-6000:]
-    # the companion first, for the same target; then mamba-ssm from the mirror, never GitHub
+def built(upstream_stack: StackBuild) -> Path:
+    out = upstream_stack.output
+    # the companion first (already published, for the same target); then mamba-ssm from the
+    # mirror, never GitHub
     for stem in (CC, MAMBA):
         assert re.search(rf"published: {re.escape(stem)}-{MANYLINUX}\.whl  \[sm_120\]",
-                         res.stdout), res.stdout
-    assert res.stdout.index(f"published: {CC}") < res.stdout.index(f"published: {MAMBA}")
-    assert f"git mirror     {URL} -> {bundle()}  [--git-mirror]" in res.stdout
-    assert "cloning" not in res.stdout and "github.com/state-spaces/mamba.git" not in res.stdout
-    return index
+                         out), out
+    assert out.index(f"published: {CC}") < out.index(f"published: {MAMBA}")
+    assert f"git mirror     {URL} -> {bundle()}  [--git-mirror]" in out
+    assert "cloning" not in out and "github.com/state-spaces/mamba.git" not in out
+    return upstream_stack.index
 
 
 def test_mamba_ssm_wheel_holds_sm120_only(built: Path) -> None:

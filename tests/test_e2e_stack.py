@@ -1,11 +1,11 @@
 """The stack as users install it: the four shipped recipes built as `make build` builds them
-(real nvcc, the managed torch 2.14.1), the stack gate run for real (a fresh venv, pip
-resolving the dependencies from the package index users have), and then the install lines
+(real nvcc, the managed torch 2.14.1; the run's one build, tests/upstream.py), the stack
+gate run for real (a fresh venv, pip resolving the dependencies from the package index
+users have), and then the install lines
 the build printed, pasted into a shell from another directory, and one interpreter that
 imports the whole stack.
 
-Where `make build` or the other end-to-end tests ran before, the compile cache serves their
-objects; the wheels are still built, verified and published here.
+The causal-conv1d and mamba-ssm end-to-end tests check the same build's wheels.
 """
 
 from __future__ import annotations
@@ -18,36 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, require_python311
-from test_e2e_mamba_ssm import URL, bundle
+from upstream import RECIPES, StackBuild
 from wheelforge.index import health
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
 
-RECIPES = ["causal-conv1d", "fla-core", "flash-linear-attention", "mamba-ssm"]
 CHANNEL = "cu130-torch2.14"
 IMPORTS = "torch, causal_conv1d, causal_conv1d_cuda, selective_scan_cuda, mamba_ssm, fla, " \
           "fla.layers"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> tuple[Path, str]:
-    from conftest import require_tool
-
-    require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    require_python311()
-    index = tmp_path_factory.mktemp("e2e-stack") / "index"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "WHEELFORGE_GIT_MIRRORS",
-                        "WHEELFORGE_STACK_CHECK")}  # the gate runs, as in `make build`
-    res = subprocess.run(
-        [sys.executable, "-m", "wheelforge", "build", *RECIPES, "--arch", "12.0",
-         "--index", str(index), "--cache-dir", str(shared_cache),
-         "--git-mirror", f"{URL}={bundle()}"],
-        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        timeout=5400)
-    assert res.returncode == 0, res.stdout[-8000:]
-    return index, res.stdout
+def built(upstream_stack: StackBuild) -> tuple[Path, str]:
+    """The run's one build of the four shipped recipes, as `make build` runs it, the stack
+    gate on (tests/upstream.py)."""
+    return upstream_stack.index, upstream_stack.output
 
 
 def test_the_gate_finds_the_stack_good_and_names_what_it_resolved(

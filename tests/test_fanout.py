@@ -232,6 +232,7 @@ def test_a_tampered_stage_publishes_nothing(tmp_path: Path, shared_cache: Path) 
     assert not list((tmp_path / "index").rglob("*.whl"))
 
 
+@pytest.mark.integration
 def test_options_before_a_subcommand_are_refused(tmp_path: Path) -> None:
     res = wheelforge("nightly", "--jobs", "2", "plan", cwd=tmp_path, env=clean_env())
     assert res.returncode == 2
@@ -241,6 +242,7 @@ def test_options_before_a_subcommand_are_refused(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- GitHub Actions
 
 
+@pytest.mark.integration
 def test_the_fanout_workflow_validates_and_runs_the_three_parts() -> None:
     import re
     import shlex

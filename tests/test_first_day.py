@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cli_inprocess import Ran, run_wheelforge
 from conftest import make_wheel
 from wheelforge import index
 from wheelforge.builder.compiling import jobserver
@@ -20,8 +21,15 @@ CU130: dict[str, Any] = {"channel": "cu130-torch2.14", "cuda": "13.0", "torch": 
 LABELLED = "1.7.0+cu130torch2.14sm120"
 
 
-def wf(*args: str | Path, cwd: Path,
-       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def wf(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> Ran:
+    """The command in this process (tests/cli_inprocess.py), for a test of its text and exit
+    status."""
+    return run_wheelforge(*args, cwd=cwd, env=env)
+
+
+def wf_process(*args: str | Path, cwd: Path,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command as a process of its own: for a test of what it runs or leaves behind."""
     return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
                           text=True, capture_output=True, timeout=300,
                           env={**os.environ, **(env or {})})
@@ -64,6 +72,7 @@ def test_unyank_of_a_version_not_yanked_says_so(published: Path, tmp_path: Path)
     assert undone.returncode == 0 and undone.stdout.startswith("unyanked ")
 
 
+@pytest.mark.integration
 def test_test_with_an_interpreter_without_torch_is_a_toolchain_error(
         published: Path, tmp_path: Path) -> None:
     """Not 'no GPU' (exit 10): the interpreter has no torch (exit 6), and it says so."""
@@ -71,7 +80,7 @@ def test_test_with_an_interpreter_without_torch_is_a_toolchain_error(
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
                    timeout=120)
-    res = wf("test", "causal-conv1d", "--index", published, "--python",
+    res = wf_process("test", "causal-conv1d", "--index", published, "--python",
              bare / "bin" / "python", "--recipes", repo / "recipes", cwd=tmp_path)
     assert res.returncode == 6, res.stderr
     assert f"{bare / 'bin' / 'python'} has no torch" in res.stderr
@@ -158,6 +167,7 @@ def test_wheelforge_test_names_a_missing_gpu_test_file(tmp_path: Path) -> None:
     assert "GPU test file" in err.value.what and "copy gputests/fla-core/" in err.value.fix
 
 
+@pytest.mark.integration
 def test_a_missing_build_requirement_of_the_recipe_stops_before_the_fetch(
         tmp_path: Path) -> None:
     """With --python (your interpreter, as it is), what the recipe's build.requires names
@@ -173,7 +183,7 @@ def test_a_missing_build_requirement_of_the_recipe_stops_before_the_fetch(
     (site / "torch" / "__init__.py").write_text(
         "__version__ = '2.14.1'\nclass version:\n    cuda = None\n"
         "class _C:\n    _GLIBCXX_USE_CXX11_ABI = True\n")
-    res = wf("build", "fla-core", "--python", bare / "bin" / "python", "--index",
+    res = wf_process("build", "fla-core", "--python", bare / "bin" / "python", "--index",
              tmp_path / "index", "--cache-dir", tmp_path / "cache", "--work-dir",
              tmp_path / "work", "--no-stack-check", "--recipes", REPO / "recipes",
              cwd=tmp_path)
@@ -185,6 +195,7 @@ def test_a_missing_build_requirement_of_the_recipe_stops_before_the_fetch(
     assert not (tmp_path / "cache" / "sources").exists()
 
 
+@pytest.mark.integration
 def test_a_build_backends_warnings_go_to_the_log_not_the_console(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """setuptools' deprecation banners (BuildBackendWarning, re-raised by pyproject_hooks in
@@ -212,6 +223,7 @@ def test_a_build_backends_warnings_go_to_the_log_not_the_console(
     assert "a deprecation banner from the backend" in log.read_text()
 
 
+@pytest.mark.integration
 def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
         tmp_path: Path, short_tmpdir: Path) -> None:
     import time
@@ -237,11 +249,11 @@ def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
     args = ("clean", "--work-dir", work, "--cache-dir", cache)
     with owned_lock(live / RUN_LOCK), jobserver.Pool(1, tmp) as pool:  # this process's
         live_pool = pool.directory
-        dry = wf(*args, "--dry-run", cwd=tmp_path, env={"TMPDIR": str(tmp)})
+        dry = wf_process(*args, "--dry-run", cwd=tmp_path, env={"TMPDIR": str(tmp)})
         assert dry.returncode == 0, dry.stderr
         assert f"would remove {dead} " in dry.stdout and dead.exists()
         assert f"would remove {dead_pool} " in dry.stdout and dead_pool.exists()
-        done = wf(*args, cwd=tmp_path, env={"TMPDIR": str(tmp)})
+        done = wf_process(*args, cwd=tmp_path, env={"TMPDIR": str(tmp)})
         assert live_pool.is_dir()
     assert done.returncode == 0, done.stderr
     assert not dead.exists() and not old.exists() and not stack.exists()
@@ -252,6 +264,7 @@ def test_clean_removes_what_dead_runs_left_and_never_a_live_runs_directory(
     assert "removed 4 directories" in done.stdout
 
 
+@pytest.mark.integration
 def test_clean_finds_the_pool_of_a_temporary_directory_too_deep_for_its_socket(
         tmp_path: Path) -> None:
     """Where TMPDIR is too deep for a Unix socket, a command's pool goes to /tmp
@@ -261,8 +274,8 @@ def test_clean_finds_the_pool_of_a_temporary_directory_too_deep_for_its_socket(
     assert jobserver.pools_dir(deep) == Path("/tmp")
     with jobserver.Pool(1, deep) as pool:  # this process's: kept
         assert pool.directory.parent == Path("/tmp")
-        done = wf("clean", "--work-dir", tmp_path / "work", "--cache-dir", tmp_path / "cache",
-                  cwd=tmp_path, env={"TMPDIR": str(deep)})
+        done = wf_process("clean", "--work-dir", tmp_path / "work", "--cache-dir",
+                          tmp_path / "cache", cwd=tmp_path, env={"TMPDIR": str(deep)})
         assert done.returncode == 0, done.stderr
         assert f"kept {pool.directory}: in use by pid {os.getpid()}" in done.stdout
         assert "/tmp/wheelforge-jobs-*" in done.stdout

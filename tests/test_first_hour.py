@@ -16,14 +16,24 @@ from pathlib import Path
 import click
 import pytest
 
+from cli_inprocess import Ran, run_wheelforge
 from conftest import REPO, make_wheel, write_recipe
 from wheelforge.cli.main import cli
 from wheelforge.errors import ConfigError, exit_code_markdown, exit_code_table
 from wheelforge.recipe.format import RecipeBook
 
 
-def wf(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
-       ) -> subprocess.CompletedProcess[str]:
+def wf(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None) -> Ran:
+    """The command in this process (tests/cli_inprocess.py): these tests check its text and
+    exit status; the caller's arch list, recipes and job count are not the command's."""
+    unset: dict[str, str | None] = {k: None for k in ("TORCH_CUDA_ARCH_LIST",
+                                                       "WHEELFORGE_RECIPES", "MAX_JOBS")}
+    return run_wheelforge(*args, cwd=cwd, env={**unset, **(env or {})})
+
+
+def wf_process(*args: str | Path, cwd: Path = REPO, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess[str]:
+    """The command as a process of its own: for a real build."""
     base = {k: v for k, v in os.environ.items()
             if k not in ("TORCH_CUDA_ARCH_LIST", "WHEELFORGE_RECIPES", "MAX_JOBS")}
     return subprocess.run([sys.executable, "-m", "wheelforge", *map(str, args)], cwd=cwd,
@@ -355,14 +365,14 @@ verify:
               tmp_path / "sdists", "--index", tmp_path / "index", "--work-dir",
               tmp_path / "work", "--cache-dir", default_cache_dir(), "--force"]
     noise = ("Failed to initialize NumPy", "License classifiers are deprecated")
-    quiet = wf(*common, cwd=tmp_path, env={"PYTHONWARNINGS": ""})
+    quiet = wf_process(*common, cwd=tmp_path, env={"PYTHONWARNINGS": ""})
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert not [n for n in noise if n in quiet.stderr + quiet.stdout]
     log = sorted((default_cache_dir() / "logs").glob("noisy-0.1.0-*.log"))[-1]
     assert all(n in log.read_text() for n in noise)
-    verbose = wf(*common, "-v", cwd=tmp_path)
+    verbose = wf_process(*common, "-v", cwd=tmp_path)
     assert verbose.returncode == 0 and all(n in verbose.stderr for n in noise)
-    failed = wf(*common, cwd=tmp_path, env={"NOISY_FAIL": "1"})
+    failed = wf_process(*common, cwd=tmp_path, env={"NOISY_FAIL": "1"})
     assert failed.returncode == 7
     assert "build error: the build of noisy-0.1.0 failed" in failed.stderr
     assert "noisy: deliberate failure" in failed.stderr
@@ -475,6 +485,7 @@ def test_the_test_section_is_documented() -> None:
         assert f"| `{key}` |" in doc
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_stops_normally(tmp_path: Path, sig: signal.Signals) -> None:
     """Stopping a server is its normal end: 'stopped serving', not 'interrupted', with the

@@ -137,6 +137,7 @@ def test_release_tag_cross_checked(tmp_path: Path, upstream: dict[str, str | Pat
               git_mirrors=mirrors)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("body, message", [
     ("url: u, commit: {c}, tag: v1.0, release-tag: v1.0, release-commit: {r}", "give one of them"),
     ("url: u, commit: {c}, release-tag: v1.0", "release-commit: is required with 'release-tag'"),
@@ -150,6 +151,7 @@ def test_release_keys_validated(tmp_path: Path, body: str, message: str) -> None
     assert message in (exc.value.why or "")
 
 
+@pytest.mark.unit
 def test_untagged_commit_has_no_sdist_mirror(tmp_path: Path) -> None:
     body = ("format: 1\nname: demo\nversion: '1.0'\nsources:\n"
             f"  - git: {{url: u, commit: {'a' * 40}, release-tag: v1.0, "
@@ -291,6 +293,7 @@ def test_tampered_cache_without_a_mirror_is_an_error(tmp_path: Path,
 
 # -- where mirrors are configured ---------------------------------------------------------------
 
+@pytest.mark.unit
 def test_mirror_mappings_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     project = tmp_path / "proj" / "wheelforge.yaml"
@@ -311,6 +314,7 @@ def test_mirror_mappings_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         resolve(environ={}, git_mirrors=("https://h/x",))
 
 
+@pytest.mark.unit
 def test_option_like_url_refused(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     with pytest.raises(RecipeError) as exc:

@@ -29,6 +29,7 @@ def test_can_run(archs: tuple[str, ...], cc: str, ok: bool) -> None:
     assert can_run(archs, cc) is ok
 
 
+@pytest.mark.integration
 def test_no_gpu_exit_code(tmp_path: Path, shared_cache: Path) -> None:
     """On a machine without a GPU, `wheelforge test` says so and exits 10, never 'passed'."""
     require_python311()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inprocess import Ran, run_wheelforge
 from conftest import REPO, write_recipe
 from wheelforge.errors import ConfigError, RecipeError
 from wheelforge.recipe.format import RecipeBook, refused_env
@@ -28,7 +29,13 @@ def wf(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def assert_clean_failure(res: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+def wf_here(*args: str, cwd: Path = REPO) -> Ran:
+    """``wf`` in the test's process, for a test that checks only text and exit status."""
+    return run_wheelforge(*args, cwd=cwd)
+
+
+def assert_clean_failure(res: subprocess.CompletedProcess[str] | Ran, code: int,
+                         *needles: str) -> None:
     assert res.returncode == code, res.stderr
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr
     for n in needles:
@@ -125,12 +132,13 @@ def test_non_utf8_names_the_byte_offset(tmp_path: Path) -> None:
 def test_yaml_errors_through_the_cli(tmp_path: Path) -> None:
     """The bomb and the duplicate key end as recipe and config errors, not tracebacks."""
     write_recipe(tmp_path, "demo", PURE + _bomb())
-    assert_clean_failure(wf("show", "demo", "--recipes", str(tmp_path / "recipes")), 3,
+    assert_clean_failure(wf_here("show", "demo", "--recipes", str(tmp_path / "recipes")), 3,
                          "is not valid YAML", "anchor &a is not allowed")
     (tmp_path / "wheelforge.yaml").write_bytes(b"defaults: {arch: '12.0', arch: '9.0'}\n")
-    assert_clean_failure(wf("doctor", cwd=tmp_path), 2, "duplicate key 'arch' (first at line 1)")
+    assert_clean_failure(wf_here("doctor", cwd=tmp_path), 2,
+                         "duplicate key 'arch' (first at line 1)")
     (tmp_path / "wheelforge.yaml").write_bytes(b"defaults: {}\n# \xff\n")
-    assert_clean_failure(wf("doctor", cwd=tmp_path), 2, "wheelforge.yaml: byte offset 15")
+    assert_clean_failure(wf_here("doctor", cwd=tmp_path), 2, "wheelforge.yaml: byte offset 15")
 
 
 def test_project_file_with_a_non_string_key(tmp_path: Path) -> None:
@@ -177,7 +185,7 @@ def test_show_refuses_a_path(tmp_path: Path) -> None:
     outside = tmp_path / "some" / "dir"
     outside.mkdir(parents=True)
     (outside / "name.yaml").write_text(PURE.replace("demo", "name"))
-    res = wf("show", str(outside / "name"), "--recipes", str(REPO / "recipes"))
+    res = wf_here("show", str(outside / "name"), "--recipes", str(REPO / "recipes"))
     assert_clean_failure(res, 3, f"'{outside / 'name'}' is not a project name")
     assert res.stdout == ""
 
@@ -225,6 +233,7 @@ def test_recipe_env_project_switches_allowed(tmp_path: Path, key: str) -> None:
     assert RecipeBook(rdir, tmp_path / "patches").load("demo").build.env == ((key, "x"),)
 
 
+@pytest.mark.integration
 def test_recipe_env_every_bad_key_named_at_once(tmp_path: Path) -> None:
     body = PURE.replace("build: {kind: pure}", "build:\n  kind: pure\n  env: {PYTHONPATH: /x, "
                         "LD_PRELOAD: /y.so, OK_SWITCH: '1', PATH: /z}")
@@ -357,6 +366,7 @@ def test_hostile_patch_refused_before_anything_is_applied(src_tree: Path, tmp_pa
     assert not Path("/tmp/wf-hostile-new").exists() and not (tmp_path / "work" / "x").exists()
 
 
+@pytest.mark.integration
 def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The second line of defence: were the header checks fooled, the tree is checked after
@@ -374,6 +384,7 @@ def test_links_made_by_a_patch_are_caught_after_applying(src_tree: Path, tmp_pat
         assert not (src_tree / name).is_symlink()
 
 
+@pytest.mark.integration
 def test_escaping_link_in_the_tree_is_caught(src_tree: Path, tmp_path: Path) -> None:
     from wheelforge.builder.source.patch import apply_series
     from wheelforge.errors import PatchError
@@ -680,7 +691,7 @@ def test_recipe_raises_the_bounds(tmp_path: Path, body: str, expected: tuple[int
 
 def test_show_prints_the_bounds(tmp_path: Path) -> None:
     write_recipe(tmp_path, "demo", PURE + "extract: {max-bytes: 4GiB, max-members: 200000}\n")
-    res = wf("show", "demo", "--recipes", str(tmp_path / "recipes"))
+    res = wf_here("show", "demo", "--recipes", str(tmp_path / "recipes"))
     assert "extract:   at most 4,294,967,296 bytes, 200,000 members, 536,870,912 bytes a " \
         "member" in res.stdout
 
@@ -716,6 +727,7 @@ BUILD_CASES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("members, patch, code, expected", [c[1:] for c in BUILD_CASES],
                          ids=[c[0] for c in BUILD_CASES])
 def test_hostile_build_inputs_end_as_errors(tmp_path: Path, members: list[tuple[str, str, str]]
@@ -914,9 +926,10 @@ def test_hostile_wheel_fails_verification(tmp_path: Path, make: object, named: s
                          ids=[c[0] for c in WHEEL_CASES if c[3]])
 def test_hostile_wheel_inspect_command(tmp_path: Path, make: object, named: str) -> None:
     wheel = make(tmp_path)  # type: ignore[operator]
-    assert_clean_failure(wf("inspect", str(wheel)), 8, named)
+    assert_clean_failure(wf_here("inspect", str(wheel)), 8, named)
 
 
+@pytest.mark.integration
 def test_recipe_pythonpath_never_reaches_the_build(tmp_path: Path) -> None:
     """The issue's case: a sitecustomize.py in a recipe's PYTHONPATH ran inside the build."""
     hook = tmp_path / "hook"
@@ -1090,6 +1103,7 @@ def test_structured_archives_stay_inside(tmp_path: Path) -> None:
     assert counts["refused"] and counts["extracted"], counts
 
 
+@pytest.mark.integration
 def test_structured_patches_with_real_git(tmp_path: Path) -> None:
     """Random patches of symlink, mode, rename and path headers (fixed seed), applied for
     real: each is refused, or leaves no new symlink and nothing written outside."""

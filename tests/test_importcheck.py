@@ -138,6 +138,7 @@ def test_close_leaves_no_process(wheel_dir: Path) -> None:
     assert list(warm.running()) == []
 
 
+@pytest.mark.unit
 def test_a_child_s_answer_is_the_last_marked_line() -> None:
     """``_proc.marked``: how wheelforge reads a child interpreter's answer among what else
     it printed (the import check, the stack check, the platform tag's analysis)."""

@@ -711,6 +711,7 @@ index.publish(Path(sys.argv[2]), Path(sys.argv[3]), channel="cu130-torch2.14", c
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("killed_at_rename", [1, 2, 3, 4, 5, 7, 9, 10])
 def test_a_killed_publish_leaves_valid_pages_and_the_next_change_repairs_it(
     populated: Path, dist: Path, killed_at_rename: int
@@ -981,12 +982,14 @@ def pip_download(index_url: str, requirement: str, dest: Path) -> Path:
     return wheel
 
 
+@pytest.mark.integration
 def test_pip_downloads_from_the_file_url_index(populated: Path, tmp_path: Path):
     wheel = pip_download((populated / "cu130-torch2.14/simple").as_uri(), "helper==2.0",
                          tmp_path / "dl")
     assert wheel.read_bytes() == (populated / "files" / wheel.name).read_bytes()
 
 
+@pytest.mark.integration
 def test_pip_downloads_over_http(server: tuple[str, Path, bytes], tmp_path: Path):
     base, root, _ = server
     wheel = pip_download(base + "/simple/", "helper", tmp_path / "dl")

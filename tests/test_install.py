@@ -226,6 +226,7 @@ def test_a_failed_dependency_install_is_exit_14_with_pips_reason(
     assert "wf-dep" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.unit
 def test_the_help_example_and_printed_line_name_absolute_paths(local: Path) -> None:
     from wheelforge.cli._options import install_lines
 

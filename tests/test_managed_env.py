@@ -98,6 +98,7 @@ def test_a_false_flag_in_a_config_file_is_off() -> None:
     assert "--no-index" in pipconfig.to_uv({"no-index": "yes"}, []).args
 
 
+@pytest.mark.integration
 def test_the_installer_falls_back_to_pip_and_says_why(tmp_path: Path) -> None:
     env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
     assert pipconfig.read_pip_config(tmp_path / "no-python", environ=env) is None
@@ -155,6 +156,7 @@ def test_uv_and_pip_make_the_same_environment(tmp_path: Path,
     assert _inode_shared(made["uv"]) and not _inode_shared(made["pip"])
 
 
+@pytest.mark.integration
 def test_an_interpreter_is_inspected_once_per_command_until_it_changes(
         tmp_path: Path, uv: str) -> None:
     """buildenv.Inspections, as one `wheelforge build` of several recipes uses it: the
@@ -181,6 +183,7 @@ def test_an_interpreter_is_inspected_once_per_command_until_it_changes(
     assert seen.asked == 3
 
 
+@pytest.mark.integration
 def test_an_install_into_a_managed_environment_does_not_import_its_torch_again(
         tmp_path: Path, uv: str) -> None:
     """After managed_env installs a recipe's requirements (torch pinned), the environment's
@@ -208,6 +211,7 @@ def test_an_install_into_a_managed_environment_does_not_import_its_torch_again(
     assert seen.asked == asked
 
 
+@pytest.mark.integration
 def test_torch_is_read_from_its_version_file_or_imported(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """import_torch=False reads torch/version.py without importing torch (a torch whose

@@ -331,6 +331,7 @@ def test_cells_at_once_share_a_pool_that_the_deferred_cells_do_not_use(
     assert seen[2] == ("purea", False)
 
 
+@pytest.mark.unit
 def test_an_interrupted_run_still_writes_its_report(tmp_path: Path,
                                                     pure_book: RecipeBook) -> None:
     def interrupted(recipe: Recipe, config: BuildConfig, r: Reporter) -> pipeline.BuildResult:
@@ -385,6 +386,7 @@ def linked_files(index_dir: Path) -> set[str]:
     return out
 
 
+@pytest.mark.unit
 def test_prune_keeps_the_newest_per_project_and_channel_and_what_they_require(
         tmp_path: Path) -> None:
     idx = tmp_path / "index"
@@ -416,6 +418,7 @@ def test_prune_keeps_the_newest_per_project_and_channel_and_what_they_require(
     assert nightly.prune(idx, 1).removed == ()  # idempotent
 
 
+@pytest.mark.unit
 def test_plan_prune_is_pure_and_protects_transitively(tmp_path: Path) -> None:
     def rec(name: str, version: str, t: str, channel: str | None = None) -> index.WheelRecord:
         return index.WheelRecord(
@@ -435,6 +438,7 @@ def test_plan_prune_is_pure_and_protects_transitively(tmp_path: Path) -> None:
                                    ("c-1-py3-none-any.whl", "b-1-py3-none-any.whl")}
 
 
+@pytest.mark.unit
 def test_prune_rejects_keep_zero(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="at least 1"):
         nightly.prune(tmp_path, 0)
@@ -443,6 +447,7 @@ def test_prune_rejects_keep_zero(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- compile cache
 
 
+@pytest.mark.unit
 def test_compile_cache_switch() -> None:
     assert compilecache.backend({}) == "ccache"
     assert compilecache.backend({compilecache.ENV_SWITCH: "sccache"}) == "sccache"
@@ -451,6 +456,7 @@ def test_compile_cache_switch() -> None:
         compilecache.backend({compilecache.ENV_SWITCH: "distcc"})
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("backend", ["ccache", "sccache"])
 def test_cache_environment_routes_nvcc_and_cxx(tmp_path: Path, backend: str) -> None:
     bin_dir = tmp_path / "env" / "bin"
@@ -514,6 +520,7 @@ def test_an_sccache_session_makes_and_removes_its_short_socket_directory(
     assert not socket.parent.exists()
 
 
+@pytest.mark.unit
 def test_cache_environment_without_the_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                             ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -521,6 +528,7 @@ def test_cache_environment_without_the_tool(tmp_path: Path, monkeypatch: pytest.
         compilecache.cache_environment(tmp_path, tmp_path / "cache")
 
 
+@pytest.mark.unit
 def test_cache_statistics_are_parsed() -> None:
     log = ("# /w/src/csrc/bind.cpp\ndirect_cache_hit\nlocal_storage_hit\n"
            "# /w/src/csrc/add_one.cu\ncache_miss\nlocal_storage_miss\n"

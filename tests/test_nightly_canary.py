@@ -206,6 +206,7 @@ def test_the_canary_stack_check_in_scratch(
     assert all("0.2.0" not in p.read_text() for p in recorded)
 
 
+@pytest.mark.unit
 def test_an_unreachable_index_is_not_checked_and_the_night_goes_on(
         tmp_path: Path, pypi: tuple[str, dict[str, str]]) -> None:
     url, shas = pypi
@@ -219,6 +220,7 @@ def test_an_unreachable_index_is_not_checked_and_the_night_goes_on(
     assert report.results[0].status == "built" and not report.failed
 
 
+@pytest.mark.unit
 def test_up_to_date_and_no_canary_section(tmp_path: Path,
                                           pypi: tuple[str, dict[str, str]]) -> None:
     url, shas = pypi

@@ -115,6 +115,7 @@ def test_last_lines_are_the_logs_not_the_error_again(report: Path) -> None:
     assert "first error" not in box
 
 
+@pytest.mark.unit
 def test_a_failure_without_a_log_has_no_last_lines_box(tmp_path: Path) -> None:
     cell = nightly.CellResult(recipe="x", version=None, python="python3", torch="torch",
                               cuda="13.0", pip_args=(), archs="12.0", status="failed",
@@ -126,6 +127,7 @@ def test_a_failure_without_a_log_has_no_last_lines_box(tmp_path: Path) -> None:
     assert "recipe error: no recipe named" in page and "last lines" not in page
 
 
+@pytest.mark.unit
 def test_canaries_in_the_json_and_the_html_escaped(tmp_path: Path) -> None:
     canary = nightly.CanaryResult(
         recipe="mamba-ssm", pinned="2.3.0", version="2.4.0", state="failed", applies="no",

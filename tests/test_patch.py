@@ -55,6 +55,7 @@ def test_missing_file(tree: Path, tmp_path: Path) -> None:
         apply_series(tree, [p], project="demo")
 
 
+@pytest.mark.unit
 def test_hunks() -> None:
     text = "--- a/a.py\n+++ b/a.py\n@@ -1,2 +1,2 @@\n@@ -10 +10 @@\n--- a/b.py\n+++ b/b.py\n" \
            "@@ -7,3 +7,4 @@\n"

@@ -215,6 +215,7 @@ def test_rebase_of_an_sdist_recipe_needs_the_new_sdist(project: Path) -> None:
     assert "--sdist PATH_OR_URL --sha256 HEX" in res.stderr
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("text", "names", "want"), [
     ("a: 1\npatches: [x.patch]  # c\nbuild: 2\n", ["y.patch", "x.patch"],
      "a: 1\npatches: [y.patch, x.patch]  # c\nbuild: 2\n"),
@@ -228,6 +229,7 @@ def test_patches_list_edited_as_text(text: str, names: list[str], want: str) -> 
     assert set_patches(text, names, Path("r.yaml")) == want
 
 
+@pytest.mark.unit
 def test_patches_list_that_cannot_be_edited_as_text() -> None:
     with pytest.raises(RecipeError, match="cannot edit the patches: list") as exc:
         set_patches("patches: &a [x.patch]\nb: 1\n", ["y.patch"], Path("r.yaml"))

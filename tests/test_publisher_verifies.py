@@ -159,6 +159,7 @@ def test_a_malformed_wheel_name_is_a_verification_error(tmp_path: Path) -> None:
 # stages' host fields: tests/test_stage_signatures.py
 
 
+@pytest.mark.unit
 def test_the_index_verifies_what_any_caller_publishes(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "w", {"demo/__init__.py": "X = 1\n"}, name="demo")
     _tamper(wheel, "demo/__init__.py", b"X = 2\n")
@@ -170,6 +171,7 @@ def test_the_index_verifies_what_any_caller_publishes(tmp_path: Path) -> None:
         not list((tmp_path / "index" / "files").glob("*.whl"))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("change", "needle"), [
     ({"wheel": b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n"},
      "WHEEL says Tag cp311-cp311-linux_x86_64, the file name says py3-none-any"),

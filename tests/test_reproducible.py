@@ -48,6 +48,7 @@ def test_the_date_is_the_newest_member_of_the_source(tmp_path: Path) -> None:
         reproducible.MIN_EPOCH
 
 
+@pytest.mark.integration
 def test_a_git_archive_is_dated_by_its_commit(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -159,6 +160,7 @@ def test_the_umask_is_set_and_given_back(tmp_path: Path) -> None:
         os.umask(old)
 
 
+@pytest.mark.integration
 def test_nvcc_gets_objtemp_and_a_seed_when_it_knows_them(tmp_path: Path) -> None:
     fake = tmp_path / "nvcc"
     fake.write_text("#!/bin/sh\necho '--keep (-keep)'\n")

@@ -37,6 +37,7 @@ from wheelforge.builder.pipeline import BuildResult, Pending
 from wheelforge.errors import BuildError, ConfigError, SourceError
 
 
+@pytest.mark.unit
 def test_a_whole_compile_takes_its_slots_and_gives_them_back(tmp_path: Path) -> None:
     with jobserver.Pool(3, tmp_path) as pool:
         assert pool.free() == 3
@@ -355,6 +356,7 @@ def _config(tmp_path: Path):  # type: ignore[no-untyped-def]
                    work_dir=tmp_path / "work", jobs=4)
 
 
+@pytest.mark.unit
 def test_builds_run_at_once_and_wait_for_their_companions_only_where_needed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     book = companion_book(tmp_path)
@@ -373,6 +375,7 @@ def test_builds_run_at_once_and_wait_for_their_companions_only_where_needed(
     assert "3 builds at once (pureb, purea, purec), sharing 4 compile slot(s)" in out.getvalue()
 
 
+@pytest.mark.unit
 def test_a_failed_companion_stops_only_the_builds_that_need_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     book = companion_book(tmp_path)
@@ -389,6 +392,7 @@ def test_a_failed_companion_stops_only_the_builds_that_need_it(
     assert "  purec: published: purec-0.1.0+wf-py3-none-any.whl\n" in said
 
 
+@pytest.mark.unit
 def test_the_companion_error_a_dependent_raises(tmp_path: Path) -> None:
     book = companion_book(tmp_path)
     failing = scheduler._Build(scheduler.plan([book.load("pureb")], book, _config(tmp_path))[0])
@@ -401,6 +405,7 @@ def test_the_companion_error_a_dependent_raises(tmp_path: Path) -> None:
     assert waiting.blocked_by == "pureb"
 
 
+@pytest.mark.unit
 def test_one_build_runs_in_the_callers_thread_with_the_commands_pool(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One build needs no other thread.  One that compiles gets the command's pool all the
@@ -448,6 +453,7 @@ def test_ctrl_c_stops_the_commands_of_every_build(tmp_path: Path,
     assert _proc.run(["true"]).returncode == 0
 
 
+@pytest.mark.unit
 def test_builds_at_once_share_the_umask_and_give_the_callers_back(tmp_path: Path) -> None:
     caller = os.umask(0o077)
     try:
@@ -463,6 +469,7 @@ def test_builds_at_once_share_the_umask_and_give_the_callers_back(tmp_path: Path
         os.umask(caller)
 
 
+@pytest.mark.unit
 def test_one_live_line_per_running_build() -> None:
     out = FakeTty()
     reporter = Reporter(out)
@@ -481,6 +488,7 @@ def test_one_live_line_per_running_build() -> None:
     assert out.getvalue().endswith("\r\x1b[K")
 
 
+@pytest.mark.unit
 def test_backend_warnings_of_builds_at_once_go_to_each_builds_log(tmp_path: Path) -> None:
     """warnings.catch_warnings is one state for the process: two builds' backend warnings,
     raised in two threads, each reach that build's log, and the caller's warning set-up is
@@ -509,6 +517,7 @@ def test_backend_warnings_of_builds_at_once_go_to_each_builds_log(tmp_path: Path
     assert (list(warnings.filters), warnings.showwarning) == before
 
 
+@pytest.mark.unit
 def test_builds_at_once_can_be_turned_off(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     book = companion_book(tmp_path)
@@ -530,6 +539,7 @@ def test_builds_at_once_can_be_turned_off(tmp_path: Path,
         scheduler.at_once({scheduler.ENV: "sometimes"})
 
 
+@pytest.mark.unit
 def test_every_build_asks_its_environment_for_the_requirements_of_all(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The builds of one command share a managed environment: each asks it for the
@@ -742,6 +752,7 @@ def test_nvcc_through_the_pools_jobserver_writes_the_same_object_with_or_without
     assert objects[0] == objects[1]
 
 
+@pytest.mark.unit
 def test_a_pool_that_cannot_start_leaves_nothing_behind(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """(a full temporary directory): no pool directory, no lock held, the error raised."""

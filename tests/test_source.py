@@ -97,6 +97,7 @@ def repo(tmp_path: Path) -> tuple[Path, str, str]:
     return r, first, second
 
 
+@pytest.mark.integration
 def test_git_source_pinned_commit(tmp_path: Path, repo: tuple[Path, str, str]) -> None:
     url, first, _ = repo
     r = recipe_for(tmp_path, f"  - git: {{url: '{url}', commit: {first}, tag: v1.0}}")
@@ -106,6 +107,7 @@ def test_git_source_pinned_commit(tmp_path: Path, repo: tuple[Path, str, str]) -
     assert fetch(r, tmp_path / "cache", []).origin == "cache"
 
 
+@pytest.mark.integration
 def test_git_tag_cross_checked(tmp_path: Path, repo: tuple[Path, str, str]) -> None:
     url, _, second = repo
     r = recipe_for(tmp_path, f"  - git: {{url: '{url}', commit: {second}, tag: v1.0}}")
@@ -113,6 +115,7 @@ def test_git_tag_cross_checked(tmp_path: Path, repo: tuple[Path, str, str]) -> N
         fetch(r, tmp_path / "cache", [])
 
 
+@pytest.mark.integration
 def test_git_unknown_commit(tmp_path: Path, repo: tuple[Path, str, str]) -> None:
     url = repo[0]
     r = recipe_for(tmp_path, f"  - git: {{url: '{url}', commit: {'c' * 40}}}")
@@ -120,6 +123,7 @@ def test_git_unknown_commit(tmp_path: Path, repo: tuple[Path, str, str]) -> None
         fetch(r, tmp_path / "cache", [])
 
 
+@pytest.mark.integration
 def test_mirrors_tried_in_order(tmp_path: Path, repo: tuple[Path, str, str]) -> None:
     url, first, _ = repo
     sources = (sdist_entry("0" * 64, "http://127.0.0.1:9/demo-1.0.tar.gz") +

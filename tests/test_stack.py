@@ -143,6 +143,7 @@ def test_pip_resolves_the_dependencies_and_uv_writes_them_unless_told_pip(
     assert status.resolved == {"spoiler": "1.6"}
 
 
+@pytest.mark.unit
 def test_what_pip_lists_is_read_among_its_warnings_and_compared_as_versions() -> None:
     from wheelforge.consume.venv import _listed_versions, _same_version
 
@@ -155,6 +156,7 @@ def test_what_pip_lists_is_read_among_its_warnings_and_compared_as_versions() ->
     assert not _same_version(None, "1.0")
 
 
+@pytest.mark.unit
 def test_the_dry_runs_report_gives_names_versions_and_direct_urls_only() -> None:
     from wheelforge.consume.venv import _report_requirements
 
@@ -209,6 +211,7 @@ def test_an_unknown_channel_is_a_usage_error(tmp_path: Path) -> None:
     assert "has no channel 'cu999'" in res.stdout and "Traceback" not in res.stdout
 
 
+@pytest.mark.unit
 def test_pip_check_failures_break_the_stack(tmp_path: Path) -> None:
     """pip check's findings (a requirement an installed distribution does not meet) are a
     broken stack even when every import works (a fake pip check result: unit level)."""
@@ -226,6 +229,7 @@ def test_pip_check_failures_break_the_stack(tmp_path: Path) -> None:
     assert ok.state == "good" and ok.resolved == {"b": "1"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("dists, expected", [
     ({"mamba-ssm": {"requires": ["tilelang==0.1.8", "einops"]}, "fla-core": {"requires": []},
       "tilelang": {"requires": ["apache-tvm-ffi"]}}, ["mamba-ssm -> tilelang"]),
@@ -239,6 +243,7 @@ def test_requirement_chains(dists: dict[str, dict[str, object]], expected: list[
     assert stack.requirement_chains(dists, ["fla-core", "mamba-ssm"], "tilelang") == expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("text", [
     "", "[]", '{"schema": 1}', '{"schema": 1, "state": "great"}',
     '{"schema": 1, "state": "good", "channel": "../x"}',
@@ -250,6 +255,7 @@ def test_a_damaged_status_file_reads_as_never_checked(tmp_path: Path, text: str)
     assert health.read_status(tmp_path, None) is None
 
 
+@pytest.mark.unit
 def test_the_status_round_trips(tmp_path: Path) -> None:
     status = health.StackStatus(
         channel=None, state="broken", checked_at="2026-12-02T07:00:00Z", reason="r",
@@ -341,6 +347,7 @@ def test_a_build_whose_stack_breaks_stays_published_and_exits_13(tmp_path: Path)
     assert '<span class="bad">broken' in (tmp_path / "index" / "index.html").read_text()
 
 
+@pytest.mark.unit
 def test_recording_a_status_refreshes_the_landing_page_alone(tmp_path: Path) -> None:
     """index.record_stack writes the status and the landing page in one change under the
     index lock; the project pages (and every wheel) are left as they were; the status it

@@ -76,6 +76,7 @@ def test_torch_cuda_major_mismatch(tmp_path: Path) -> None:
     check_torch_cuda(cuda, "13.0", "2.14.1")
 
 
+@pytest.mark.unit
 def test_nothing_found_lists_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("wheelforge.builder.compiling.toolchain.STANDARD_PREFIXES",
                         (str(tmp_path / "std"),))
@@ -85,6 +86,7 @@ def test_nothing_found_lists_places(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert f"standard prefix: {tmp_path / 'std'}" in exc.value.why
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("var", ["CUDA_HOME", "CUDA_PATH"])
 @pytest.mark.parametrize(("make", "why"), [
     (lambda p: p / "nope", "does not exist"),

@@ -30,6 +30,7 @@ from wheelforge.recipe.format import RecipeBook
 BOOK = RecipeBook(REPO / "recipes", REPO / "patches")
 
 
+@pytest.mark.integration
 def test_read_from_a_real_ninja_log(tmp_path: Path) -> None:
     """A manifest as torch writes it (absolute paths, one build line per unit): the
     seconds ninja logged per unit, longest first, and the files a generated unit
@@ -155,6 +156,7 @@ def packer(recipe: str, request: pytest.FixtureRequest, tmp_path: Path,
     return setup_py_function(tree, function, **scope), headers, cost
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("recipe", sorted(CASES))
 def test_the_units_are_the_same_whatever_the_machine_built_before(
         recipe: str, request: pytest.FixtureRequest, tmp_path: Path,

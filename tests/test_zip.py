@@ -75,6 +75,7 @@ def test_a_large_member_is_one_valid_stream_whatever_the_cores(
     assert abs(zi.compress_size - one) < 100 * (len(data) // _zip.CHUNK + 1)
 
 
+@pytest.mark.integration
 def test_pip_installs_a_wheel_whose_large_member_was_deflated_on_threads(
         tmp_path: Path) -> None:
     """pip unpacks the member and checks it against RECORD.  (--no-deps --target: what
