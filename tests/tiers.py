@@ -104,6 +104,20 @@ MODULES: dict[str, str] = {
     "test_nvcc_steps.py": "e2e",
     "test_oom.py": "e2e",
     "test_ray_cluster.py": "e2e",
+    # added with issues 51-53 (the guard ran over the unit ones)
+    "test_house.py": "unit",  # the source read with ast
+    "test_nvcc_defaults.py": "integration",  # a stand-in nvcc --help
+    "test_nvcc_steps_quotes.py": "unit",
+    "test_publisher_rules.py": "integration",  # wheels made in-process, the publish command
+    "test_reader_fuzz.py": "unit",  # hypothesis over the readers
+    "test_stage_paths.py": "integration",  # the publish command
+    "test_hostile_index.py": "integration",  # the commands against a hostile server
+    "test_install_refusals.py": "integration",  # real pip and venvs
+    "test_patch_doors.py": "integration",  # git
+    "test_proc_timeouts.py": "integration",  # children that hang, close, ignore SIGTERM
+    "test_says_what_it_does.py": "integration",  # serve, Chromium, shells
+    "test_stack_skip.py": "integration",  # a real stack check's venv
+    "test_stage_signatures.py": "integration",  # ssh-keygen
 }
 
 
