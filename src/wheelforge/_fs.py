@@ -261,8 +261,9 @@ def holder_text() -> str:
     and its whole command line (quoted as a shell would need it)."""
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     command = shlex.join(["wheelforge", *sys.argv[1:]])
-    text = f"pid {os.getpid()} since {since}: {command}"
-    return text if len(text) <= HOLDER_MAX else text[:HOLDER_MAX - 3] + "..."
+    if len(command) > HOLDER_MAX:
+        command = command[:HOLDER_MAX - 3] + "..."
+    return f"pid {os.getpid()} ({command}) since {since}"
 
 
 @contextlib.contextmanager
@@ -330,7 +331,7 @@ def lock_holder(path: Path) -> str:
         if st.st_uid != os.geteuid():
             return (f"an unknown process (its lock file belongs to uid {st.st_uid}, not to "
                     "you: what it says is not trusted)")
-        data = os.read(fd, HOLDER_MAX)
+        data = os.read(fd, HOLDER_MAX + 256)
     except OSError:
         return "an unknown process (its lock file cannot be read)"
     finally:
