@@ -27,6 +27,7 @@ import pytest
 from conftest import IN_CI
 from wheelforge import _fs, workdirs
 from wheelforge.builder.artifact import reproducible
+from wheelforge.builder.env import envlock
 from wheelforge.errors import ConfigError, ToolchainError
 
 OTHER = 4242  # the attacker: a uid with no account
@@ -431,3 +432,29 @@ def test_a_run_claim_is_the_mark_clean_needs(tmp_path: Path) -> None:
     t.join(10)
     swept = workdirs.sweep([(tmp_path, "*")])
     assert not d.exists() and [p for p, _ in swept.removed] == [d]
+
+
+USE_HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_SH)
+print("held", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_build_environments_user_is_named_with_its_whole_command(tmp_path: Path) -> None:
+    """An install waiting for another process's build names it from /proc (the kernel's
+    word, not a file's): the whole command line, not its first two words."""
+    use = tmp_path / "env.use"
+    holder = subprocess.Popen([sys.executable, "-c", USE_HOLDER, str(use), "wheelforge",
+                               "build", "causal-conv1d", "--arch", "12.0", "--python",
+                               "/opt/a venv/bin/python"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert envlock.others(use) == [
+            f"pid {holder.pid} (wheelforge build causal-conv1d --arch 12.0 --python "
+            "'/opt/a venv/bin/python')"]
+    finally:
+        holder.kill()
+        holder.wait()

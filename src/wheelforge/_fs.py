@@ -311,7 +311,7 @@ def owned_lock(path: Path, *, wait: bool = True,
         os.close(fd)
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with control characters (a terminal's escapes among them) shown as ``?``."""
     return "".join(c if c.isprintable() else "?" for c in text)
 
@@ -336,7 +336,7 @@ def lock_holder(path: Path) -> str:
         return "an unknown process (its lock file cannot be read)"
     finally:
         os.close(fd)
-    text = _printable(data.decode("utf-8", "replace").strip())
+    text = printable(data.decode("utf-8", "replace").strip())
     return text or "another process (it has not written who it is yet)"
 
 
