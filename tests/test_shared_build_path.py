@@ -458,3 +458,27 @@ def test_a_build_environments_user_is_named_with_its_whole_command(tmp_path: Pat
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_build_of_this_command_waiting_for_another_says_so_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nightly's cells of one recipe version in threads of one process: the second
+    says whom it waits for at once and again while it waits."""
+    monkeypatch.setattr(_fs, "WAIT_REPORT_S", 0.3)
+    root = tmp_path / "r"
+    inside = threading.Event()
+    said: list[str] = []
+
+    def second() -> None:
+        inside.wait(10)
+        with reproducible.fixed_paths("p-1.0", root=root, on_busy=said.append):
+            pass
+
+    t = threading.Thread(target=second)
+    t.start()
+    with reproducible.fixed_paths("p-1.0", root=root):
+        inside.set()
+        time.sleep(1.6)
+    t.join(10)
+    assert len(said) >= 3 and said[0] == f"another build of this command (pid {os.getpid()})"
+    assert said[-1].endswith("s so far")

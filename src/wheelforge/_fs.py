@@ -17,6 +17,7 @@ from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from . import _proc
 from .errors import ConfigError
 
 TMP_PREFIX = ".wf-tmp-"
@@ -253,7 +254,7 @@ def _wait_for(fd: int, path: Path, on_busy: Callable[[str], None] | None) -> Non
             holder = lock_holder(path)
             on_busy(holder if waited < 1 else f"{holder}; waiting {_duration(waited)} so far")
             report = now + WAIT_REPORT_S
-        time.sleep(0.1)
+        _proc.pause(0.1)  # Ctrl-C, SIGTERM, --timeout: the wait ends with the command
 
 
 def holder_text() -> str:

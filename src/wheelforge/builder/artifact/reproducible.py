@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import _proc
+from ... import _fs, _proc
 from ..._fs import owned_lock
 from ...errors import SourceError, ToolchainError
 from ..compiling.toolchain import nvcc_help
@@ -285,12 +285,16 @@ def _in_this_process(path: Path, on_busy: Callable[[str], None] | None) -> Itera
     one recipe version take turns).  The file lock cannot tell them apart: it is
     re-entrant within a process, so that the nightly's key lock may be taken again by
     the build it runs."""
+    holder = f"another build of this command (pid {os.getpid()})"
+    start = report = time.monotonic()
     with _TAKEN_CHANGED:
-        if path in _TAKEN and on_busy is not None:
-            on_busy(f"another build of this command (pid {os.getpid()})")
         while path in _TAKEN:
             if _proc.stopping():
                 raise KeyboardInterrupt
+            if on_busy is not None and time.monotonic() >= report:  # at once, then again
+                waited = time.monotonic() - start
+                on_busy(holder + (f"; waiting {waited:.0f}s so far" if waited >= 1 else ""))
+                report = time.monotonic() + _fs.WAIT_REPORT_S
             _TAKEN_CHANGED.wait(0.2)
         _TAKEN.add(path)
     try:
