@@ -482,3 +482,15 @@ def test_a_build_of_this_command_waiting_for_another_says_so_again(
     t.join(10)
     assert len(said) >= 3 and said[0] == f"another build of this command (pid {os.getpid()})"
     assert said[-1].endswith("s so far")
+
+
+def test_another_users_unreadable_lock_is_a_clear_error(shared: Path) -> None:
+    lock = shared / "k.lock"
+    as_user(OTHER, "sh", "-c", f"umask 077 && : > {lock}")
+    done = as_user_py(SECOND, "import sys\nfrom pathlib import Path\nfrom wheelforge import _fs\n"
+                      "try:\n    with _fs.owned_lock(Path(sys.argv[1])): pass\n"
+                      "except Exception as exc:\n    print(exc.render()); sys.exit(3)\n",
+                      str(lock))
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"config error: cannot open the lock file {lock}" in done.stdout
+    assert "fix: run as the user who owns it" in done.stdout

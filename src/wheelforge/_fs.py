@@ -182,6 +182,12 @@ def open_lock(path: Path, *, create: bool = True) -> tuple[int, bool]:
         if exc.errno == errno.ELOOP:
             raise _refuse_lock(path, "it is a symbolic link: a lock is never opened through "
                                      "one") from None
+        if isinstance(exc, PermissionError):
+            raise ConfigError(f"cannot open the lock file {path}",
+                              why=f"{exc.strerror}: another user's file, or in another user's "
+                                  "directory",
+                              fix="run as the user who owns it, or give this run a directory "
+                                  "of its own (--cache-dir, --index)") from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
