@@ -7,6 +7,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import pwd
 import secrets
 import shlex
 import shutil
@@ -316,6 +317,14 @@ def owned_lock(path: Path, *, wait: bool = True,
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def user_name(uid: int) -> str:
+    """``uid`` as a person reads it: "alice (uid 1000)", or "uid 1000" without an account."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def printable(text: str) -> str:

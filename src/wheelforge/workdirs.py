@@ -18,14 +18,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import pwd
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._fs import lock_holder, open_lock, owned_lock
+from ._fs import lock_holder, open_lock, owned_lock, user_name
 from .errors import ConfigError
 
 #: the lock file a run holds inside its scratch directory (and the mark that wheelforge
@@ -43,7 +42,7 @@ def claim(directory: Path) -> Iterator[None]:
 @dataclass(frozen=True)
 class Swept:
     removed: tuple[tuple[Path, int], ...]  # (directory, bytes)
-    kept: tuple[tuple[Path, str], ...]  # (directory, why: in use by ..., too recent)
+    kept: tuple[tuple[Path, str], ...]  # (directory, why: in use by ..., not yours)
 
 
 def _size(path: Path) -> int:
@@ -55,13 +54,6 @@ def _size(path: Path) -> int:
     return total
 
 
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def unsafe_parent(parent: Path) -> str | None:
     """Why ``parent`` is no place to remove directories from (another user may swap its
     entries between the check and the removal), or None."""
@@ -70,7 +62,7 @@ def unsafe_parent(parent: Path) -> str | None:
     except OSError:
         return None  # nothing there: nothing to sweep
     if st.st_uid not in (0, os.geteuid()):
-        return f"it belongs to {_user(st.st_uid)}, not you"
+        return f"it belongs to {user_name(st.st_uid)}, not you"
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         return (f"other users may write it and it is not sticky (mode "
                 f"{stat.S_IMODE(st.st_mode):04o})")
@@ -83,7 +75,7 @@ def _not_ours(child: Path) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory (a link is never followed)"
     if st.st_uid != os.geteuid():
-        return f"it belongs to {_user(st.st_uid)}: wheelforge removes only your own"
+        return f"it belongs to {user_name(st.st_uid)}: wheelforge removes only your own"
     try:
         lock = os.lstat(child / RUN_LOCK)
     except FileNotFoundError:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import calendar
 import contextlib
 import os
-import pwd
 import shutil
 import stat
 import tarfile
@@ -57,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import _fs, _proc
-from ..._fs import owned_lock
+from ..._fs import owned_lock, user_name
 from ...errors import SourceError, ToolchainError
 from ..compiling.toolchain import nvcc_help
 
@@ -197,13 +196,6 @@ class FixedPaths:
                 shutil.move(self.src, work / "src")
 
 
-def _user(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _refuse(path: Path, what: str, why: str, fix: str) -> ToolchainError:
     return ToolchainError(f"the build root {path} {what}", why=why, fix=fix)
 
@@ -215,7 +207,7 @@ def _check_parents(root: Path) -> None:
     for directory in (*reversed(real.parents), real):
         st = os.lstat(directory)
         if st.st_uid not in (0, os.geteuid()):
-            raise _refuse(root, f"is under {directory}, which belongs to {_user(st.st_uid)}",
+            raise _refuse(root, f"is under {directory}, which belongs to {user_name(st.st_uid)}",
                           why="its owner could replace the build root, and with it the "
                               "source that is compiled and published",
                           fix=f"build where every directory above the build root is root's "
@@ -243,7 +235,7 @@ def private_root(root: Path) -> None:
                           "never follows a link someone else may have put in its place",
                       fix=f"remove {root}, then build again")
     if st.st_uid != os.geteuid():
-        raise _refuse(root, f"belongs to {_user(st.st_uid)}, not to you",
+        raise _refuse(root, f"belongs to {user_name(st.st_uid)}, not to you",
                       why="another user made it first: they could change the source under "
                           "your build (your build would run and publish their code) or hold "
                           "its locks",
