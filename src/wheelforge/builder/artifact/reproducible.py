@@ -61,12 +61,12 @@ from ...errors import SourceError, ToolchainError
 from ..compiling.toolchain import nvcc_help
 
 __all__ = ["BUILD_ROOT", "BUILD_ROOT_PREFIX", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED",
-           "SCHEME", "UMASK",
-           "FixedPaths", "build_root", "describe_epoch", "fixed_paths", "nvcc_flags",
-           "private_root", "source_date_epoch", "umask"]
+           "SCHEME", "UMASK", "FixedPaths", "build_root", "describe_epoch", "fixed_paths",
+           "nvcc_flags", "private_root", "source_date_epoch", "umask"]
 
 #: How a wheel is made reproducible; part of the build key: wheels built before (at
-#: per-run paths, dated at build time) are another binary, rebuilt once.
+#: per-run paths, dated at build time; at the shared /tmp/wheelforge-build before
+#: fixed-paths-4) are another binary, rebuilt once.
 SCHEME = "fixed-paths-4"
 #: Where builders compile, ``/tmp/wheelforge-build-UID``: the same path on every machine
 #: for one user id, so the same bytes; a directory of that user's alone (mode 0700), so
@@ -224,7 +224,8 @@ def _check_parents(root: Path) -> None:
 def private_root(root: Path) -> None:
     """``root`` as a directory of this user's that no other user may enter (made 0700 when
     missing), under parents that no other user may rearrange; a link there, another
-    user's directory, or one others may read or write is refused with what to do."""
+    user's directory, or one others may write is refused with what to do (one of this
+    user's that others may only read is made 0700)."""
     _check_parents(root)
     with contextlib.suppress(FileExistsError):
         os.mkdir(root, 0o700)
