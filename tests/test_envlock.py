@@ -272,7 +272,9 @@ def test_another_commands_install_waits_for_a_running_build(tmp_path: Path) -> N
                     pytest.fail("the second command did not wait:\n" + "".join(said)[-3000:])
                 said.append(line)
             assert (f"another wheelforge process is building with it (pid {first.pid} "
-                    "(wheelforge build slowpure))") in said[-1]
+                    f"(wheelforge build slowpure --no-stack-check --recipes {tmp_path}/recipes "
+                    f"--sources {tmp_path}/sdists ") in said[-1]  # the whole command
+            assert f"--work-dir {tmp_path}/work-slowpure))" in said[-1]
             time.sleep(3)  # it keeps waiting
             assert second.poll() is None and not (control / "changed-under-me").exists()
         finally:

@@ -69,7 +69,7 @@ def test_fixed_paths_are_held_emptied_and_removed(tmp_path: Path) -> None:
     root = tmp_path / "build-root"
     with reproducible.fixed_paths("p-1.0", root=root) as fixed:
         assert fixed.root == root / "p-1.0" and fixed.src == root / "p-1.0" / "src"
-        assert oct(root.stat().st_mode & 0o7777) == "0o1777"  # shared, like /tmp
+        assert oct(root.stat().st_mode & 0o7777) == "0o700"  # the user's alone
         fixed.src.mkdir()
         (fixed.src / "left").write_text("by a killed build")
     assert not (root / "p-1.0").exists()

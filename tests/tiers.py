@@ -118,6 +118,7 @@ MODULES: dict[str, str] = {
     "test_says_what_it_does.py": "integration",  # serve, Chromium, shells
     "test_stack_skip.py": "integration",  # a real stack check's venv
     "test_stage_signatures.py": "integration",  # ssh-keygen
+    "test_shared_build_path.py": "integration",  # a second user through setpriv
 }
 
 

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
+import pwd
 import secrets
+import shlex
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from . import _proc
+from .errors import ConfigError
 
 TMP_PREFIX = ".wf-tmp-"
 
@@ -139,11 +146,63 @@ def atomic_copy(src: Path, dest: Path) -> None:
         shutil.copyfileobj(inp, out, 1 << 20)
 
 
+#: how often a process waiting for an :func:`owned_lock` says again whom it waits for
+WAIT_REPORT_S = 30.0
+#: the most of a holder's command line written into (and read back from) its lock file
+HOLDER_MAX = 8192
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _refuse_lock(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"refusing the lock file {path}", why=why,
+                       fix=f"remove {path} (it is not one wheelforge made: look at who put it "
+                           "there), then run the command again")
+
+
+def open_lock(path: Path, *, create: bool = True) -> tuple[int, bool]:
+    """Open the lock file ``path`` without following a link, creating it (0644, with
+    O_EXCL) when ``create`` and it is missing; return the descriptor and whether the file
+    is this user's (only then may its holder text be written or trusted).
+
+    A link, a FIFO, a device or a file with a second hard link at ``path`` is refused
+    (:class:`ConfigError`): in a directory others can write, each is a way to make this
+    process write where someone else points it.  Another user's lock file is opened
+    read-only when writing it is refused: it can be waited for, never written."""
+    fd = -1
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    try:
+        if fd < 0:
+            try:
+                fd = os.open(path, os.O_RDWR | _NOFOLLOW)
+            except PermissionError:
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse_lock(path, "it is a symbolic link: a lock is never opened through "
+                                     "one") from None
+        if isinstance(exc, PermissionError):
+            raise ConfigError(f"cannot open the lock file {path}",
+                              why=f"{exc.strerror}: another user's file, or in another user's "
+                                  "directory",
+                              fix="run as the user who owns it, or give this run a directory "
+                                  "of its own (--cache-dir, --index)") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise _refuse_lock(path, "it is not a plain file with one name (a FIFO, a device or "
+                                 "a hard link to another file)")
+    return fd, st.st_uid == os.geteuid()
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created if missing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold an exclusive advisory lock on ``path`` (created if missing; never through a
+    link, never written)."""
+    fd, _mine = open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -159,7 +218,7 @@ def try_locked(path: Path, *, wait: bool) -> Iterator[bool]:
         with locked(path):
             yield True
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd, _mine = open_lock(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -177,18 +236,58 @@ def try_locked(path: Path, *, wait: bool) -> Iterator[bool]:
 _HELD: dict[str, int] = {}  # the owned locks this process holds: real path -> depth
 
 
+def _took(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+def _wait_for(fd: int, path: Path, on_busy: Callable[[str], None] | None) -> None:
+    """Take the lock on ``fd`` once its holder lets go, saying whom it waits for at once
+    and every :data:`WAIT_REPORT_S` seconds (the holder may change while it waits)."""
+    start = time.monotonic()
+    report = start
+    while not _took(fd):
+        now = time.monotonic()
+        if on_busy is not None and now >= report:
+            waited = now - start
+            holder = lock_holder(path)
+            on_busy(holder if waited < 1 else f"{holder}; waiting {_duration(waited)} so far")
+            report = now + WAIT_REPORT_S
+        _proc.pause(0.1)  # Ctrl-C, SIGTERM, --timeout: the wait ends with the command
+
+
+def holder_text() -> str:
+    """What this process writes about itself into a lock it holds: its pid, since when,
+    and its whole command line (quoted as a shell would need it)."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    command = shlex.join(["wheelforge", *sys.argv[1:]])
+    if len(command) > HOLDER_MAX:
+        command = command[:HOLDER_MAX - 3] + "..."
+    return f"pid {os.getpid()} ({command}) since {since}"
+
+
 @contextlib.contextmanager
 def owned_lock(path: Path, *, wait: bool = True,
                on_busy: Callable[[str], None] | None = None) -> Iterator[bool]:
     """Hold an exclusive lock on ``path`` that says who holds it; yield True once held.
 
-    The holder writes its pid, start time and command line into the file, so that a
-    process that has to wait can say whom it waits for: ``on_busy`` gets that text
-    before the wait.  ``wait=False`` yields False at once when another process holds
-    it.  Re-entrant within a process (the nightly holds a build key's lock while the
-    build it runs takes the same lock).
+    The holder writes its pid, start time and whole command line into the file (when the
+    file is its own user's: another user's is never written), so that a process that has
+    to wait can say whom it waits for: ``on_busy`` gets that text at once and again every
+    :data:`WAIT_REPORT_S` seconds of the wait.  ``wait=False`` yields False at once when
+    another process holds it.  The file is opened as :func:`open_lock` says (never
+    through a link).  Re-entrant within a process (the nightly holds a build key's lock
+    while the build it runs takes the same lock).
     """
-    real = os.path.realpath(path)
+    real = os.path.join(os.path.realpath(path.parent), path.name)
     if _HELD.get(real):
         _HELD[real] += 1
         try:
@@ -196,44 +295,65 @@ def owned_lock(path: Path, *, wait: bool = True,
         finally:
             _HELD[real] -= 1
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd, mine = open_lock(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _took(fd):
             if not wait:
                 yield False
                 return
-            if on_busy is not None:
-                on_busy(lock_holder(path))
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        command = " ".join(["wheelforge", *sys.argv[1:3]])
-        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        holder = f"pid {os.getpid()} ({command}) since {since}"
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, holder.encode(), 0)
+            _wait_for(fd, path, on_busy)
+        if mine:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder_text().encode("utf-8", "replace"), 0)
         _HELD[real] = 1
         try:
             yield True
         finally:
             del _HELD[real]
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+            if mine:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
 
-def lock_holder(path: Path) -> str:
-    """What the holder of an :func:`owned_lock` wrote about itself ("another process"
-    when it wrote nothing readable)."""
+def user_name(uid: int) -> str:
+    """``uid`` as a person reads it: "alice (uid 1000)", or "uid 1000" without an account."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (a terminal's escapes among them) shown as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds an :func:`owned_lock`, as its holder wrote it: trusted only from a plain
+    file of this user's (read without following a link); otherwise the holder is
+    unknown, and the text says why."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except OSError:
-        text = ""
-    return text or "another process"
+        return "an unknown process (its lock file cannot be read)"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "an unknown process (its lock file is not a plain file)"
+        if st.st_uid != os.geteuid():
+            return (f"an unknown process (its lock file belongs to uid {st.st_uid}, not to "
+                    "you: what it says is not trusted)")
+        data = os.read(fd, HOLDER_MAX + 256)
+    except OSError:
+        return "an unknown process (its lock file cannot be read)"
+    finally:
+        os.close(fd)
+    text = printable(data.decode("utf-8", "replace").strip())
+    return text or "another process (it has not written who it is yet)"
 
 
 def sweep_temp_files(directory: Path, *, skip: Container[str] = ()) -> int:

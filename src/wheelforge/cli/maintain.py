@@ -292,8 +292,10 @@ def clean(cache_dir: Path | None, work_dir: Path | None, dry_run: bool) -> None:
     """Remove what failed, stopped or killed runs left: build work directories (kept for
     reading after a failure), stack-check venvs and the compile-slot pools of killed
     commands (TMPDIR/wheelforge-jobs-*, or /tmp's where TMPDIR is too deep for their
-    socket). A directory a running wheelforge holds is never touched. Sources, build
-    environments, the compile cache and logs stay.
+    socket). A directory a running wheelforge holds is never touched, nor one wheelforge
+    cannot prove it made: only your own directories marked by your run lock go (another
+    user's, or one without the lock, is kept and named). No link is followed and
+    --dry-run writes nothing. Sources, build environments, the compile cache and logs stay.
 
     \b
     Examples:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import threading
 import time
@@ -121,8 +122,10 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
                                          f"[{item[0] + 1}/{len(todo)}] {item[1].cell.label}")]
         for i, plan in deferred:
             assert plan.key is not None
-            reporter.info(f"[{i + 1}/{len(todo)}] {plan.cell.label}: waiting for the other run")
-            with owned_lock(lock_path(settings.cache_dir, plan.key)):
+            where = f"[{i + 1}/{len(todo)}] {plan.cell.label}"
+            reporter.info(f"{where}: waiting for the other run")
+            with owned_lock(lock_path(settings.cache_dir, plan.key),  # says whom, and again
+                            on_busy=functools.partial(_other_run, reporter, where)):
                 _build_and_record(state, i, plan, (results, began))
         stacks = check_night(settings, book, list(results.values()), reporter)
         # last, never publishing: a canary's failure is reported, the night's status stays
@@ -157,6 +160,10 @@ def run(matrix: Matrix, book: RecipeBook, settings: Settings, *, reporter: Repor
         record_durations(settings.cache_dir, [(todo[i], r.duration_s) for i, r in
                                               results.items() if r.status == "built"])
     return report
+
+
+def _other_run(reporter: Reporter, where: str, holder: str) -> None:
+    reporter.info(f"{where}: the other run is {holder}")
 
 
 #: the results of a run's cells, and the cells that began building (their plan, when)

@@ -13,9 +13,12 @@ What varies between two builds of one key, and what fixes it (docs/reproducible.
   not per build key: a key that changes only ``setup.py`` (another patch) compiles its
   units with the same command lines, so the compile cache serves them, and what it
   serves is byte for byte what the compiler would write there (no base-directory
-  rewriting).  The directory is held under a lock (two builds of one recipe version on
-  one machine, or in one command, take turns) and removed at the end of the build;
-  after a failure the tree is moved into the kept work directory first.
+  rewriting).  The directory is held under a lock (two builds of one recipe version by
+  one user, or in one command, take turns) and removed at the end of the build;
+  after a failure the tree is moved into the kept work directory first.  ``BUILD_ROOT``
+  is ``/tmp/wheelforge-build-UID``: the user's own (0700, under parents no other user may
+  rearrange), so no other user can enter, block or read a build; the price is that
+  builders agree byte for byte only when they run under the same user id.
 * **The date.**  ``SOURCE_DATE_EPOCH`` is the newest member date of the source archive
   (an sdist's files; a git archive's members carry the commit time), whatever the
   environment says; setuptools/wheel date the zip members from it, the SBOM too.
@@ -52,20 +55,32 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import _proc
-from ..._fs import owned_lock
+from ... import _fs, _proc
+from ..._fs import owned_lock, user_name
 from ...errors import SourceError, ToolchainError
 from ..compiling.toolchain import nvcc_help
 
-__all__ = ["BUILD_ROOT", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED", "SCHEME", "UMASK",
-           "FixedPaths", "describe_epoch", "fixed_paths", "nvcc_flags", "source_date_epoch",
-           "umask"]
+__all__ = ["BUILD_ROOT", "BUILD_ROOT_PREFIX", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC_RANDOM_SEED",
+           "SCHEME", "UMASK", "FixedPaths", "build_root", "describe_epoch", "fixed_paths",
+           "nvcc_flags", "private_root", "source_date_epoch", "umask"]
 
 #: How a wheel is made reproducible; part of the build key: wheels built before (at
-#: per-run paths, dated at build time) are another binary, rebuilt once.
-SCHEME = "fixed-paths-3"
-#: Where every builder compiles: the same path on every machine, so the same bytes.
-BUILD_ROOT = Path("/tmp/wheelforge-build")
+#: per-run paths, dated at build time; at the shared /tmp/wheelforge-build before
+#: fixed-paths-4) are another binary, rebuilt once.
+SCHEME = "fixed-paths-4"
+#: Where builders compile, ``/tmp/wheelforge-build-UID``: the same path on every machine
+#: for one user id, so the same bytes; a directory of that user's alone (mode 0700), so
+#: that no other user of the machine can enter, block or read a build.
+BUILD_ROOT_PREFIX = "/tmp/wheelforge-build-"
+
+
+def build_root(uid: int | None = None) -> Path:
+    """The build root of user ``uid`` (this process's effective one by default)."""
+    return Path(f"{BUILD_ROOT_PREFIX}{os.geteuid() if uid is None else uid}")
+
+
+#: This process's build root (:func:`build_root`).
+BUILD_ROOT = build_root()
 #: The umask of the compile (bdist_wheel records the permission bits it leaves).
 UMASK = 0o022
 #: 1980-01-01: a zip member cannot be dated earlier.
@@ -181,6 +196,61 @@ class FixedPaths:
                 shutil.move(self.src, work / "src")
 
 
+def _refuse(path: Path, what: str, why: str, fix: str) -> ToolchainError:
+    return ToolchainError(f"the build root {path} {what}", why=why, fix=fix)
+
+
+def _check_parents(root: Path) -> None:
+    """Every directory above ``root`` is root's or this user's, and one that others may
+    write is sticky (as /tmp is): else another user could swap ``root`` under the build."""
+    real = Path(os.path.realpath(root.parent))
+    for directory in (*reversed(real.parents), real):
+        st = os.lstat(directory)
+        if st.st_uid not in (0, os.geteuid()):
+            raise _refuse(root, f"is under {directory}, which belongs to {user_name(st.st_uid)}",
+                          why="its owner could replace the build root, and with it the "
+                              "source that is compiled and published",
+                          fix=f"build where every directory above the build root is root's "
+                              f"or yours (the default is {build_root()})")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise _refuse(root, f"is under {directory}, which other users may write and "
+                                f"which is not sticky (mode {stat.S_IMODE(st.st_mode):04o})",
+                          why="any user could rename the build root away and put their own "
+                              "in its place",
+                          fix=f"make {directory} sticky (chmod +t {directory}) or not "
+                              "writable by others")
+
+
+def private_root(root: Path) -> None:
+    """``root`` as a directory of this user's that no other user may enter (made 0700 when
+    missing), under parents that no other user may rearrange; a link there, another
+    user's directory, or one others may write is refused with what to do (one of this
+    user's that others may only read is made 0700)."""
+    _check_parents(root)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(root, 0o700)
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise _refuse(root, "is not a directory (a link or a file is there)",
+                      why="wheelforge compiles in a private directory it makes there; it "
+                          "never follows a link someone else may have put in its place",
+                      fix=f"remove {root}, then build again")
+    if st.st_uid != os.geteuid():
+        raise _refuse(root, f"belongs to {user_name(st.st_uid)}, not to you",
+                      why="another user made it first: they could change the source under "
+                          "your build (your build would run and publish their code) or hold "
+                          "its locks",
+                      fix=f"have it removed (as root: rm -rf {root}); wheelforge makes it "
+                          "again, mode 0700")
+    if st.st_mode & 0o022:
+        raise _refuse(root, f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})",
+                      why="other users could have put their own files in it, or change the "
+                          "source being built",
+                      fix=f"remove {root} (it is made again, mode 0700), then build again")
+    if st.st_mode & 0o077:
+        os.chmod(root, 0o700)  # readable by others: no longer (nothing can be in it of theirs)
+
+
 def _own_directory(path: Path, mode: int) -> None:
     """``path`` as a directory (made with ``mode`` if missing); a link or another user's
     directory there is refused: the build must not write where someone else points it."""
@@ -190,12 +260,12 @@ def _own_directory(path: Path, mode: int) -> None:
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or (mode != 0o1777 and st.st_uid != os.getuid()):
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise ToolchainError(
             f"the fixed build path {path} is not a directory of this user",
             why="wheelforge compiles every recipe version at a fixed path, so that two builders "
                 "produce the same bytes; something else is there",
-            fix=f"remove {path} (or ask its owner to), then build again")
+            fix=f"remove {path}, then build again")
 
 
 _TAKEN: set[Path] = set()  # the fixed paths that builds of this process hold
@@ -208,12 +278,16 @@ def _in_this_process(path: Path, on_busy: Callable[[str], None] | None) -> Itera
     one recipe version take turns).  The file lock cannot tell them apart: it is
     re-entrant within a process, so that the nightly's key lock may be taken again by
     the build it runs."""
+    holder = f"another build of this command (pid {os.getpid()})"
+    start = report = time.monotonic()
     with _TAKEN_CHANGED:
-        if path in _TAKEN and on_busy is not None:
-            on_busy(f"another build of this command (pid {os.getpid()})")
         while path in _TAKEN:
             if _proc.stopping():
                 raise KeyboardInterrupt
+            if on_busy is not None and time.monotonic() >= report:  # at once, then again
+                waited = time.monotonic() - start
+                on_busy(holder + (f"; waiting {waited:.0f}s so far" if waited >= 1 else ""))
+                report = time.monotonic() + _fs.WAIT_REPORT_S
             _TAKEN_CHANGED.wait(0.2)
         _TAKEN.add(path)
     try:
@@ -225,13 +299,15 @@ def _in_this_process(path: Path, on_busy: Callable[[str], None] | None) -> Itera
 
 
 @contextlib.contextmanager
-def fixed_paths(slot: str, root: Path = BUILD_ROOT,
+def fixed_paths(slot: str, root: Path | None = None,
                 on_busy: Callable[[str], None] | None = None) -> Iterator[FixedPaths]:
     """Hold ``ROOT/SLOT`` (``NAME-VERSION``) for this build: locked, emptied, removed at
-    the end (:meth:`FixedPaths.keep` saves the tree of a failed build first)."""
+    the end (:meth:`FixedPaths.keep` saves the tree of a failed build first).  ``ROOT``
+    (:func:`build_root` unless given) is this user's alone: :func:`private_root`."""
     if not slot or "/" in slot or slot.startswith("."):
         raise ValueError(f"not a fixed build path name: {slot!r}")
-    _own_directory(root, 0o1777)  # shared by the machine's users, like /tmp
+    root = build_root() if root is None else root
+    private_root(root)  # no other user can enter, block or read it
     here = FixedPaths(root / slot)
     with _in_this_process(here.root, on_busy), owned_lock(root / f"{slot}.lock",
                                                           on_busy=on_busy):

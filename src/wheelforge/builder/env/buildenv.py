@@ -306,7 +306,7 @@ def managed_env(
     root = cache_dir / "envs" / key
     lock = cache_dir / "envs" / f"{key}.lock"  # who creates or changes it, one at a time
     use = cache_dir / "envs" / f"{key}.use"  # who builds with it (builder/env/envlock.py)
-    waited = 0.0
+    waited = said_at = 0.0
     while True:
         with locked(lock):
             env: BuildEnv | None = None
@@ -332,18 +332,22 @@ def managed_env(
                 if hold is not None:
                     hold.take(lock, use)
                 return env
-        if not waited:
+        if waited >= said_at:  # at once, then every _SAY_S: whom it waits for, again
             what = (f"install {', '.join(missing)} into" if missing else "create")
             who = ", ".join(envlock.others(use)) or "pid unknown"
+            so_far = f"; waiting {waited:.0f}s so far" if waited else ""
             say(f"waiting to {what} the build environment {root}: another wheelforge "
-                f"process is building with it ({who}); a change now would change files "
-                f"under its imports")
+                f"process is building with it ({who}){so_far}; a change now would change "
+                f"files under its imports")
+            said_at = waited + _SAY_S
         _proc.pause(_WAIT_S)  # Ctrl-C, --timeout: the command stops, and this wait
         waited += _WAIT_S
 
 
 #: seconds between a waiting change's looks at the environment's use lock
 _WAIT_S = 2.0
+#: seconds between a waiting change's lines saying whom it waits for
+_SAY_S = 30.0
 
 
 def _change(root: Path, env: BuildEnv | None, missing: Sequence[str], *, base_python: Path,

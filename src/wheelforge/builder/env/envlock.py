@@ -23,11 +23,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..._fs import locked
+from ..._fs import HOLDER_MAX, locked, open_lock, printable
 
 __all__ = ["Hold", "changing", "others"]
 
@@ -45,8 +46,7 @@ _GUARD = threading.Lock()
 
 
 def _open(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    return open_lock(path)[0]  # never through a link (_fs.open_lock)
 
 
 def _enter(path: Path) -> None:
@@ -175,5 +175,5 @@ def _command(pid: int) -> str:
     argv = [a for a in argv if a]
     at = next((i for i, a in enumerate(argv) if a == "wheelforge" or a.endswith("/wheelforge")),
               None)
-    shown = ["wheelforge", *argv[at + 1:at + 3]] if at is not None else argv[:3]
-    return " ".join(shown)[:100] or "unknown"
+    shown = ["wheelforge", *argv[at + 1:]] if at is not None else argv
+    return printable(shlex.join(shown))[:HOLDER_MAX] or "unknown"  # the whole command
