@@ -188,3 +188,29 @@ def test_an_attention_check_without_figures_says_why(
         deps_dir=deps, attention=attention, log=tmp_path / "log")
     assert report.passed is passed
     assert any(ln.startswith(line) for ln in report.lines()), report.lines()
+
+
+@pytest.mark.parametrize("subset, chosen", [
+    ("head dims 32,64,96,128,192,256; dtypes fp16,bf16; forward and backward; split-kv",
+     (128, "bf16", True)),
+    ("head dims 64,256; dtypes fp16; forward only; no split-kv", (256, "fp16", False)),
+    (None, (128, "bf16", True)),  # upstream's build says nothing: it holds everything
+])
+def test_the_model_check_runs_what_the_kernel_subset_holds(
+        monkeypatch: pytest.MonkeyPatch, subset: str | None,
+        chosen: tuple[int, str, bool]) -> None:
+    """attention_model.py reads flash_attn_2_cuda.kernel_subset (stand-ins for torch and
+    the extension: the real ones need a GPU)."""
+    import importlib.util
+    import types
+
+    torch = types.SimpleNamespace(bfloat16="bf16", float16="fp16", dtype=str)
+    ext = types.SimpleNamespace(**({"kernel_subset": subset} if subset else {}))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "flash_attn_2_cuda", ext)
+    path = Path(__file__).parents[1] / "gputests" / "flash-attn" / "attention_model.py"
+    spec = importlib.util.spec_from_file_location("wf_attention_model", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.choose(128) == chosen
