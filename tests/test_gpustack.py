@@ -2,7 +2,8 @@
 is scripts/stack-on-gpu.sh on the GPU machine), everything else is real: the venv layered
 on an interpreter, pip installing the channel through the index with dependencies from a
 directory of wheels, pip check, the imports in one interpreter, each recipe's test files run
-by pytest in that venv, and the hybrid check's report read back."""
+by pytest in that venv, and the hybrid check's and the attention check's reports read back
+(the model programs are stand-ins writing the JSON the real ones write on the GPU)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,19 @@ out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
     "model": "NemotronHForCausalLM", "kernels": ["causal_conv1d_fwd_kernel", "_chunk_scan_fwd"],
     "fast_path_taken": True, "max_abs_delta_logits_fp32": 1e-6, "max_abs_logits_fp32": 1.5,
     "speedup": 3.0}}))
+"""
+
+#: gputests/flash-attn/attention_model.py's JSON, as measured on the H100 (docs/flash-attn.md)
+ATTENTION = """import json, sys, pathlib
+out = pathlib.Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+result = {"model": "LlamaForCausalLM, 2 layers, head dim 128, bf16", "backward": True,
+    "flash_kernels": ["void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128> >(x)",
+                      "void flash::flash_bwd_dot_do_o_kernel<true, T>(flash::Flash_bwd_params)"],
+    "max_abs_delta_logits": 0.015625, "max_abs_logit": 2.140625,
+    "relative_delta_logits": 0.0073, "relative_delta_grads": 0.0027730909,
+    "fwd_bwd_ms": {"flash_attention_2": 18.6155, "sdpa": 15.5149}, "passed": PASSED}
+(out / "attention_model.json").write_text(json.dumps(result))
+sys.exit(0 if result["passed"] else 1)
 """
 
 
@@ -114,3 +128,89 @@ def test_test_takes_a_name_or_stack() -> None:
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     assert res.returncode == 2
     assert "wheelforge test takes a recipe NAME, or --stack without one" in res.stdout
+
+
+def _with_flash_attn(root: Path, tmp_path: Path) -> None:
+    """A stand-in flash-attn wheel in the channel (the real one needs a GPU to prove)."""
+    wheel = make_wheel(tmp_path / "dist", {"flash_attn/__init__.py": ""}, name="flash-attn",
+                       version="2.8.3.post2+wf")
+    index.publish(root, wheel, **NO_TARGET)
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_the_attention_family_runs_when_the_channel_holds_flash_attn(
+        channel: tuple[Path, Path, RecipeBook], tmp_path: Path, passed: bool) -> None:
+    root, deps, book = channel
+    _with_flash_attn(root, tmp_path)
+    attention = tmp_path / "attention_model.py"
+    attention.write_text(ATTENTION.replace("PASSED", str(passed)))
+    report = gpustack.run_stack_test(
+        root, None, book, python=Path(sys.executable), cache_dir=tmp_path / "cache",
+        deps_dir=deps, attention=attention, log=tmp_path / "log")
+    assert "flash-attn==2.8.3.post2+wf" in report.pins
+    assert report.attention["max_abs_delta_logits"] == 0.015625
+    assert report.passed is passed
+    assert (f"attention flash-attn: LlamaForCausalLM, 2 layers, head dim 128, bf16: "
+            f"{'passed' if passed else 'FAILED'}; kernels flash::flash_bwd_dot_do_o_kernel, "
+            "flash::flash_fwd_kernel; max |d logits| 0.0156 (max |logits| 2.14) against sdpa; "
+            "gradients 0.28% relative; fwd+bwd 18.6 ms (sdpa 15.5 ms)") in report.lines()
+
+
+def test_the_attention_family_is_not_run_without_flash_attn(
+        channel: tuple[Path, Path, RecipeBook], tmp_path: Path) -> None:
+    root, deps, book = channel
+    attention = tmp_path / "attention_model.py"
+    attention.write_text(ATTENTION.replace("PASSED", "False"))
+    report = gpustack.run_stack_test(
+        root, None, book, python=Path(sys.executable), cache_dir=tmp_path / "cache",
+        deps_dir=deps, attention=attention, log=tmp_path / "log")
+    assert report.passed and report.attention == {}
+    assert not any(ln.startswith("attention") for ln in report.lines())
+
+
+@pytest.mark.parametrize("body, line, passed", [
+    ("raise SystemExit('CUDA error: no kernel image')",
+     "attention flash-attn: attention_model.py exited 1 without a result: ", False),
+    ("import json, sys, pathlib\nout = pathlib.Path(sys.argv[1]); out.mkdir(parents=True)\n"
+     "(out / 'attention_model.json').write_text(json.dumps({'unavailable': 'transformers: "
+     "FlashAttention2 cannot be used'}))\nsys.exit(3)",
+     "attention flash-attn: transformers: FlashAttention2 cannot be used", True),
+])
+def test_an_attention_check_without_figures_says_why(
+        channel: tuple[Path, Path, RecipeBook], tmp_path: Path, body: str, line: str,
+        passed: bool) -> None:
+    root, deps, book = channel
+    _with_flash_attn(root, tmp_path)
+    attention = tmp_path / "attention_model.py"
+    attention.write_text(body + "\n")
+    report = gpustack.run_stack_test(
+        root, None, book, python=Path(sys.executable), cache_dir=tmp_path / "cache",
+        deps_dir=deps, attention=attention, log=tmp_path / "log")
+    assert report.passed is passed
+    assert any(ln.startswith(line) for ln in report.lines()), report.lines()
+
+
+@pytest.mark.parametrize("subset, chosen", [
+    ("head dims 32,64,96,128,192,256; dtypes fp16,bf16; forward and backward; split-kv",
+     (128, "bf16", True)),
+    ("head dims 64,256; dtypes fp16; forward only; no split-kv", (256, "fp16", False)),
+    (None, (128, "bf16", True)),  # upstream's build says nothing: it holds everything
+])
+def test_the_model_check_runs_what_the_kernel_subset_holds(
+        monkeypatch: pytest.MonkeyPatch, subset: str | None,
+        chosen: tuple[int, str, bool]) -> None:
+    """attention_model.py reads flash_attn_2_cuda.kernel_subset (stand-ins for torch and
+    the extension: the real ones need a GPU)."""
+    import importlib.util
+    import types
+
+    torch = types.SimpleNamespace(bfloat16="bf16", float16="fp16", dtype=str)
+    ext = types.SimpleNamespace(**({"kernel_subset": subset} if subset else {}))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "flash_attn_2_cuda", ext)
+    path = Path(__file__).parents[1] / "gputests" / "flash-attn" / "attention_model.py"
+    spec = importlib.util.spec_from_file_location("wf_attention_model", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.choose(128) == chosen

@@ -397,8 +397,9 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
 @click.argument("name", required=False)
 @click.option("--stack", is_flag=True, help="Test the whole channel instead of NAME: every "
               "wheel installed together into one venv over --python, every recipe's GPU test "
-              "there, and tiny hybrid models (gputests/stack/) checked for the fast path by "
-              "the CUDA kernels that ran.")
+              "there, tiny hybrid models (gputests/stack/) checked for the fast path by "
+              "the CUDA kernels that ran, and, when the channel holds flash-attn, a small "
+              "Llama with flash_attention_2 against sdpa (gputests/flash-attn/).")
 @click.option("--channel", help="With --stack: the channel (default: the index's only one).")
 @click.option("--report", "report_file", type=click.Path(path_type=Path, dir_okay=False),
               help="With --stack: also write the result as JSON to this file.")
@@ -499,13 +500,15 @@ def _test_stack(channel: str | None, report_file: Path | None, deps_dir: Path | 
     reporter = Reporter()
     reporter.info(f"python {interp}" + (f"  [--python {python}]" if python else ""))
     hybrids = book.recipes_dir.parent / "gputests" / "stack" / "hybrid_models.py"
+    attention = book.recipes_dir.parent / "gputests" / "flash-attn" / "attention_model.py"
     with reporter.step(f"stack of {channel or 'simple/'} from {index_dir}"):
         report = run_stack_test(
             index_dir, channel, book, python=interp, cache_dir=cache,
             sources_dirs=sources_dirs, git_mirrors=dict(resolve(git_mirrors=git_mirrors)
                                                         .git_mirrors),
             deps_dir=deps_dir, workers=workers or min(8, os.cpu_count() or 1),
-            hybrids=hybrids if hybrids.is_file() else None, log=log, say=reporter.info)
+            hybrids=hybrids if hybrids.is_file() else None,
+            attention=attention if attention.is_file() else None, log=log, say=reporter.info)
     clear_live()
     for line in report.lines():
         click.echo(line)

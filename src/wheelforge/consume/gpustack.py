@@ -1,6 +1,8 @@
 """The stack on a GPU: every wheel of a channel installed together into one venv over the
 given interpreter, every recipe's GPU test run in that venv, and tiny hybrid models from
-the interpreter's transformers checked for the fast path by the CUDA kernels that ran.
+the interpreter's transformers checked for the fast path by the CUDA kernels that ran;
+when the channel holds flash-attn, a small Llama with ``flash_attention_2`` against
+``sdpa`` (the attention family: gputests/flash-attn/attention_model.py).
 
 The venv is layered on the interpreter (:func:`wheelforge.consume.gputest.overlay_venv`):
 its torch, transformers and triton are used, the channel's wheels come from the index, and
@@ -61,6 +63,7 @@ class StackGpuReport:
     imports: Mapping[str, str]  # module -> "ok" or the error
     tests: tuple[RecipeRun, ...] = ()
     hybrids: Mapping[str, Any] = field(default_factory=dict)
+    attention: Mapping[str, Any] = field(default_factory=dict)  # attention_model.py's JSON
     passed: bool = False
 
     def lines(self) -> list[str]:
@@ -82,13 +85,34 @@ class StackGpuReport:
                 f"{', '.join(k[:60] for k in h['kernels'][:8]) or 'none of the stack'}; "
                 f"max |d logits| {h['max_abs_delta_logits_fp32']:.3g} (max |logits| "
                 f"{h['max_abs_logits_fp32']:.3g}); {h['speedup']}x the fallback in bf16")
+        if self.attention:
+            out.append(attention_line(self.attention))
         return out
+
+
+def attention_line(a: Mapping[str, Any]) -> str:
+    """The attention family's model check in one line: flash-attn's kernels by name (the
+    function, without its template arguments), Δ logits and gradients against sdpa, times."""
+    if "model" not in a:
+        return f"attention flash-attn: {a.get('unavailable') or a.get('error', '?')[:300]}"
+    names = sorted({k.removeprefix("void ").split("<")[0].split("(")[0]
+                    for k in a.get("flash_kernels", [])})
+    grads = a.get("relative_delta_grads")
+    ms = a.get("fwd_bwd_ms", {})
+    return (f"attention flash-attn: {a['model']}: "
+            f"{'passed' if a.get('passed') else 'FAILED'}; kernels "
+            f"{', '.join(names) or 'none of flash-attn'}; max |d logits| "
+            f"{a['max_abs_delta_logits']:.3g} (max |logits| {a['max_abs_logit']:.3g}) against "
+            f"sdpa; gradients {'not run (forward only)' if grads is None else f'{grads:.2%}'}"
+            f" relative; {'fwd+bwd' if grads is not None else 'fwd'} "
+            f"{ms.get('flash_attention_2', 0):.1f} ms (sdpa {ms.get('sdpa', 0):.1f} ms)")
 
 
 def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, python: Path,
                    cache_dir: Path, sources_dirs: tuple[Path, ...] = (),
                    git_mirrors: Mapping[str, Path] | None = None, deps_dir: Path | None = None,
-                   workers: int = 1, hybrids: Path | None = None, log: Path,
+                   workers: int = 1, hybrids: Path | None = None,
+                   attention: Path | None = None, log: Path,
                    say: Progress = lambda _: None) -> StackGpuReport:
     gpu = probe_gpu(python)
     say(f"GPU: {gpu.name} (compute capability {gpu.capability})")
@@ -155,17 +179,42 @@ def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, py
                       cwd=work, timeout=3600)
             if (out / "hybrids.json").is_file():
                 hybrid_report = json.loads((out / "hybrids.json").read_text())
+        attention_report: dict[str, Any] = {}
+        if attention is not None and attention.is_file() and "flash-attn" in names:
+            attention_report = _attention_check(vpy, attention, work, env, log, say)
     ok = (check.returncode == 0 and bool(imports) and all(v == "ok" for v in imports.values())
           and all(r.failed == r.errors == 0 and r.passed > 0 for r in runs)
           and all(h.get("fast_path_taken", True) and "error" not in h
-                  for h in hybrid_report.values()))
+                  for h in hybrid_report.values())
+          and (not attention_report or "unavailable" in attention_report
+               or attention_report.get("passed") is True))
     return StackGpuReport(
         channel=channel, gpu=gpu.name, capability=gpu.capability,
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         python=str(python), pins=p.pins, from_interpreter=tuple(satisfied),
         installed=tuple(installed),
         pip_check="" if check.returncode == 0 else check.output.strip()[-1500:],
-        imports=imports, tests=tuple(runs), hybrids=hybrid_report, passed=ok)
+        imports=imports, tests=tuple(runs), hybrids=hybrid_report,
+        attention=attention_report, passed=ok)
+
+
+def _attention_check(vpy: Path, script: Path, work: Path, env: Mapping[str, str], log: Path,
+                     say: Progress) -> dict[str, Any]:
+    """The attention family: flash-attn's model check (its own program, run in the venv),
+    its JSON read back; an error with the output's tail when it wrote none."""
+    say("attention model: a small Llama, flash_attention_2 against sdpa, forward and backward")
+    out = work / "attention"
+    res = _proc.run([str(vpy), str(script), str(out)], env=env, log=log, check=False,
+                    cwd=work, timeout=1800)
+    answer = out / "attention_model.json"
+    if not answer.is_file():
+        return {"error": f"{script.name} exited {res.returncode} without a result: "
+                         + res.output.strip()[-1500:]}
+    report: dict[str, Any] = json.loads(answer.read_text())
+    if res.returncode not in (0, 1, 3):
+        report["passed"] = False
+        report.setdefault("error", f"{script.name} exited {res.returncode}")
+    return report
 
 
 def write_report(report: StackGpuReport, path: Path) -> None:
