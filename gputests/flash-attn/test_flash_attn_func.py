@@ -17,7 +17,8 @@ import re
 import pytest
 import torch  # first: the extension links against torch's libraries (libc10.so)
 
-import flash_attn_2_cuda  # noqa: I001
+# isort: split
+import flash_attn_2_cuda
 from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
