@@ -13,7 +13,7 @@ UPSTREAM ?= ../shared/upstream
 GIT_MIRRORS ?= $(if $(wildcard $(UPSTREAM)/state-spaces-mamba.bundle),--git-mirror \
   https://github.com/state-spaces/mamba=$(UPSTREAM)/state-spaces-mamba.bundle)
 
-.PHONY: venv build test test-fast test-integration test-e2e lint bench clean
+.PHONY: venv build test test-fast test-integration test-e2e lint clean
 
 # wheelforge alone (what `make build` needs) ...
 $(BIN)/wheelforge: pyproject.toml
@@ -29,7 +29,7 @@ $(VENV)/.test-tools: pyproject.toml $(BIN)/wheelforge
 
 venv: $(VENV)/.test-tools  ## create .venv with wheelforge and the test tools
 
-build: $(BIN)/wheelforge  ## build the shipped recipes for $(ARCH) into ./$(INDEX)
+build: $(BIN)/wheelforge  ## build $(RECIPES) (the shipped recipes but flash-attn) for $(ARCH) into ./$(INDEX)
 	$(BIN)/wheelforge build $(RECIPES) --arch '$(ARCH)' --index $(INDEX) $(GIT_MIRRORS)
 
 # The tests are in three cost tiers (tests/tiers.py, README's Development): unit (pure Python,
@@ -56,5 +56,5 @@ lint: venv  ## ruff and mypy --strict
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
-clean:  ## remove .venv and build outputs
+clean:  ## remove .venv, build/, dist/ and *.egg-info (the index stays)
 	rm -rf $(VENV) build dist *.egg-info

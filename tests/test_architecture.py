@@ -1,6 +1,7 @@
 """The house keeps its shape: no import cycle between modules of src/wheelforge, no import
 from a lower layer up to a higher one, and no import inside a function outside the command
 line (whose commands import their packages when they run, to keep `--help` fast).
+docs/architecture.md names every module and draws builder/'s rooms in the layers' order.
 
 Read from the source with ast (nothing is imported), module-level and function-level imports
 alike, so an import moved into a function to dodge a cycle is still an arrow here.
@@ -9,6 +10,7 @@ alike, so an import moved into a function to dodge a cycle is still an arrow her
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from conftest import REPO
 
 SRC = REPO / "src"
 PACKAGE = SRC / "wheelforge"
+DOC = REPO / "docs" / "architecture.md"
 
 #: Bottom to top. A module may import its own layer and the layers below it, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -186,3 +189,42 @@ def test_the_reader_sees_a_function_level_import(tmp_path: Path) -> None:
     assert any(t == "wheelforge.nightly.fanout" for t, _, _ in imports(path, known))
     cli_main = PACKAGE / "cli" / "main.py"
     assert any(inside for _, _, inside in imports(cli_main, known))
+
+
+def unnamed_modules(doc: str) -> list[str]:
+    """The modules of src/wheelforge (``__init__`` left out) that ``doc`` does not name by
+    their paths under src/wheelforge (``builder/compiling/jobserver.py``, ``wheel.py``)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if path.name != "__init__.py" and not re.search(
+                r"(?<![\w/.])" + re.escape(rel) + r"(?!\w)", doc):
+            found.append(rel)
+    return found
+
+
+def test_architecture_md_names_every_module() -> None:
+    assert unnamed_modules(DOC.read_text(encoding="utf-8")) == []
+
+
+def test_the_naming_check_wants_the_whole_path() -> None:
+    named = unnamed_modules("`builder/compiling/jobserver.py` and `store.py`")
+    assert "builder/compiling/jobserver.py" not in named
+    assert "index/store.py" in named and "wheel.py" in named
+
+
+def test_architecture_md_draws_builder_rooms_in_the_layers_order() -> None:
+    """The layer diagram's indented lines (builder/'s rooms, top to bottom) go down the
+    layers of LAYERS, and draw every one of builder/'s."""
+    diagram = DOC.read_text(encoding="utf-8").split("```")[1]
+    drawn = []
+    for line in diagram.splitlines():
+        if line.startswith("  "):
+            rooms = [w for w in line.split() if w.endswith(("/", ".py"))]
+            levels = {layer_of("wheelforge.builder." + w.rstrip("/").removesuffix(".py"))[0]
+                      for w in rooms}
+            assert len(levels) == 1, line
+            drawn.append(levels.pop())
+    assert drawn == sorted(drawn, reverse=True)
+    assert set(drawn) == {i for i, names in enumerate(LAYERS)
+                          if any(n.startswith("wheelforge.builder") for n in names)}

@@ -214,3 +214,31 @@ def test_the_model_check_runs_what_the_kernel_subset_holds(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.choose(128) == chosen
+
+
+FAKE_TORCH = """import importlib.util
+# run by its file path, the probe has the working directory first on sys.path (as python -c
+# has it), never its own directory: gputest.py beside it is not importable
+assert importlib.util.find_spec("gputest") is None, "the probe's directory is on sys.path"
+__version__ = "9.9.0"
+class _Props:
+    name, major, minor = "Fake GPU", 9, 0
+class cuda:
+    is_available = staticmethod(lambda: True)
+    device_count = staticmethod(lambda: 2)
+    get_device_properties = staticmethod(lambda index: _Props())
+class version:
+    cuda = "13.0"
+"""
+
+
+def test_the_gpu_probe_is_a_program_that_asks_the_interpreters_torch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe (consume/_gpuprobe.py), run by its path from a directory that holds a torch,
+    finds that torch (the working directory first, as ``python -c`` had it) and not the
+    modules beside the probe; its answer is read into a Gpu."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    monkeypatch.chdir(tmp_path)
+    gpu = gputest.probe_gpu(Path(sys.executable))
+    assert (gpu.name, gpu.capability) == ("Fake GPU", "9.0")

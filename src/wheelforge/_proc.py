@@ -9,10 +9,10 @@ with select() against the deadline, never by a blocking read.  Process trees are
 psutil's (children, session members, a pid checked before it is signalled).
 
 Every child is also the leader of a session of its own, and the session is
-registered with a watchdog: a small process that wheelforge starts once and
-talks to through a pipe.  When wheelforge dies, even by SIGKILL (which no
-handler sees), the pipe reaches end-of-file and the watchdog kills every
-process still in a registered session.  A session survives re-parenting and
+registered with a watchdog (:mod:`wheelforge._watchdog`, run by its file path): a small
+process that wheelforge starts once and talks to through a pipe.  When wheelforge dies,
+even by SIGKILL (which no handler sees), the pipe reaches end-of-file and the watchdog
+kills every process still in a registered session.  A session survives re-parenting and
 the process groups that ninja gives its jobs, so the backend, ninja, nvcc,
 cicc and ptxas all die with wheelforge; only a process that leaves the session
 itself (setsid, as daemons do) escapes.
@@ -46,6 +46,7 @@ from typing import IO, Any
 
 import psutil
 
+from . import _watchdog
 from .errors import INTERRUPT_EXIT_CODES, WheelforgeError
 
 TAIL_LINES = 40
@@ -394,41 +395,8 @@ def _alive(proc: psutil.Process) -> bool:
 
 # --------------------------------------------------------------------------- the watchdog
 
-_WATCHDOG_CODE = r"""
-import os, signal, sys, time
-
-def members(sessions):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/stat" % entry) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[0] != "Z" and int(fields[3]) in sessions:
-                found.append(int(entry))
-    return found
-
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-sessions = set()
-for line in sys.stdin:  # +SID when a child starts, -SID when it is done; EOF: wheelforge is gone
-    sid = int(line[1:])
-    if line[0] == "+":
-        sessions.add(sid)
-    else:
-        sessions.discard(sid)
-for _ in range(250):  # at most 5 s
-    pids = members(sessions)
-    if not pids:
-        break
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.02)
-"""
+#: The watchdog program, run by its file path (only the standard library: ``-S -I``).
+WATCHDOG = os.path.abspath(_watchdog.__file__)
 
 
 class _Watchdog:
@@ -457,7 +425,7 @@ class _Watchdog:
         # its own session: a Ctrl-C at the terminal or a kill of wheelforge's process
         # group does not reach it; it ends when its stdin does
         self._proc = subprocess.Popen(
-            [sys.executable, "-S", "-I", "-c", _WATCHDOG_CODE], stdin=subprocess.PIPE,
+            [sys.executable, "-S", "-I", WATCHDOG], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._owner = os.getpid()
 

@@ -150,7 +150,7 @@ def run_stack_test(index_dir: Path, channel: str | None, book: RecipeBook, *, py
         wheels = [index_dir / index.FILES_DIR / r.filename for r in chosen]
         modules = modules_to_import(book, wheels)
         say(f"importing {', '.join(modules)} in one interpreter")
-        imp = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env, log=log,
+        imp = _proc.run([str(vpy), IMPORTER, json.dumps(modules)], env=env, log=log,
                         check=False, cwd=work)
         answer = _proc.marked(imp.output, MARK)
         outcomes = answer.get("imports", []) if isinstance(answer, dict) else []

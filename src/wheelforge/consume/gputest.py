@@ -30,25 +30,12 @@ from ..builder.source.fetch import extract, fetch
 from ..builder.source.patch import apply_series
 from ..errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
 from ..recipe.model import Recipe
+from . import _gpuprobe
 
 Progress = Callable[[str], None]
 
-_GPU_PROBE = r"""
-import json, subprocess
-import torch
-out = {"available": torch.cuda.is_available(), "torch": torch.__version__,
-       "torch_cuda": torch.version.cuda}
-if out["available"]:
-    p = torch.cuda.get_device_properties(0)
-    out.update(name=p.name, capability="%d.%d" % (p.major, p.minor),
-               count=torch.cuda.device_count())
-    try:
-        out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-            "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.split()[0]
-    except Exception:
-        out["driver"] = None
-print(json.dumps(out))
-"""
+#: The GPU probe, run by its file path in the test's interpreter.
+GPU_PROBE = os.path.abspath(_gpuprobe.__file__)
 
 
 @dataclass(frozen=True)
@@ -79,7 +66,7 @@ class TestOutcome:
 
 def probe_gpu(python: Path) -> Gpu:
     try:
-        out = _proc.run([str(python), "-c", _GPU_PROBE]).output
+        out = _proc.run([str(python), GPU_PROBE]).output
     except _proc.CommandFailed as exc:
         if "No module named 'torch'" in exc.tail:  # not a missing GPU: a missing torch
             raise ToolchainError(f"{python} has no torch",

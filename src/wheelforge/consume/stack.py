@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -41,53 +42,16 @@ from ..index import health
 from ..index.health import ImportOutcome, StackStatus
 from ..index.pins import is_pure
 from ..recipe.format import RecipeBook
-from . import stackinputs
+from . import _stackimports, stackinputs
 from . import venv as into
 from .install import plan as install_plan
 from .stackinputs import modules_to_import
 
 Progress = Callable[[str], None]
 
-MARK = "WHEELFORGE-STACK "
-
-IMPORTER = r"""
-import importlib, json, os, sys, traceback
-from importlib import metadata as md
-
-def norm(name):
-    return name.lower().replace("_", "-").replace(".", "-")
-
-files, dists = {}, {}
-for d in md.distributions():
-    name = norm(d.metadata["Name"] or "")
-    if not name:
-        continue
-    dists[name] = {"version": d.version, "requires": list(d.requires or [])}
-    for f in d.files or []:
-        if str(f).endswith((".py", ".so")):
-            try:
-                files[os.path.realpath(str(d.locate_file(f)))] = name
-            except Exception:
-                pass
-out = []
-for module in json.loads(sys.argv[1]):
-    if module == "torch" and "torch" not in dists:
-        continue  # a stack without torch (pure test fixtures)
-    try:
-        importlib.import_module(module)
-        out.append({"module": module, "ok": True})
-    except BaseException as exc:
-        through = []
-        for frame in traceback.extract_tb(exc.__traceback__):
-            owner = files.get(os.path.realpath(frame.filename))
-            if owner and (not through or through[-1] != owner):
-                through.append(owner)
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        out.append({"module": module, "ok": False, "through": through,
-                    "error": ("%s: %s" % (type(exc).__name__, exc))[:600],
-                    "traceback": text[-6000:]})
-print(%(mark)r + json.dumps({"imports": out, "dists": dists}))
-""".replace("%(mark)r", repr(MARK))
+#: The importer, run by its file path in the stack's venv, and its answer line's mark.
+IMPORTER = os.path.abspath(_stackimports.__file__)
+MARK = _stackimports.MARK
 
 
 #: How long the imports may take: a module that blocks at import is stopped then, and the
@@ -287,7 +251,7 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
                                     name="wheelforge-pip-check")
         checking.start()
         try:
-            imported = _proc.run([str(vpy), "-c", IMPORTER, json.dumps(modules)], env=env,
+            imported = _proc.run([str(vpy), IMPORTER, json.dumps(modules)], env=env,
                                  log=log, check=False, timeout=IMPORT_TIMEOUT_S,
                                  cwd=work)
         finally:
