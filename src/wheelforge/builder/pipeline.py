@@ -330,8 +330,7 @@ class _Build:
                     config.toolkit, cache_dir=config.cache_dir,
                     requirement=config.cuda_toolkit, say=reporter.info, log=self.log)
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
-                if cuda.toolkit:
-                    reporter.info(f"CUDA toolkit {cuda.describe_toolkit()}")
+                reporter.info(f"CUDA toolkit {cuda.describe_toolkit()} ({cuda.choice})")
                 toolchain.check_archs(cuda, config.archs)
             ident = identify(recipe, config, cuda, self.companion_keys,
                              self.inspections.inspect)

@@ -166,9 +166,10 @@ def _check_nvcc(env: Mapping[str, str], mode: str = "system", requirement: str =
                 return Finding("nvcc", "FAIL", _what_why(exc), exc.fix), None
             why = f"toolkit: auto, and no system toolkit ({exc.what})"
         else:
-            said = "; toolkit: auto, a system toolkit was found" if mode == "auto" else ""
-            return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin}"
-                           f"{said})"), cuda
+            said = ("; toolkit: auto, and a system toolkit was found (--toolkit managed "
+                    "compiles with PyPI's)" if mode == "auto" else "; toolkit: system")
+            return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin})"
+                           f"{said}"), cuda
     assert cache_dir is not None
     found = toolkit.read(cache_dir / "toolkits" / toolkit.toolkit_key(requirement, ()))
     if found is None:
@@ -177,9 +178,9 @@ def _check_nvcc(env: Mapping[str, str], mode: str = "system", requirement: str =
                        f"cache, hard-linked under {cache_dir / 'toolkits'})"), None
     nvcc = found.home / "bin" / "nvcc"
     cuda = Cuda(home=found.home, nvcc=nvcc, version=nvcc_version(nvcc),
-                origin=f"managed {requirement}: {why}", toolkit=found.versions)
-    return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin}; "
-                   f"{found.describe()})"), cuda
+                origin=f"managed {requirement}", toolkit=found.versions, choice=why)
+    return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin}: "
+                   f"{found.describe()}); {why}"), cuda
 
 
 def _check_archs(cuda: Cuda | None, archs: tuple[Arch, ...]) -> list[Finding]:

@@ -35,6 +35,8 @@ class Cuda:
     origin: str
     #: a managed toolkit's exact distributions (name, version); () for a system toolkit
     toolkit: tuple[tuple[str, str], ...] = ()
+    #: why this toolkit (the ``toolkit`` setting, and what ``auto`` found)
+    choice: str = "toolkit: system"
 
     def describe_toolkit(self) -> str:
         """The toolkit's exact versions, for the build key, the SBOM and the printed
@@ -227,7 +229,7 @@ def find_toolkit(mode: str, *, cache_dir: Path, requirement: str,
     an error), else the managed one."""
     env = os.environ if environ is None else environ
     if mode == "system":
-        return find_cuda(env)
+        return dataclasses.replace(find_cuda(env), choice="toolkit: system")
     why = "toolkit: managed"
     if mode == "auto":
         try:
@@ -238,8 +240,9 @@ def find_toolkit(mode: str, *, cache_dir: Path, requirement: str,
             why = f"toolkit: auto, and no system toolkit ({exc.what}: {exc.why})"
         else:
             return dataclasses.replace(
-                found, origin=f"{found.origin}; toolkit: auto, a system toolkit was found")
+                found, choice="toolkit: auto, and a system toolkit was found; --toolkit "
+                              "managed compiles with PyPI's")
     managed = toolkit.ensure(cache_dir, requirement, pip_args=pip_args, say=say, log=log)
     nvcc = managed.home / "bin" / "nvcc"
     return Cuda(home=managed.home, nvcc=nvcc, version=nvcc_version(nvcc),
-                origin=f"managed {requirement}: {why}", toolkit=managed.versions)
+                origin=f"managed {requirement}", toolkit=managed.versions, choice=why)
