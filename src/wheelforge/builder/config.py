@@ -466,6 +466,7 @@ def resolve(
     gib_per_job = project_gib_per_job(defaults)
     n_jobs, threads = _resolve_jobs(jobs, env, len(archs), gib_per_job, origins)
 
+    toolkit_mode = _resolve_toolkit(toolkit, defaults, env, origins)
     cache = cache_dir or default_cache_dir()
     index = index_dir or Path(str(defaults.get("index") or "index"))
     return BuildConfig(
@@ -486,7 +487,7 @@ def resolve(
         git_mirrors=tuple(mirrors.items()),
         compile_cache=compilecache.resolve_settings(project_file, env),
         subset=subset,
-        toolkit=_resolve_toolkit(toolkit, defaults, env, origins),
+        toolkit=toolkit_mode,
         cuda_toolkit=str(defaults.get("cuda-toolkit") or DEFAULT_CUDA_TOOLKIT),
     )
 
