@@ -11,16 +11,18 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from conftest import IN_CI, built_wheel, tinyext_project, wheel_differences
 from wheelforge.builder import config
 from wheelforge.builder.artifact import identity
 from wheelforge.builder.checks import doctor
 from wheelforge.builder.compiling import jobserver, toolchain
-from wheelforge.builder.env import toolkit
+from wheelforge.builder.env import buildenv, toolkit
 from wheelforge.errors import ConfigError, ToolchainError
 
 HIDE_CUDA = Path(__file__).with_name("hide_cuda.sh")
@@ -113,6 +115,28 @@ def test_an_unfinished_toolkit_is_never_trusted(tmp_path: Path,
     assert calls == [req, req] and toolkit.read(final) is not None
 
 
+def test_a_link_in_the_toolkits_place_is_not_followed(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A complete-looking toolkit elsewhere, linked in as CACHE/toolkits/KEY: never used
+    (its nvcc would run in every build); replaced by a real install, the link removed,
+    its target untouched."""
+    calls: list[str] = []
+    monkeypatch.setattr(toolkit, "_install", fake_install(calls))
+    req = toolkit.requirement("13.0")
+    elsewhere = tmp_path / "elsewhere"
+    fake_wheels(elsewhere / "site")
+    toolkit.make_layout(elsewhere / "site", elsewhere / "cuda")
+    (elsewhere / toolkit.MARKER).write_text(json.dumps({"requirement": req,
+                                                        "versions": [["evil", "1"]]}))
+    final = tmp_path / "cache" / "toolkits" / toolkit.toolkit_key(req, ())
+    final.parent.mkdir(parents=True)
+    final.symlink_to(elsewhere)
+    assert toolkit.read(final) is None
+    found = toolkit.ensure(tmp_path / "cache", req)
+    assert calls == [req] and found.versions == VERSIONS and not final.is_symlink()
+    assert (elsewhere / toolkit.MARKER).is_file()
+
+
 def test_a_failed_install_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(req: str, target: Path, *_a: object) -> None:
         target.mkdir(parents=True)
@@ -127,7 +151,7 @@ def test_a_failed_install_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 # -- which toolkit a build uses ----------------------------------------------------------------
 
 SYSTEM = toolchain.Cuda(home=Path("/usr/local/cuda"), nvcc=Path("/usr/local/cuda/bin/nvcc"),
-                        version=toolchain.Version("13.0"), origin="standard prefix")
+                        version=Version("13.0"), origin="standard prefix")
 
 
 @pytest.fixture
@@ -142,7 +166,7 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
 
     monkeypatch.setattr(toolchain, "find_cuda", find_cuda)
     monkeypatch.setattr(toolkit, "_install", fake_install([]))
-    monkeypatch.setattr(toolchain, "nvcc_version", lambda nvcc: toolchain.Version("13.0"))
+    monkeypatch.setattr(toolchain, "nvcc_version", lambda nvcc: Version("13.0"))
     return state
 
 
@@ -212,7 +236,7 @@ def test_the_build_key_holds_a_managed_toolkits_exact_wheels(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(toolchain, "host_compiler", lambda: "g++ 13")
     monkeypatch.setattr(jobserver, "lent_flags", lambda nvcc, backend: ())
-    monkeypatch.setattr(identity.buildenv, "python_tag", lambda python: "cp311")
+    monkeypatch.setattr(buildenv, "python_tag", lambda python: "cp311")
 
     class Recipe:
         class build:  # noqa: N801
@@ -234,7 +258,7 @@ def test_the_build_key_holds_a_managed_toolkits_exact_wheels(
 def test_doctor_says_which_toolkit_and_why(tmp_path: Path, fakes: dict[str, bool],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doctor, "find_cuda", toolchain.find_cuda)
-    monkeypatch.setattr(doctor, "nvcc_version", lambda nvcc: toolchain.Version("13.0"))
+    monkeypatch.setattr(doctor, "nvcc_version", lambda nvcc: Version("13.0"))
     req = toolkit.requirement("13.0")
     finding, cuda = doctor._check_nvcc({}, "auto", req, tmp_path)
     assert finding.status == "OK" and "a system toolkit was found" in finding.detail
@@ -250,7 +274,8 @@ def test_doctor_says_which_toolkit_and_why(tmp_path: Path, fakes: dict[str, bool
 
 # -- for real ----------------------------------------------------------------------------------
 
-def _wheelforge(argv: list[str | Path], *, prefix: list[str | Path] = ()) -> subprocess.CompletedProcess[str]:  # noqa: E501
+def _wheelforge(argv: list[str | Path], *,
+                prefix: Sequence[str | Path] = ()) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
     env["WHEELFORGE_COMPILE_CACHE"] = "off"  # every unit compiled by this build's nvcc
     return subprocess.run([*map(str, prefix), sys.executable, "-m", "wheelforge",

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -92,7 +93,15 @@ def ensure(cache_dir: Path, req: str, *, pip_args: Sequence[str] = (),
 
 
 def read(directory: Path) -> ManagedToolkit | None:
-    """The toolkit at ``directory``, or None when it is not a complete one."""
+    """The toolkit at ``directory``, or None when it is not a complete one, or not a
+    directory of this user's own (a link put in its place is never followed: the
+    build would run its nvcc)."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return None
     try:
         data = json.loads((directory / MARKER).read_text(encoding="utf-8"))
         versions = tuple((str(n), str(v)) for n, v in data["versions"])
