@@ -103,9 +103,11 @@ def set_memory(monkeypatch: pytest.MonkeyPatch, gib: float, cores: int = 16) -> 
 
 
 def check(tmp_path: Path, environ: dict[str, str], *, arch: str = "12.0",
-          python: Path | None = None, jobs: int | None = 8) -> list[Finding]:
+          python: Path | None = None, jobs: int | None = 8,
+          toolkit: str = "auto") -> list[Finding]:
     return run_checks(archs=parse_arch_list(arch), python=python, work_dir=tmp_path / "work",
-                      cache_dir=tmp_path / "cache", jobs=jobs, environ=environ)
+                      cache_dir=tmp_path / "cache", jobs=jobs, environ=environ,
+                      toolkit=toolkit)
 
 
 def one(findings: list[Finding], name: str) -> Finding:
@@ -151,7 +153,7 @@ def test_arch_missing_from_list_gpu_code(tmp_path: Path, bin_dir: Path) -> None:
 
 
 def test_no_nvcc_is_one_failure_and_archs_are_not_checked(tmp_path: Path, bin_dir: Path) -> None:
-    findings = check(tmp_path, env(bin_dir), arch="9.0;12.0")
+    findings = check(tmp_path, env(bin_dir), arch="9.0;12.0", toolkit="system")
     nvcc = one(findings, "nvcc")
     assert nvcc.status == "FAIL" and "nvcc, the CUDA compiler, was not found" in nvcc.detail
     assert "CUDA_HOME" in nvcc.fix

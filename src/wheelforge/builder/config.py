@@ -28,13 +28,21 @@ from ..recipe.matrix import PROJECT_KEYS
 from ..recipe.model import Choice
 from .compiling import compilecache
 from .compiling.diagnose import DEFAULT_GIB_PER_JOB as DEFAULT_GIB_PER_JOB
+from .env.toolkit import requirement as toolkit_requirement
 from .source.fetch import iter_git_mirrors, normalize_git_url
 
 DEFAULT_ARCH = "12.0"
 DEFAULT_TORCH = "torch==2.14.1"
 PROJECT_FILE = "wheelforge.yaml"
 _DEFAULT_KEYS = ("arch", "torch", "torch-pip-args", "python", "index", "gib-per-job",
-                 "git-mirrors")
+                 "git-mirrors", "toolkit", "cuda-toolkit")
+#: The CUDA toolkit a build compiles with (``toolkit:`` in wheelforge.yaml's defaults,
+#: ``--toolkit``, ``WHEELFORGE_TOOLKIT``): ``auto`` (a system toolkit where one is found,
+#: else the managed one), ``managed`` (PyPI's, builder/env/toolkit.py), ``system``.
+TOOLKIT_MODES = ("auto", "managed", "system")
+TOOLKIT_ENV = "WHEELFORGE_TOOLKIT"
+#: The managed toolkit of the default torch (torch 2.14.1 is a CUDA 13.0 build).
+DEFAULT_CUDA_TOOLKIT = toolkit_requirement("13.0")
 #: ``URL=PATH;URL=PATH``: local mirrors of git repositories (see docs/recipe-format.md)
 GIT_MIRRORS_ENV = "WHEELFORGE_GIT_MIRRORS"
 
@@ -72,6 +80,9 @@ class BuildConfig:
     #: environment: whichever build prepares the environment first installs them all,
     #: so that no build installs into it while another one's setup.py imports from it
     shared_requirements: tuple[str, ...] = ()
+    #: which CUDA toolkit (one of TOOLKIT_MODES) and the managed one's requirement
+    toolkit: str = "auto"
+    cuda_toolkit: str = DEFAULT_CUDA_TOOLKIT
 
     @property
     def arch_list(self) -> str:
@@ -86,6 +97,9 @@ class BuildConfig:
         return [
             f"arch list      {self.arch_list}  [{self.origin('arch')}]",
             f"build env      {env}  [{self.origin('python')}]",
+            f"CUDA toolkit   {self.toolkit}"
+            + (f" ({self.cuda_toolkit} where managed)" if self.toolkit != "system" else "")
+            + f"  [{self.origin('toolkit')}]",
             f"jobs           MAX_JOBS={self.jobs} NVCC_THREADS={self.nvcc_threads}  "
             f"[{self.origin('jobs')}]",
             f"index          {self.index_dir}",
@@ -128,6 +142,16 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
 
 def _check_default_values(p: Problems, defaults: Mapping[Any, Any]) -> None:
     """The values of defaults: that need nothing but themselves to check."""
+    mode = defaults.get("toolkit")
+    if mode is not None and str(mode).strip().lower() not in TOOLKIT_MODES:
+        p.add("defaults.toolkit", f"{mode!r} is not one of {', '.join(TOOLKIT_MODES)}")
+    spec = defaults.get("cuda-toolkit")
+    if spec is not None:
+        try:
+            if Requirement(str(spec)).name != "cuda-toolkit":
+                p.add("defaults.cuda-toolkit", f"{spec!r} is not a cuda-toolkit requirement")
+        except InvalidRequirement as exc:
+            p.add("defaults.cuda-toolkit", f"{spec!r} is not a requirement: {exc}")
     torch = defaults.get("torch")
     if torch is not None:
         try:
@@ -426,6 +450,7 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     git_mirrors: tuple[str, ...] = (),
     subset: Choice = (),
+    toolkit: str | None = None,
 ) -> BuildConfig:
     env = os.environ if environ is None else environ
     defaults = load_project_file(project_file)
@@ -441,6 +466,7 @@ def resolve(
     gib_per_job = project_gib_per_job(defaults)
     n_jobs, threads = _resolve_jobs(jobs, env, len(archs), gib_per_job, origins)
 
+    toolkit_mode = _resolve_toolkit(toolkit, defaults, env, origins)
     cache = cache_dir or default_cache_dir()
     index = index_dir or Path(str(defaults.get("index") or "index"))
     return BuildConfig(
@@ -461,7 +487,24 @@ def resolve(
         git_mirrors=tuple(mirrors.items()),
         compile_cache=compilecache.resolve_settings(project_file, env),
         subset=subset,
+        toolkit=toolkit_mode,
+        cuda_toolkit=str(defaults.get("cuda-toolkit") or DEFAULT_CUDA_TOOLKIT),
     )
+
+
+def _resolve_toolkit(toolkit: str | None, defaults: Mapping[str, Any],
+                     env: Mapping[str, str], origins: dict[str, str]) -> str:
+    """--toolkit, else $WHEELFORGE_TOOLKIT, else the project file's, else ``auto``."""
+    for value, origin in ((toolkit, "--toolkit"), (env.get(TOOLKIT_ENV), TOOLKIT_ENV),
+                          (defaults.get("toolkit"), "wheelforge.yaml")):
+        if value:
+            mode = str(value).strip().lower()
+            if mode not in TOOLKIT_MODES:
+                raise ConfigError(f"{origin}: {value!r} is not a toolkit choice",
+                                  fix="use " + ", ".join(TOOLKIT_MODES))
+            origins["toolkit"] = origin
+            return mode
+    return "auto"
 
 
 def resolve_git_mirrors(from_file: Any, base: Path, from_env: str, from_cli: tuple[str, ...],

@@ -135,7 +135,8 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
     findings = doctor.run_checks(archs=config.archs, python=env.python,
                                  work_dir=config.work_dir, cache_dir=config.cache_dir,
                                  jobs=config.jobs, check_torch=False,
-                                 gib_per_job=config.gib_per_job)
+                                 gib_per_job=config.gib_per_job, toolkit=config.toolkit,
+                                 cuda_toolkit=config.cuda_toolkit)
     for f in findings:
         if f.status == "WARN":
             reporter.info(f"WARN {f.check}: {f.detail}" + (f" ({f.fix})" if f.fix else ""))
@@ -325,8 +326,11 @@ class _Build:
         with reporter.step("preflight"):
             cuda = None
             if self.extension:
-                cuda = toolchain.find_cuda()
+                cuda = toolchain.find_toolkit(
+                    config.toolkit, cache_dir=config.cache_dir,
+                    requirement=config.cuda_toolkit, say=reporter.info, log=self.log)
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
+                reporter.info(f"CUDA toolkit {cuda.describe_toolkit()} ({cuda.choice})")
                 toolchain.check_archs(cuda, config.archs)
             ident = identify(recipe, config, cuda, self.companion_keys,
                              self.inspections.inspect)
@@ -552,6 +556,7 @@ class _Build:
                 else "") + (f": {plat.note}" if plat.note else ""))
         made_by = sbom.Toolchain(
             python=env.python_version, nvcc=str(cuda.version) if cuda else None,
+            cuda_toolkit=cuda.toolkit if cuda else (),
             cxx=(toolchain.host_compiler() or None) if extension else None,
             torch=env.torch_version if extension else None,
             torch_cuda=env.torch_cuda if extension else None)

@@ -115,6 +115,11 @@ def cli() -> None:
               help="After publishing, install the channel's wheels together with their "
                    "dependencies into a fresh venv and import them (wheelforge stack check); "
                    "also off with WHEELFORGE_STACK_CHECK=off.")
+@click.option("--toolkit", type=click.Choice(["auto", "managed", "system"]),
+              help="CUDA toolkit to compile with: managed (PyPI's cuda-toolkit wheels, "
+                   "installed once into uv's cache), system ($CUDA_HOME, nvcc on PATH, "
+                   "/usr/local/cuda) or auto (system where found, else managed). Default: "
+                   "$WHEELFORGE_TOOLKIT, else toolkit: in wheelforge.yaml, else auto.")
 @deps_dir_option
 @git_mirror_option
 @recipes_option
@@ -123,7 +128,8 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
           cache_dir: Path | None, work_dir: Path | None, force: bool,
           project_file: Path | None, timeout: int | None, verbose: bool,
           subset: tuple[str, ...], stack_check: bool,
-          deps_dir: Path | None, git_mirrors: tuple[str, ...], recipes: Path | None) -> None:
+          deps_dir: Path | None, git_mirrors: tuple[str, ...], recipes: Path | None,
+          toolkit: str | None = None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
     A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
@@ -155,7 +161,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
                      force=force, project_file=project_file, git_mirrors=git_mirrors,
-                     subset=chosen)
+                     subset=chosen, toolkit=toolkit)
     reporter = Reporter(verbose=verbose)
     if timeout:
         import signal
@@ -358,8 +364,14 @@ def _size(n: int) -> str:
 @click.option("--config", "project_file", type=click.Path(path_type=Path, dir_okay=False,
                                                           exists=True),
               help="Project file with defaults (default ./wheelforge.yaml if present).")
+@click.option("--toolkit", type=click.Choice(["auto", "managed", "system"]),
+              help="CUDA toolkit to compile with: managed (PyPI's cuda-toolkit wheels, "
+                   "installed once into uv's cache), system ($CUDA_HOME, nvcc on PATH, "
+                   "/usr/local/cuda) or auto (system where found, else managed). Default: "
+                   "$WHEELFORGE_TOOLKIT, else toolkit: in wheelforge.yaml, else auto.")
 def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | None,
-           cache_dir: Path | None, work_dir: Path | None, project_file: Path | None) -> None:
+           cache_dir: Path | None, work_dir: Path | None, project_file: Path | None,
+           toolkit: str | None = None) -> None:
     """Check the toolchain before a build: nvcc and the archs it can compile, torch's CUDA
     against nvcc's, the host compiler, ninja, git, free disk, memory per compile job.
 
@@ -371,7 +383,7 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     from ..builder.checks import doctor as doc
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
-                     work_dir=work_dir, project_file=project_file)
+                     work_dir=work_dir, project_file=project_file, toolkit=toolkit)
     if config.python is not None and str(config.python) != str(python):
         click.echo(f"python: {config.python} [{config.origin('python')}]")
     findings = doc.run_checks(archs=config.archs, python=config.python,
@@ -379,7 +391,8 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
                               jobs=jobs, managed_torch=config.torch,
                               managed_torch_pip_args=config.torch_pip_args,
                               managed_python=config.base_python,
-                              gib_per_job=config.gib_per_job)
+                              gib_per_job=config.gib_per_job, toolkit=config.toolkit,
+                              cuda_toolkit=config.cuda_toolkit)
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     colors = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "blue"}
     for f in findings:

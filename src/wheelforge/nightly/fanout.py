@@ -174,7 +174,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
         if p.key in state.published:
             done.append(state.skipped(p, "published"))
             continue
-        cuda = state.find_cuda() if p.recipe.build.kind == "extension" else None
+        cuda = state.find_cuda(p.config) if p.recipe.build.kind == "extension" else None
         todo.append(PlannedCell(
             id=i, recipe=cell.recipe, version=str(p.recipe.version), python=cell.python,
             torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
@@ -405,7 +405,7 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
         return failed(p.error)
     assert p.recipe is not None and p.config is not None and p.key is not None
     if p.key != planned.build_key:
-        cuda = state.find_cuda() if p.recipe.build.kind == "extension" else None
+        cuda = state.find_cuda(p.config) if p.recipe.build.kind == "extension" else None
         mine = identity.toolchain_identity(p.recipe, p.config, cuda)
         diff = _identity_difference(mine, planned.toolchain)
         return failed(ToolchainError(
@@ -449,7 +449,7 @@ def seed_companions(state: CellRunner, recipe: Recipe, config: BuildConfig,
     :meth:`CellRunner.check_companions`)."""
     for name in recipe.companions:
         companion = state.book.load(name)
-        cuda = state.find_cuda() if companion.build.kind == "extension" else None
+        cuda = state.find_cuda(config) if companion.build.kind == "extension" else None
         key = identity.planned_key(companion, config, state.book, cuda)
         found = identity.published_with_key(real_index, key)
         if found is not None and identity.published_with_key(private, key) is None:

@@ -181,7 +181,7 @@ def run_and_publish(state: CellRunner, plan: CellPlan) -> CellResult:
     build-key lock."""
     assert plan.recipe is not None and plan.config is not None and plan.key is not None
     cell = plan.cell
-    cuda = state.find_cuda() if plan.recipe.build.kind == "extension" else None
+    cuda = state.find_cuda(plan.config) if plan.recipe.build.kind == "extension" else None
     planned = PlannedCell(
         id=-1, recipe=cell.recipe, version=str(plan.recipe.version), python=cell.python,
         torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,

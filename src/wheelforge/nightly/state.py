@@ -19,6 +19,7 @@ from ..builder import config, scheduler
 from ..builder.artifact import identity
 from ..builder.compiling import jobserver, toolchain
 from ..builder.env import buildenv
+from ..builder.env.toolkit import requirement as toolkit_requirement
 from ..errors import ConfigError, ToolchainError, WheelforgeError, attached_log
 from ..recipe.format import RecipeBook
 from ..recipe.matrix import Cell, Matrix
@@ -72,7 +73,8 @@ class CellRunner:
         self.published = {r.build_key: r for r in index.load_records(settings.index_dir)
                           if r.build_key}
         self.recipes: dict[str, Recipe | WheelforgeError] = {}
-        self.cuda: dict[None, toolchain.Cuda | WheelforgeError] = {}
+        #: the toolkit of each (mode, managed requirement), found once per run
+        self.cuda: dict[tuple[str, str], toolchain.Cuda | WheelforgeError] = {}
         self.default_python = Path(getattr(sys, "_base_executable", sys.executable))
         self.pythons: dict[str | None, Path | WheelforgeError] = {}
 
@@ -125,8 +127,13 @@ class CellRunner:
                 out[name] = self.recipe(name).build.kind
         return out
 
-    def find_cuda(self) -> toolchain.Cuda:
-        return _once(self.cuda, None, lambda: toolchain.find_cuda(self.settings.environ))
+    def find_cuda(self, cfg: config.BuildConfig | None = None) -> toolchain.Cuda:
+        """The toolkit the builds of ``cfg`` compile with (its ``toolkit`` setting and
+        its channel's managed requirement); without ``cfg``, the system toolkit."""
+        mode, req = (cfg.toolkit, cfg.cuda_toolkit) if cfg is not None else ("system", "")
+        return _once(self.cuda, (mode, req), lambda: toolchain.find_toolkit(
+            mode, cache_dir=self.settings.cache_dir,
+            requirement=req, environ=self.settings.environ, say=self.reporter.info))
 
     def python(self, entry: str | None) -> Path:
         def find() -> Path:
@@ -148,10 +155,10 @@ class CellRunner:
                                  index_dir=s.index_dir, cache_dir=s.cache_dir,
                                  work_dir=s.work_dir, sources_dirs=s.sources_dirs,
                                  project_file=s.project_file, environ=s.environ)
-            plan.config = dataclasses.replace(cfg, python=None, base_python=python,
-                                              torch_pip_args=cell.torch.pip_args,
-                                              subset=cell.subset)
-            cuda = self.find_cuda() if plan.recipe.build.kind == "extension" else None
+            plan.config = dataclasses.replace(
+                cfg, python=None, base_python=python, torch_pip_args=cell.torch.pip_args,
+                subset=cell.subset, cuda_toolkit=toolkit_requirement(cell.torch.cuda))
+            cuda = self.find_cuda(plan.config) if plan.recipe.build.kind == "extension" else None
             plan.key = identity.planned_key(plan.recipe, plan.config, self.book, cuda)
         except WheelforgeError as exc:
             plan.error = exc

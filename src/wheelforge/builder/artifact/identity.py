@@ -125,8 +125,11 @@ def toolchain_identity(recipe: Recipe, config: BuildConfig,
     # the host compiler decides the glibc/libstdc++ symbol versions, hence the manylinux tag;
     # the pool's lending puts ptxas's options into each cubin (builder/compiling/jobserver.py)
     lent = jobserver.lent_flags(cuda.nvcc, config.compile_cache.backend) if cuda else ()
-    return {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else "",
-            "cxx": toolchain.host_compiler(), "nvcc-options": " ".join(lent)}
+    found = {"python": tag, "torch": torch, "nvcc": str(cuda.version) if cuda else "",
+             "cxx": toolchain.host_compiler(), "nvcc-options": " ".join(lent)}
+    if cuda is not None and cuda.toolkit:  # a managed toolkit: its exact wheels (a system
+        found["cuda-toolkit"] = cuda.describe_toolkit()  # one's keys stay as they were)
+    return found
 
 
 def published_with_key(index_dir: Path, key: str) -> index.WheelRecord | None:

@@ -69,6 +69,8 @@ class Toolchain:
     cxx: str | None = None  # first line of `g++ --version`
     torch: str | None = None  # "2.14.1+cu130"
     torch_cuda: str | None = None  # "13.0"
+    #: a managed CUDA toolkit's exact wheels from PyPI (name, version); () for a system one
+    cuda_toolkit: tuple[tuple[str, str], ...] = ()
 
 
 def source_purl(recipe: Recipe, source: Source) -> PackageURL:
@@ -137,6 +139,9 @@ def make_sbom(*, name: str, version: str, recipe: Recipe, archs: tuple[str, ...]
                        ("torch", toolchain.torch), ("torch-cuda", toolchain.torch_cuda)):
         if value:
             props[f"wheelforge:{key}"] = value
+    if toolchain.cuda_toolkit:
+        props["wheelforge:cuda-toolkit"] = "managed " + ", ".join(
+            f"{n} {v}" for n, v in toolchain.cuda_toolkit)
     if platform is not None:
         props["wheelforge:platform-tag"] = platform.tag
         props["wheelforge:platform-policy"] = platform.policy
@@ -154,6 +159,8 @@ def make_sbom(*, name: str, version: str, recipe: Recipe, archs: tuple[str, ...]
     if toolchain.nvcc:
         tools.append(_tool("nvcc", toolchain.nvcc, PackageURL("generic", "nvidia", "nvcc",
                                                              toolchain.nvcc)))
+    tools.extend(_tool(n, v, PackageURL("pypi", None, n, v))
+                 for n, v in toolchain.cuda_toolkit)
     if toolchain.cxx:
         tools.append(_tool("c++", toolchain.cxx, PackageURL("generic", None, "cxx")))
     if toolchain.torch:

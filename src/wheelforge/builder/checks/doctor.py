@@ -26,7 +26,8 @@ from ...errors import WheelforgeError
 from .. import config
 from ..artifact import reproducible
 from ..compiling import jobserver
-from ..compiling.toolchain import Cuda, find_cuda, supported_sass
+from ..compiling.toolchain import Cuda, find_cuda, nvcc_version, supported_sass
+from ..env import toolkit
 from ..env.buildenv import BASE_REQUIREMENTS, MARKER, env_key, inspect_env
 
 __all__ = [
@@ -102,19 +103,22 @@ def run_checks(
     managed_python: Path | None = None,
     gib_per_job: float = config.DEFAULT_GIB_PER_JOB,
     build_root: Path = reproducible.BUILD_ROOT,
+    toolkit: str = "auto",
+    cuda_toolkit: str = config.DEFAULT_CUDA_TOOLKIT,
 ) -> list[Finding]:
     """Every check, collected; a check that cannot run is a finding, never an exception.
 
     Without ``python`` the torch check is about the managed environment: its torch
     requirement ``managed_torch`` (with ``managed_torch_pip_args``, created from
     ``managed_python``), inspected when that environment exists in ``cache_dir``, else
-    judged from the requirement."""
+    judged from the requirement.  ``toolkit`` (config.TOOLKIT_MODES) and ``cuda_toolkit``:
+    which CUDA toolkit a build uses, said in the nvcc line with why."""
     env = dict(os.environ if environ is None else environ)
     findings: list[Finding] = []
     cuda_box: list[Cuda | None] = [None]
 
     def nvcc() -> list[Finding]:
-        finding, cuda_box[0] = _check_nvcc(env)
+        finding, cuda_box[0] = _check_nvcc(env, toolkit, cuda_toolkit, cache_dir)
         return [finding]
 
     _collect(findings, "nvcc", nvcc)
@@ -149,12 +153,34 @@ def _collect(findings: list[Finding], name: str, check: Callable[[], list[Findin
 
 # -- nvcc and architectures --------------------------------------------------------------------
 
-def _check_nvcc(env: Mapping[str, str]) -> tuple[Finding, Cuda | None]:
-    try:
-        cuda = find_cuda(env)
-    except WheelforgeError as exc:
-        return Finding("nvcc", "FAIL", _what_why(exc), exc.fix), None
-    return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin})"), cuda
+def _check_nvcc(env: Mapping[str, str], mode: str = "system", requirement: str = "",
+                cache_dir: Path | None = None) -> tuple[Finding, Cuda | None]:
+    """Which toolkit a build uses (``mode``: config.TOOLKIT_MODES) and why; a managed one
+    is looked for in ``cache_dir``, never installed here."""
+    why = "toolkit: managed"
+    if mode != "managed":
+        try:
+            cuda = find_cuda(env)
+        except WheelforgeError as exc:
+            if mode == "system" or any(env.get(v) for v in ("CUDA_HOME", "CUDA_PATH")):
+                return Finding("nvcc", "FAIL", _what_why(exc), exc.fix), None
+            why = f"toolkit: auto, and no system toolkit ({exc.what})"
+        else:
+            said = ("; toolkit: auto, and a system toolkit was found (--toolkit managed "
+                    "compiles with PyPI's)" if mode == "auto" else "; toolkit: system")
+            return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin})"
+                           f"{said}"), cuda
+    assert cache_dir is not None
+    found = toolkit.read(cache_dir / "toolkits" / toolkit.toolkit_key(requirement, ()))
+    if found is None:
+        return Finding("nvcc", "OK", f"managed {requirement} ({why}); not installed yet: "
+                       "the first build installs it from PyPI (about 271 MB, into uv's "
+                       f"cache, hard-linked under {cache_dir / 'toolkits'})"), None
+    nvcc = found.home / "bin" / "nvcc"
+    cuda = Cuda(home=found.home, nvcc=nvcc, version=nvcc_version(nvcc),
+                origin=f"managed {requirement}", toolkit=found.versions, choice=why)
+    return Finding("nvcc", "OK", f"{cuda.version} at {cuda.nvcc} ({cuda.origin}: "
+                   f"{found.describe()}); {why}"), cuda
 
 
 def _check_archs(cuda: Cuda | None, archs: tuple[Arch, ...]) -> list[Finding]:

@@ -5,11 +5,12 @@ Compatibility rules are data (the tables below), not code paths.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from packaging.version import Version
 from ... import _proc
 from ...arch import Arch, min_cuda
 from ...errors import ToolchainError
+from ..env import toolkit
 
 #: Where nvcc may live, in search order, besides CUDA_HOME / CUDA_PATH / PATH.
 STANDARD_PREFIXES = ("/usr/local/cuda",)
@@ -31,6 +33,17 @@ class Cuda:
     nvcc: Path
     version: Version
     origin: str
+    #: a managed toolkit's exact distributions (name, version); () for a system toolkit
+    toolkit: tuple[tuple[str, str], ...] = ()
+    #: why this toolkit (the ``toolkit`` setting, and what ``auto`` found)
+    choice: str = "toolkit: system"
+
+    def describe_toolkit(self) -> str:
+        """The toolkit's exact versions, for the build key, the SBOM and the printed
+        inputs: the managed wheels', else ``system nvcc X.Y at PATH``."""
+        if self.toolkit:
+            return "managed " + ", ".join(f"{n} {v}" for n, v in self.toolkit)
+        return f"system nvcc {self.version} at {self.home}"
 
 
 def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
@@ -202,3 +215,34 @@ def check_torch_cuda(cuda: Cuda, torch_cuda: str | None, torch_version: str) -> 
             fix=f"point CUDA_HOME at a CUDA {Version(torch_cuda).major}.x toolkit, or use a torch "
                 f"build for CUDA {cuda.version.major}",
         )
+
+
+def find_toolkit(mode: str, *, cache_dir: Path, requirement: str,
+                 pip_args: tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
+                 say: Callable[[str], None] = lambda _m: None,
+                 log: Path | None = None) -> Cuda:
+    """The toolkit a build compiles with, its ``origin`` saying which and why.
+
+    ``system``: :func:`find_cuda`'s.  ``managed``: PyPI's ``requirement``
+    (builder/env/toolkit.py), installed once under ``cache_dir``.  ``auto``: a system
+    toolkit where :func:`find_cuda` finds one (a ``CUDA_HOME`` that is not a toolkit stays
+    an error), else the managed one."""
+    env = os.environ if environ is None else environ
+    if mode == "system":
+        return dataclasses.replace(find_cuda(env), choice="toolkit: system")
+    why = "toolkit: managed"
+    if mode == "auto":
+        try:
+            found = find_cuda(env)
+        except ToolchainError as exc:
+            if any(env.get(v) for v in ("CUDA_HOME", "CUDA_PATH")):
+                raise
+            why = f"toolkit: auto, and no system toolkit ({exc.what}: {exc.why})"
+        else:
+            return dataclasses.replace(
+                found, choice="toolkit: auto, and a system toolkit was found; --toolkit "
+                              "managed compiles with PyPI's")
+    managed = toolkit.ensure(cache_dir, requirement, pip_args=pip_args, say=say, log=log)
+    nvcc = managed.home / "bin" / "nvcc"
+    return Cuda(home=managed.home, nvcc=nvcc, version=nvcc_version(nvcc),
+                origin=f"managed {requirement}", toolkit=managed.versions, choice=why)
