@@ -268,10 +268,11 @@ def test_a_cold_build_records_its_units_and_the_next_build_reads_them(
     of the recipe finds the record (for the order of its compile slots) and says so."""
     sdists = tinyext_project(tmp_path)
     cache = tmp_path / "cache"
-    (cache / "envs").mkdir(parents=True)
-    shared_envs = shared_cache / "envs"  # none yet (run alone): the build makes one here
-    for entry in shared_envs.iterdir() if shared_envs.is_dir() else ():
-        (cache / "envs" / entry.name).symlink_to(entry)  # the torch environment, not copied
+    cache.mkdir(parents=True)
+    # the torch environments, not copied: the folder linked, so that each lock file in it is
+    # a plain file opened without following a link (a linked lock file is refused, issue 52)
+    (shared_cache / "envs").mkdir(parents=True, exist_ok=True)
+    (cache / "envs").symlink_to(shared_cache / "envs", target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
     env["WHEELFORGE_COMPILE_CACHE"] = "off"
     argv = [sys.executable, "-m", "wheelforge", "build", "tinyext", "--arch", "12.0",
