@@ -145,20 +145,15 @@ def _check_default_values(p: Problems, defaults: Mapping[Any, Any]) -> None:
     mode = defaults.get("toolkit")
     if mode is not None and str(mode).strip().lower() not in TOOLKIT_MODES:
         p.add("defaults.toolkit", f"{mode!r} is not one of {', '.join(TOOLKIT_MODES)}")
-    spec = defaults.get("cuda-toolkit")
-    if spec is not None:
+    for name in ("cuda-toolkit", "torch"):
+        spec = defaults.get(name)
+        if spec is None:
+            continue
         try:
-            if Requirement(str(spec)).name != "cuda-toolkit":
-                p.add("defaults.cuda-toolkit", f"{spec!r} is not a cuda-toolkit requirement")
+            if Requirement(str(spec)).name != name:
+                p.add(f"defaults.{name}", f"{spec!r} is not a {name} requirement")
         except InvalidRequirement as exc:
-            p.add("defaults.cuda-toolkit", f"{spec!r} is not a requirement: {exc}")
-    torch = defaults.get("torch")
-    if torch is not None:
-        try:
-            if Requirement(str(torch)).name != "torch":
-                p.add("defaults.torch", f"{torch!r} is not a torch requirement")
-        except InvalidRequirement as exc:
-            p.add("defaults.torch", f"{torch!r} is not a requirement: {exc}")
+            p.add(f"defaults.{name}", f"{spec!r} is not a requirement: {exc}")
     try:
         project_gib_per_job(defaults)
     except ConfigError:
