@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # flash-attn on a GPU machine without network, proven as a user takes it:
 #  1. `wheelforge build flash-attn` against the machine's own python/torch (SUBSET, default
-#     hdim=64,128,256: both dtypes, forward, backward and split-kv), timed (wall and CPU);
+#     hdim=64,128,256: both dtypes, forward, backward and split-kv; SUBSET=full: the whole
+#     single-arch wheel, every kernel), timed (wall and CPU);
 #  2. with SMALL=1, the model subset (hdim=128, dtype=bf16, forward and backward) built
 #     beside the tests, timed: the "one model's kernels" build;
 #  3. a venv layered on the machine's python, flash-attn installed from the index with pip
@@ -62,10 +63,14 @@ build() {  # NAME INDEX SUBSET-ARGS...
     --work-dir "$st/work-$name" --sources "$W/sdists" --no-stack-check "$@"
 }
 
-args=(); IFS=' ' read -ra parts <<< "$subset"; for s in "${parts[@]}"; do args+=(--subset "$s"); done
+args=(); IFS=' ' read -ra parts <<< "$subset"
+[ "$subset" = full ] && parts=()
+for s in "${parts[@]}"; do args+=(--subset "$s"); done
+[ -e "$out/machine.txt" ] || { nproc; nvidia-smi -L; cat /proc/loadavg; free -g | head -2; } > "$out/machine.txt" 2>&1
 build big "$st/index" "${args[@]}"
 wait_for big || exit 3
 grep -E "^(published|already published)|ok compile" "$st/big.log"
+ls -la "$st"/index/files/ 2>/dev/null | grep -i flash
 [ "$(cat "$st/big.rc")" = 0 ] || { tail -40 "$st/big.log"; exit 4; }
 # with SMALL=1, the model's subset compiles beside the tests (CPU against GPU work)
 [ "${SMALL:-0}" = 1 ] && build small "$st/index-small" --subset hdim=128 --subset dtype=bf16
