@@ -18,6 +18,7 @@ import pytest
 from packaging.version import Version
 
 from conftest import IN_CI, built_wheel, tinyext_project, wheel_differences
+from wheelforge import _fs
 from wheelforge.builder import config
 from wheelforge.builder.artifact import identity
 from wheelforge.builder.checks import doctor
@@ -97,6 +98,9 @@ def test_ensure_installs_once_and_reuses(tmp_path: Path, monkeypatch: pytest.Mon
     assert first.versions == VERSIONS and first.requirement == req
     assert first.home == tmp_path / "toolkits" / toolkit.toolkit_key(req, ()) / "cuda"
     assert [p.name for p in (tmp_path / "toolkits").iterdir() if p.name.startswith(".")] == []
+    # its files dated at the zip epoch, not when they were unpacked: nvcc's -lineinfo
+    # writes each header's date into the device code (docs/reproducible.md)
+    assert os.stat(first.home / "include" / "cuda_runtime.h").st_mtime == _fs.ZIP_EPOCH
 
 
 def test_an_unfinished_toolkit_is_never_trusted(tmp_path: Path,

@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from conftest import tinyext_project, tinypure_project, wheel_differences
+from wheelforge import _fs
 from wheelforge.builder.artifact import reproducible
+from wheelforge.builder.env import buildenv
 from wheelforge.errors import ToolchainError
 
 
@@ -210,6 +212,70 @@ def test_the_seed_keeps_the_process_id_out_of_nvccs_internal_names(
     assert compile_with(without) != compile_with(without)  # the fixture has such names
     flags = reproducible.nvcc_flags(Path(nvcc))
     assert compile_with(flags) == compile_with(flags)
+
+
+def test_files_newer_than_the_source_are_dated_at_it_and_links_are_not_followed(
+        tmp_path: Path) -> None:
+    tree, outside = tmp_path / "src", tmp_path / "outside.txt"
+    (tree / "csrc").mkdir(parents=True)
+    for path, mtime in ((tree / "old.cu", 1_000), (tree / "csrc" / "patched.cu", 9_000)):
+        path.write_text("x")
+        os.utime(path, (mtime, mtime))
+    outside.write_text("not the tree's")
+    os.utime(outside, (9_000, 9_000))
+    (tree / "link").symlink_to(outside)
+    changed = _fs.date_tree(tree, 5_000)
+    assert os.stat(tree / "old.cu").st_mtime == 1_000  # older than the source: kept
+    assert os.stat(tree / "csrc" / "patched.cu").st_mtime == 5_000
+    assert os.lstat(tree / "link").st_mtime == 5_000  # the link itself ...
+    assert os.stat(outside).st_mtime == 9_000  # ... never what it points at
+    assert os.stat(tree / "csrc").st_mtime == os.stat(tree).st_mtime == 5_000
+    assert changed == 4  # patched.cu, link, csrc/, the tree
+    assert _fs.date_tree(tree, 5_000) == 0
+    assert _fs.date_tree(tmp_path / "absent", 5_000) == 0
+
+
+def test_a_managed_environments_torch_headers_are_dated_at_the_zip_epoch(
+        tmp_path: Path) -> None:
+    include = tmp_path / "env" / "lib" / "python3.11" / "site-packages" / "torch" / "include"
+    (include / "c10").mkdir(parents=True)
+    (include / "c10" / "Half.h").write_text("x")
+    module = include.parent / "__init__.py"
+    module.write_text("x")  # torch's Python files keep their dates (their .pyc check them)
+    assert buildenv.date_headers(tmp_path / "env") == 3  # Half.h, c10/, include/
+    assert os.stat(include / "c10" / "Half.h").st_mtime == _fs.ZIP_EPOCH
+    assert os.stat(module).st_mtime > _fs.ZIP_EPOCH
+    assert buildenv.date_headers(tmp_path / "env") == 0
+
+
+LINEINFO_CU = """\
+__global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }
+"""
+
+
+@pytest.mark.nvcc
+def test_lineinfo_holds_a_sources_date_and_the_clamp_takes_it_out(
+        tmp_path: Path, nvcc: str) -> None:
+    """causal-conv1d's cold builds differed in every unit's cubin by the dates of the
+    files its patches rewrote: ``-lineinfo`` puts each source file's modification time
+    in the line table.  Dated at the source's epoch, two compiles are the same bytes."""
+    src, out = tmp_path / "k.cu", tmp_path / "k.o"
+    src.write_text(LINEINFO_CU)
+    flags = reproducible.nvcc_flags(Path(nvcc))
+
+    def compile_at(mtime: int) -> bytes:
+        os.utime(src, (mtime, mtime))
+        subprocess.run([nvcc, *flags, "-lineinfo", "-arch=sm_120", "-c", str(src), "-o",
+                        str(out)], check=True, capture_output=True, cwd=tmp_path, timeout=300)
+        return out.read_bytes()
+
+    assert compile_at(1_800_000_000) != compile_at(1_800_000_999)  # the date is in it
+    dated = []
+    for mtime in (1_800_000_000, 1_800_000_999):  # a patch rewrote it at two times ...
+        os.utime(src, (mtime, mtime))
+        _fs.date_tree(tmp_path, 1_700_000_000)  # ... dated at the source's
+        dated.append(compile_at(int(os.stat(src).st_mtime)))
+    assert dated[0] == dated[1]
 
 
 # -- the whole build, twice (three times) -----------------------------------------------

@@ -23,6 +23,11 @@ from .errors import ConfigError
 
 TMP_PREFIX = ".wf-tmp-"
 
+#: the oldest date a zip member can carry (1980-01-01T00:00:00Z): the date given to the
+#: headers wheelforge installs (a managed environment's torch, a managed toolkit), so that
+#: nvcc's line tables (which hold each source file's date) do not hold the install's
+ZIP_EPOCH = 315532800
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -354,6 +359,25 @@ def lock_holder(path: Path) -> str:
         os.close(fd)
     text = printable(data.decode("utf-8", "replace").strip())
     return text or "another process (it has not written who it is yet)"
+
+
+def date_tree(root: Path, epoch: int) -> int:
+    """Date every file, link and directory under ``root`` (and ``root``) that is newer
+    than ``epoch`` at ``epoch``; return how many were.  Links are dated themselves, never
+    followed, so a link in the tree cannot date a file outside it; a tree that is not
+    there dates nothing."""
+    changed = 0
+    for top, dirs, files in os.walk(root):  # os.walk never descends through a link
+        for name in (*files, *dirs):
+            changed += _date(os.path.join(top, name), epoch)
+    return changed + (_date(str(root), epoch) if os.path.lexists(root) else 0)
+
+
+def _date(path: str, epoch: int) -> int:
+    if os.lstat(path).st_mtime <= epoch:
+        return 0
+    os.utime(path, (epoch, epoch), follow_symlinks=False)
+    return 1
 
 
 def sweep_temp_files(directory: Path, *, skip: Container[str] = ()) -> int:

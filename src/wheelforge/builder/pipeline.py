@@ -27,7 +27,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from .. import index, workdirs
-from .._fs import owned_lock
+from .._fs import date_tree, owned_lock
 from .._log import Reporter
 from ..errors import BuildError, RecipeError, ToolchainError, WheelforgeError, attach_log
 from ..recipe.model import Recipe
@@ -202,7 +202,7 @@ def _steps(b: _Build, on_key: Callable[[str], None] | None,
         return done
     b.make_work_dir(ident)
     fetched, epoch = b.fetch_source()
-    tree = b.extract_and_patch(fetched)
+    tree = b.extract_and_patch(fetched, epoch)
     env = b.build_environment(tree, env, cuda, on_version)
     b.fit_jobs(tree)
     raw, stats = b.compile(tree, env, cuda, epoch)
@@ -390,8 +390,9 @@ class _Build:
                                f"({reproducible.describe_epoch(epoch)}, the source's newest file)")
         return fetched, epoch
 
-    def extract_and_patch(self, fetched: FetchedSource) -> Path:
-        """The source tree at its fixed path (held until the build ends), patched."""
+    def extract_and_patch(self, fetched: FetchedSource, epoch: int) -> Path:
+        """The source tree at its fixed path (held until the build ends), patched, its
+        files dated no later than the source (nvcc's line tables hold their dates)."""
         recipe, reporter = self.recipe, self.reporter
 
         def taking_turns(holder: str) -> None:
@@ -406,6 +407,9 @@ class _Build:
             apply_series(tree, recipe.patches, project=f"{recipe.name} {recipe.version}")
             for p in recipe.patches:
                 reporter.info(f"applied {p.name}")
+            if dated := date_tree(tree, epoch):
+                reporter.info(f"{dated} file(s) newer than the source dated at "
+                              f"SOURCE_DATE_EPOCH")
         return tree
 
     def build_environment(self, tree: Path, env: BuildEnv | None, cuda: toolchain.Cuda | None,

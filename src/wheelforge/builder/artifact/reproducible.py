@@ -34,6 +34,13 @@ What varies between two builds of one key, and what fixes it (docs/reproducible.
   number drawn from its process id (``cuda::std``'s ``begin`` in a kernel template:
   ``_ZN40_INTERNAL_3d44cd64_4_s_cu_86120bfa_315244cuda3std...``), in the cubin of the
   fatbin; ``--frandom-seed=1`` fixes it, on the same command line.
+* **The source files' dates.**  nvcc's ``-lineinfo`` writes each source file's
+  modification time into the device code's line table, so a file a patch rewrote was
+  dated by the build.  After the patches, every file of the tree newer than
+  ``SOURCE_DATE_EPOCH`` is dated at it (``_fs.date_tree``).  The headers wheelforge
+  installs (torch's in a managed environment, a managed toolkit's) are dated at
+  ``_fs.ZIP_EPOCH``; a system toolkit's and a ``--python`` environment's keep their own
+  dates (docs/reproducible.md: remaining differences).
 * **The order.**  wheel sorts the members; the relabel keeps the dist-info last and
   RECORD very last (``wheel.relabel``).
 
@@ -84,7 +91,7 @@ BUILD_ROOT = build_root()
 #: The umask of the compile (bdist_wheel records the permission bits it leaves).
 UMASK = 0o022
 #: 1980-01-01: a zip member cannot be dated earlier.
-MIN_EPOCH = 315532800
+MIN_EPOCH = _fs.ZIP_EPOCH
 #: nvcc's option that names intermediate files after the object, not ``tmpxft_<pid>``.
 NVCC_OBJTEMP = "--objdir-as-tempdir"
 #: nvcc's option that seeds the number it puts in the names of internal device symbols

@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover
     uv_package = None  # type: ignore[assignment]
 
 from ... import _proc
-from ..._fs import atomic_write, locked
+from ..._fs import ZIP_EPOCH, atomic_write, date_tree, locked
 from ...errors import ToolchainError
 from . import _probe, envlock, pipconfig
 
@@ -327,6 +327,7 @@ def managed_env(
                                       installer=installer, inspections=inspections)
             if ready:
                 assert env is not None
+                date_headers(root)
                 if waited:
                     say(f"the build environment is free: waited {waited:.0f}s")
                 if hold is not None:
@@ -342,6 +343,16 @@ def managed_env(
             said_at = waited + _SAY_S
         _proc.pause(_WAIT_S)  # Ctrl-C, --timeout: the command stops, and this wait
         waited += _WAIT_S
+
+
+def date_headers(root: Path) -> int:
+    """Date torch's headers in the managed environment at ``root`` at the zip epoch
+    (once: later calls find nothing newer).  nvcc's ``-lineinfo`` line tables hold each
+    header's date, and uv's hard links carry the date uv unpacked torch on this machine;
+    dated so, two machines' environments give the same device code.  The links share
+    their files with uv's cache, whose copies take the same date (uv reads none)."""
+    return sum(date_tree(include, ZIP_EPOCH)
+               for include in sorted(root.glob("lib/python*/site-packages/torch/include")))
 
 
 #: seconds between a waiting change's looks at the environment's use lock

@@ -28,7 +28,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from ... import _proc
-from ..._fs import atomic_write, locked
+from ..._fs import ZIP_EPOCH, atomic_write, date_tree, locked
 from ...errors import ToolchainError
 from . import buildenv
 
@@ -72,6 +72,7 @@ def ensure(cache_dir: Path, req: str, *, pip_args: Sequence[str] = (),
     with locked(root / f"{key}.lock"):
         found = read(final)
         if found is not None:
+            date_tree(final / "site", ZIP_EPOCH)  # one made before its files were dated
             return found
         if final.exists() or final.is_symlink():  # an unfinished one: never trusted
             _remove(final)
@@ -80,6 +81,9 @@ def ensure(cache_dir: Path, req: str, *, pip_args: Sequence[str] = (),
         try:
             say(f"installing the CUDA toolkit {req} into {final}")
             _install(req, temp / "site", pip_args, say, log)
+            # dated at the zip epoch, not when uv unpacked them here: nvcc's line tables
+            # hold each header's date (docs/reproducible.md)
+            date_tree(temp / "site", ZIP_EPOCH)
             versions = installed_versions(temp / "site")
             make_layout(temp / "site", temp / "cuda")
             atomic_write(temp / MARKER, json.dumps(
