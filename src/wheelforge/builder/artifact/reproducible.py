@@ -73,8 +73,10 @@ __all__ = ["BUILD_ROOT", "BUILD_ROOT_PREFIX", "MIN_EPOCH", "NVCC_OBJTEMP", "NVCC
 
 #: How a wheel is made reproducible; part of the build key: wheels built before (at
 #: per-run paths, dated at build time; at the shared /tmp/wheelforge-build before
-#: fixed-paths-4) are another binary, rebuilt once.
-SCHEME = "fixed-paths-4"
+#: fixed-paths-4; with patched sources and installed headers dated when they were written,
+#: which ``-lineinfo`` puts in the device code, before fixed-paths-5) are another binary,
+#: rebuilt once.
+SCHEME = "fixed-paths-5"
 #: Where builders compile, ``/tmp/wheelforge-build-UID``: the same path on every machine
 #: for one user id, so the same bytes; a directory of that user's alone (mode 0700), so
 #: that no other user of the machine can enter, block or read a build.
