@@ -98,11 +98,11 @@ def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
 # ------------------------------------------------- 5. the printed lines, pasted as printed
 
 def _commands(text: str) -> list[str]:
-    """The shell commands of printed lines: each non-comment line, split at && and ;."""
+    """The shell commands of printed lines: each non-comment line, split at &&, || and ;."""
     out = []
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#") and not line.endswith(":"):
-            out += [part.strip() for part in re.split(r"&&|;", line) if part.strip()]
+            out += [part.strip() for part in re.split(r"&&|\|\||;", line) if part.strip()]
     return out
 
 
@@ -119,7 +119,7 @@ def test_every_printed_command_runs_with_only_the_system_path(local: Path) -> No
     from wheelforge.cli._options import install_lines
 
     commands = _commands(install_lines(local, None, None))
-    assert len(commands) == 3, commands  # wheelforge install; uv venv; uv pip install
+    assert len(commands) == 4, commands  # wheelforge install; test -d; uv venv; uv pip install
     for command in commands:
         first = shlex.split(command)[0]
         assert _resolves_under_the_system_path(first), command

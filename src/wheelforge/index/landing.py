@@ -245,7 +245,8 @@ def _install_section(installs: Sequence[ChannelInstall]) -> str:
             f'<div class="cmd"><code>wheelforge install --index {here}{sub} --python '
             f'{venv}</code><button type="button" class="copy" title="copy the command">copy'
             "</button></div>\n"
-            f'<div class="cmd"><code>uv venv{uv_python} {venv} &amp;&amp; uv pip install '
+            f'<div class="cmd"><code>test -d {venv} || uv venv{uv_python} {venv} &amp;&amp; '
+            "uv pip install "
             f"--python {venv} --index wheelforge={here_url}{sub}simple/ --constraint "
             f"{here_url}{sub}constraints.txt {names}</code>"
             '<button type="button" class="copy" title="copy the command">copy</button></div>\n')
