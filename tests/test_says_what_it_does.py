@@ -425,6 +425,19 @@ def test_the_report_breaks_wheel_names_only_between_their_parts(
     assert all(line[-1] in "-+_" for line in lines[:-1]), lines
 
 
+@pytest.mark.parametrize("width", [700, 1000])
+def test_the_report_breaks_a_torch_requirement_only_after_its_operator(
+        chromium: str, night_page: Path, tmp_path: Path, width: int) -> None:
+    """A second newcomer day: at 1000 px the Torch column read `torch=` / `=2.14.` /
+    `1`."""
+    found = probe(chromium, night_page, tmp_path / "profile",
+                  LINES % "'td:nth-child(4) code'", width=width)
+    assert isinstance(found, list) and found, found
+    for lines in found:
+        assert "".join(lines) == "torch==2.14.1", lines
+        assert lines in (["torch==2.14.1"], ["torch==", "2.14.1"]), lines
+
+
 def test_the_nightly_doc_counts_the_shipped_matrix_and_names_the_interrupted_exit_code(
         ) -> None:
     """docs/nightly.md said the shipped matrix is 4 cells (it is 6) and that an
