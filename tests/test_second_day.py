@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from wheelforge.builder.env.buildenv import BuildEnv
 
 
@@ -27,3 +29,20 @@ def test_a_pure_recipes_build_env_is_not_said_to_have_no_torch() -> None:
     assert _env(None, (("setuptools", "80.0"),)).describe().endswith(", no torch)")
     assert _env("2.14.1+cu130", ()).describe().endswith(
         "(Python 3.11.7, torch 2.14.1+cu130 (CUDA 13.0))")
+
+
+def test_a_recipe_without_format_is_told_it_is_required(tmp_path: Path) -> None:
+    """`wheelforge check` of a new recipe holding only `name: foo` said "format: must be 1
+    (the recipe format version), got None" (Python's word for nothing), beside "version:
+    is required" for the key missing the same way."""
+    from wheelforge.errors import RecipeError
+    from wheelforge.recipe.format import parse_recipe
+
+    with pytest.raises(RecipeError) as exc:
+        parse_recipe({"name": "foo"}, tmp_path / "foo.yaml", tmp_path / "patches")
+    text = f"{exc.value.what}\n{exc.value.why}"
+    assert "None" not in text, text
+    assert "format: is required: format: 1 (the recipe format version)" in text, text
+    with pytest.raises(RecipeError) as exc:
+        parse_recipe({"format": 2, "name": "foo"}, tmp_path / "foo.yaml", tmp_path / "patches")
+    assert "format: must be 1 (the recipe format version), got 2" in exc.value.why
