@@ -46,3 +46,35 @@ def test_a_recipe_without_format_is_told_it_is_required(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as exc:
         parse_recipe({"format": 2, "name": "foo"}, tmp_path / "foo.yaml", tmp_path / "patches")
     assert "format: must be 1 (the recipe format version), got 2" in exc.value.why
+
+
+@pytest.mark.parametrize("value", ["of", "disabled", "sometimes", "alwyas"])
+def test_a_stack_check_setting_that_is_none_is_an_error_before_anything_runs(
+        value: str) -> None:
+    """WHEELFORGE_STACK_CHECK=of (a typo of off) ran the check, silently: any value but
+    the off words and always meant on.  It is a ConfigError naming the settings (the build
+    reads it before anything is built)."""
+    from wheelforge.cli.stack import gate_disabled, gate_forced
+    from wheelforge.errors import ConfigError
+
+    for read in (gate_disabled, gate_forced):
+        with pytest.raises(ConfigError) as exc:
+            read({"WHEELFORGE_STACK_CHECK": value})
+        assert "off, always or on" in (exc.value.fix or "")
+    assert gate_disabled({"WHEELFORGE_STACK_CHECK": "Off"}) == "WHEELFORGE_STACK_CHECK=Off"
+    assert gate_disabled({}) is None and not gate_forced({})
+    assert gate_forced({"WHEELFORGE_STACK_CHECK": "always"})
+    assert gate_disabled({"WHEELFORGE_STACK_CHECK": "on"}) is None
+
+
+def test_max_jobs_that_is_no_number_says_what_to_set() -> None:
+    """`MAX_JOBS=abc wheelforge doctor` said "MAX_JOBS must be a positive integer, got
+    'abc'" and nothing more: no fix."""
+    from wheelforge.builder.config import resolve
+    from wheelforge.errors import ConfigError
+
+    for var in ("MAX_JOBS", "NVCC_THREADS"):
+        with pytest.raises(ConfigError) as exc:
+            resolve(environ={var: "abc"})
+        assert exc.value.what == f"{var} must be a positive integer, got 'abc'"
+        assert f"{var}=2" in (exc.value.fix or "") and "unset it" in (exc.value.fix or "")

@@ -351,7 +351,9 @@ def _positive_int(value: str, what: str) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{what} must be a positive integer, got {value!r}",
+                          fix=f"set {what} to a whole number of 1 or more (e.g. {what}=2), "
+                              "or unset it: wheelforge sizes it from the cores and memory")
     return n
 
 
