@@ -93,3 +93,24 @@ def test_the_readme_and_the_makefile_give_test_fast_one_time() -> None:
     target = re.search(r"^test-fast:.*?## .*?; (.+?) on 2 cores", makefile, re.M)
     assert said and target, (said, target)
     assert said.group(1) == target.group(1) == "1-2 min"
+
+
+@pytest.mark.parametrize("text", ["hello\n", "- a\n- b\n", "\n"])
+def test_a_project_file_that_is_no_mapping_says_why_and_what_to_pass(
+        tmp_path: Path, text: str) -> None:
+    """`wheelforge build --config /etc/passwd` said "/etc/passwd must be a mapping", and
+    nothing more; `nightly plan` said "... is not a mapping" with "fix: correct the keys
+    above" and no keys above."""
+    from wheelforge.builder.config import load_project_file
+    from wheelforge.errors import ConfigError
+    from wheelforge.recipe.matrix import load_matrix
+
+    path = tmp_path / "wheelforge.yaml"
+    path.write_text(text)
+    readers = [load_matrix] + ([load_project_file] if text.strip() else [])
+    for read in readers:
+        with pytest.raises(ConfigError) as exc:
+            read(path)
+        err = exc.value
+        assert err.why and err.fix and "keys above" not in err.fix, (read, err.why, err.fix)
+        assert "--config" in err.fix and "NoneType" not in err.why
