@@ -114,3 +114,19 @@ def test_a_project_file_that_is_no_mapping_says_why_and_what_to_pass(
         err = exc.value
         assert err.why and err.fix and "keys above" not in err.fix, (read, err.why, err.fix)
         assert "--config" in err.fix and "NoneType" not in err.why
+
+
+def test_patch_rebase_onto_an_sdist_that_is_not_there_says_what_to_pass(
+        tmp_path: Path) -> None:
+    """`wheelforge patch causal-conv1d rebase --sdist /nope.tar.gz` said "--sdist
+    /nope.tar.gz: no such file" and no fix."""
+    from cli_inprocess import run_wheelforge
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "work").mkdir()
+    ran = run_wheelforge("patch", "causal-conv1d", "rebase", "--onto", "1.8.0", "--sdist",
+                         tmp_path / "nope.tar.gz", "--sha256", "a" * 64, "--recipes",
+                         repo / "recipes", "--from", tmp_path / "work", cwd=tmp_path)
+    assert ran.returncode == 2, ran.stderr
+    assert f"--sdist {tmp_path / 'nope.tar.gz'}: no such file" in ran.stderr
+    assert "fix: pass the new release's sdist" in ran.stderr, ran.stderr
