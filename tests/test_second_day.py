@@ -130,3 +130,20 @@ def test_patch_rebase_onto_an_sdist_that_is_not_there_says_what_to_pass(
     assert ran.returncode == 2, ran.stderr
     assert f"--sdist {tmp_path / 'nope.tar.gz'}: no such file" in ran.stderr
     assert "fix: pass the new release's sdist" in ran.stderr, ran.stderr
+
+
+def test_the_landing_page_says_consumer_config_prints_and_for_what(tmp_path: Path) -> None:
+    """The page said `wheelforge consumer-config --format uv` "writes them into a uv.toml":
+    it writes nothing (it prints), and what it prints first is a uv project's
+    pyproject.toml section, the uv.toml form beside it."""
+    from conftest import make_wheel
+    from wheelforge import index
+
+    wheel = make_wheel(tmp_path / "dist", {"wf_demo/__init__.py": ""}, name="wf-demo",
+                       version="1.0+wf")
+    index.publish(tmp_path / "index", wheel, channel=None, cuda=None, torch=None, archs=(),
+                  build_key=None)
+    page = (tmp_path / "index" / "index.html").read_text(encoding="utf-8")
+    assert "consumer-config --format uv</code> writes" not in page
+    assert ("<code>wheelforge consumer-config --format uv</code> prints them for a "
+            "<code>uv.toml</code> or a uv project's <code>pyproject.toml</code>") in page

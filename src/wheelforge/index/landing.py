@@ -226,8 +226,8 @@ def _install_section(installs: Sequence[ChannelInstall]) -> str:
            "venv keep these wheels. uv keeps no settings in a venv: a later <code>uv pip "
            "install</code> there needs the same <code>--index</code> and "
            "<code>--constraint</code>, or it takes the public wheels of the same names "
-           "(<code>wheelforge consumer-config --format uv</code> writes them into a "
-           "<code>uv.toml</code>).</p>\n"
+           "(<code>wheelforge consumer-config --format uv</code> prints them for a "
+           "<code>uv.toml</code> or a uv project's <code>pyproject.toml</code>).</p>\n"
            '<p class="note">Where the commands are: <code>wheelforge</code> is '
            "<code>.venv/bin/wheelforge</code> in a wheelforge checkout after <code>make "
            "build</code> (type its path, or put that directory on PATH); <code>uv</code> is "
