@@ -147,3 +147,23 @@ def test_the_landing_page_says_consumer_config_prints_and_for_what(tmp_path: Pat
     assert "consumer-config --format uv</code> writes" not in page
     assert ("<code>wheelforge consumer-config --format uv</code> prints them for a "
             "<code>uv.toml</code> or a uv project's <code>pyproject.toml</code>") in page
+
+
+def test_the_nightly_names_the_defaults_and_the_matrix_typos_at_once(tmp_path: Path) -> None:
+    """wheelforge.yaml with `archs:` in defaults: and `retension:` in matrix:: `nightly
+    plan` named the matrix's typo; corrected, then the defaults' (issue 53: "its errors
+    come in two rounds")."""
+    from cli_inprocess import run_wheelforge
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "wheelforge.yaml").read_text(encoding="utf-8")
+    assert '\n  arch: "12.0"' in text and "\n  retention:" in text
+    config = tmp_path / "wheelforge.yaml"
+    config.write_text(text.replace('\n  arch: "12.0"', '\n  archs: "12.0"')
+                      .replace("\n  retention:", "\n  retension:"))
+    ran = run_wheelforge("nightly", "plan", "--config", config, "--recipes", repo / "recipes",
+                         "--cache-dir", tmp_path / "cache", cwd=tmp_path)
+    assert ran.returncode == 2, ran.stderr
+    assert "has 2 problem(s)" in ran.stderr, ran.stderr
+    assert "defaults.archs: unknown key; did you mean 'arch'?" in ran.stderr
+    assert "matrix.retension: unknown key; did you mean 'retention'?" in ran.stderr

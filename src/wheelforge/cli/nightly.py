@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -60,14 +61,37 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
         raise ConfigError(f"no project file {path}", fix="run in the directory that holds "
                           "wheelforge.yaml, or pass --config")
     book = _book(recipes)
-    matrix = load_matrix(path, known_recipes=book.names(), recipes=book.load)
-    base = resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
-                   sources_dirs=sources_dirs, jobs=jobs, project_file=path)
+    matrix, base = _both_sections(
+        path, lambda: load_matrix(path, known_recipes=book.names(), recipes=book.load),
+        lambda: resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
+                        sources_dirs=sources_dirs, jobs=jobs, project_file=path))
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
                               work_dir=base.work_dir, sources_dirs=base.sources_dirs,
                               jobs=jobs, project_file=path, stack_check=_stack_check(),
                               stack_recheck=gate_forced())
     return matrix, book, settings
+
+
+def _both_sections(path: Path, matrix: Callable[[], Any], settings: Callable[[], Any]
+                   ) -> tuple[Any, Any]:
+    """The project file's matrix: and its settings (defaults:), every problem of both in
+    one error: a matrix: typo, once corrected, was followed by a defaults: typo."""
+    out: list[Any] = []
+    errors: list[ConfigError] = []
+    for read in (matrix, settings):
+        try:
+            out.append(read())
+        except ConfigError as exc:
+            errors.append(exc)
+    lists = [e.why for e in errors if e.why and e.why.startswith("\n")]
+    if len(errors) == 2 and len(lists) == 2:  # two lists of problems, one per section
+        count = len("".join(lists).strip().splitlines())
+        raise ConfigError(f"{path} has {count} problem(s)", why="".join(lists),
+                          fix="correct the keys above; docs/usage.md lists the settings of "
+                              "defaults:, docs/nightly.md the matrix")
+    if errors:
+        raise errors[0]
+    return out[0], out[1]
 
 
 def _stack_check() -> bool:
