@@ -8,8 +8,8 @@ command line (whose ``main`` turns their errors into messages and exit codes).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
