@@ -167,3 +167,23 @@ def test_the_nightly_names_the_defaults_and_the_matrix_typos_at_once(tmp_path: P
     assert "has 2 problem(s)" in ran.stderr, ran.stderr
     assert "defaults.archs: unknown key; did you mean 'arch'?" in ran.stderr
     assert "matrix.retension: unknown key; did you mean 'retention'?" in ran.stderr
+
+
+def test_options_before_a_nightly_subcommand_are_refused_with_a_line_that_runs(
+        tmp_path: Path) -> None:
+    """`wheelforge nightly --jobs 2 plan` said "put them after it: wheelforge nightly plan
+    --jobs", which `nightly plan` refuses (it has no --jobs), without the value; `--index`
+    was spelled `--index-dir`, `--config` `--project-file`."""
+    from cli_inprocess import run_wheelforge
+
+    config = tmp_path / "ci.yaml"
+    config.write_text("matrix: {}\n")
+    ran = run_wheelforge("nightly", "--config", config, "--index", tmp_path / "idx", "plan",
+                         cwd=tmp_path)
+    assert ran.returncode == 2
+    assert (f"put them after it: wheelforge nightly plan --config {config} --index "
+            f"{tmp_path / 'idx'}") in " ".join(ran.stderr.split()), ran.stderr
+    ran = run_wheelforge("nightly", "--jobs", "2", "plan", cwd=tmp_path)
+    text = " ".join(ran.stderr.split())
+    assert ran.returncode == 2 and "put them after it" not in text, text
+    assert "not options of `wheelforge nightly plan`: --jobs 2" in text, text

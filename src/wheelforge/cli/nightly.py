@@ -72,6 +72,34 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
     return matrix, book, settings
 
 
+def _refuse_options_before(ctx: click.Context, name: str) -> None:
+    """`nightly --config ci.yaml plan`: the options given before the subcommand, refused
+    with the line to run instead (each option as it is spelled, with its value; one the
+    subcommand does not take is named as such)."""
+    import shlex
+
+    sub = ctx.command.get_command(ctx, name) if isinstance(ctx.command, click.Group) else None
+    takes = {o for p in (sub.params if sub else ()) for o in p.opts}
+    moved, foreign = [], []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if not param.opts or value in (None, (), False) or (
+                param.name == "executor" and value == "local"):
+            continue
+        flag = max(param.opts, key=len)  # --config, not -c
+        values = value if isinstance(value, tuple) else (value,)
+        words = [flag] if value is True else [w for v in values for w in (flag, str(v))]
+        (moved if flag in takes else foreign).append(" ".join(shlex.quote(w) for w in words))
+    if not moved and not foreign:
+        return
+    line = " ".join([f"wheelforge nightly {name}", *moved]) if moved else ""
+    raise click.UsageError(
+        f"options before '{name}' belong to the whole nightly run"
+        + (f"; put them after it: {line}" if moved else "")
+        + (f"; not options of `wheelforge nightly {name}`: {', '.join(foreign)} "
+           f"(wheelforge nightly {name} --help lists its own)" if foreign else ""))
+
+
 def _both_sections(path: Path, matrix: Callable[[], Any], settings: Callable[[], Any]
                    ) -> tuple[Any, Any]:
     """The project file's matrix: and its settings (defaults:), every problem of both in
@@ -183,13 +211,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
       wheelforge nightly publish --plan plan.json stage/                    # one writer
     """
     if ctx.invoked_subcommand is not None:
-        given = [k for k, v in ctx.params.items()
-                 if v not in (None, (), False) and not (k == "executor" and v == "local")]
-        if given:
-            raise click.UsageError(
-                f"options before '{ctx.invoked_subcommand}' belong to the whole nightly run; "
-                f"put them after it: wheelforge nightly {ctx.invoked_subcommand} "
-                + " ".join("--" + k.replace("_", "-") for k in given))
+        _refuse_options_before(ctx, ctx.invoked_subcommand)
         return
     from .. import nightly as night
 
