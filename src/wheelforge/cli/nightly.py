@@ -80,7 +80,8 @@ def _refuse_options_before(ctx: click.Context, name: str) -> None:
 
     sub = ctx.command.get_command(ctx, name) if isinstance(ctx.command, click.Group) else None
     takes = {o for p in (sub.params if sub else ()) for o in p.opts}
-    moved, foreign = [], []
+    moved: list[str] = []
+    foreign: list[str] = []
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if not param.opts or value in (None, (), False) or (
