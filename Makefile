@@ -43,7 +43,7 @@ test: venv  ## everything (CI runs this): the unit tier on xdist workers, then i
 	$(PYTEST) -m 'not unit' --durations=25 || status=1; \
 	exit $$status
 
-test-fast: venv  ## the unit tier alone, on xdist workers (-n auto): no nvcc, no torch, no child process; about 2 min on 2 cores
+test-fast: venv  ## the unit tier alone, on xdist workers (-n auto): no nvcc, no torch, no child process; 1-2 min on 2 cores (README: Development)
 	$(PYTEST) -m unit -n auto -q
 
 test-integration: venv  ## the integration tier alone: pip, uv, venvs, torch environments, servers (nginx, redis), Chromium, git; no nvcc

@@ -105,9 +105,10 @@ def test_the_printed_install_pasted_from_another_directory_imports_the_stack(
     _, out = built
     wf_line, uv_line = _printed(out)
     assert " install --index /" in wf_line and wf_line.endswith(" --python ~/venvs/stack")
-    uv = uv_line.split(" ", 1)[0]  # uv's absolute path: the shell's PATH need not hold it
+    uv = uv_line.split(" ")[4]  # uv's absolute path: the shell's PATH need not hold it
     assert os.path.isabs(uv), uv_line
-    assert uv_line.startswith(f"{uv} venv --python 3.11 ~/venvs/stack && {uv} pip install ")
+    assert uv_line.startswith(f"test -d ~/venvs/stack || {uv} venv --python 3.11 ~/venvs/stack "
+                              f"&& {uv} pip install ")
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     elsewhere.mkdir(parents=True)
     env = _user_env(home)

@@ -109,11 +109,39 @@ def test_the_printed_uv_line_pasted_as_printed(local: Path, public: str, uv: str
 
     text = install_lines(local, None, None)
     (line,) = [ln for ln in text.splitlines() if " pip install --python " in ln]
-    assert line.startswith("/") and shlex.split(line)[1] == "venv"  # uv's absolute path
+    words = shlex.split(line)
+    assert words[4].startswith("/") and words[5] == "venv"  # uv's absolute path
     env = home_env(tmp_path / "home", public, PATH="/usr/bin:/bin")  # no uv on PATH
     done = run(["bash", "-euo", "pipefail", "-c", line], env, elsewhere(tmp_path))
     assert done.returncode == 0, done.stderr
     assert kept(tmp_path / "home" / "venvs" / "stack" / "bin" / "python")
+
+
+def test_the_printed_uv_line_pasted_again_or_after_the_pip_line(
+        local: Path, public: str, uv: str, tmp_path: Path) -> None:
+    """The printed uv line ran once: pasted again (after a new build), or after the pip
+    line above it into the same ~/venvs/stack, `uv venv` refused the venv that existed
+    ("A virtual environment already exists"), and nothing was installed.  It runs each
+    time, and leaves the venv's interpreter as it was."""
+    from wheelforge.cli._options import install_lines
+
+    text = install_lines(local, None, None)
+    (uv_line,) = [ln for ln in text.splitlines() if " pip install --python " in ln]
+    (wf_line,) = [ln for ln in text.splitlines() if " install --index " in ln]
+    home = tmp_path / "home"
+    env = home_env(home, public, PATH="/usr/bin:/bin")
+    for line in (uv_line, uv_line):  # pasted twice
+        done = run(["bash", "-euo", "pipefail", "-c", line], env, elsewhere(tmp_path))
+        assert done.returncode == 0, done.stderr
+    assert kept(home / "venvs" / "stack" / "bin" / "python")
+    other = home_env(tmp_path / "home2", public, PATH="/usr/bin:/bin")
+    done = run(["bash", "-euo", "pipefail", "-c", wf_line], other, elsewhere(tmp_path))
+    assert done.returncode == 0, done.stderr
+    cfg = (tmp_path / "home2" / "venvs" / "stack" / "pyvenv.cfg").read_text()
+    done = run(["bash", "-euo", "pipefail", "-c", uv_line], other, elsewhere(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "home2" / "venvs" / "stack" / "pyvenv.cfg").read_text() == cfg
+    assert kept(tmp_path / "home2" / "venvs" / "stack" / "bin" / "python")
 
 
 def test_the_venv_keeps_a_global_constraint_and_runs_with_pip_config_file_devnull(

@@ -311,7 +311,8 @@ def test_the_stack_page_has_one_line_per_wheel_and_pasteable_install_lines(
                  page=moved / "index.html").stdout.decode()
     wf_line, uv_line = _install_lines(dom)
     assert wf_line == f"wheelforge install --index {moved}/cu130-torch2.14/ --python ~/venvs/stack"
-    assert uv_line.startswith("uv venv --python 3.11 ~/venvs/stack && uv pip install --python "
+    assert uv_line.startswith("test -d ~/venvs/stack || uv venv --python 3.11 ~/venvs/stack "
+                              "&& uv pip install --python "
                               f"~/venvs/stack --index wheelforge={moved.as_uri()}/")
     assert uv_line.endswith("causal-conv1d fla-core flash-linear-attention mamba-ssm")
     assert "mamba-ssm needs causal-conv1d: installed with it" in dom

@@ -128,7 +128,7 @@ def test_yaml_errors_and_missing_files_are_config_errors(tmp_path: Path) -> None
         load_matrix(write(tmp_path, "matrix: [\n"))
     with pytest.raises(ConfigError, match="cannot read"):
         load_matrix(tmp_path / "nope.yaml")
-    with pytest.raises(ConfigError, match="is not a mapping"):
+    with pytest.raises(ConfigError, match="is not a project file"):
         parse_matrix(["x"], tmp_path / "w.yaml")
 
 

@@ -98,11 +98,11 @@ def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
 # ------------------------------------------------- 5. the printed lines, pasted as printed
 
 def _commands(text: str) -> list[str]:
-    """The shell commands of printed lines: each non-comment line, split at && and ;."""
+    """The shell commands of printed lines: each non-comment line, split at &&, || and ;."""
     out = []
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#") and not line.endswith(":"):
-            out += [part.strip() for part in re.split(r"&&|;", line) if part.strip()]
+            out += [part.strip() for part in re.split(r"&&|\|\||;", line) if part.strip()]
     return out
 
 
@@ -119,7 +119,7 @@ def test_every_printed_command_runs_with_only_the_system_path(local: Path) -> No
     from wheelforge.cli._options import install_lines
 
     commands = _commands(install_lines(local, None, None))
-    assert len(commands) == 3, commands  # wheelforge install; uv venv; uv pip install
+    assert len(commands) == 4, commands  # wheelforge install; test -d; uv venv; uv pip install
     for command in commands:
         first = shlex.split(command)[0]
         assert _resolves_under_the_system_path(first), command
@@ -423,6 +423,19 @@ def test_the_report_breaks_wheel_names_only_between_their_parts(
     assert "".join(lines).startswith("causal_conv1d-1.7.0+")
     assert len(lines) > 1, lines  # narrow enough to wrap
     assert all(line[-1] in "-+_" for line in lines[:-1]), lines
+
+
+@pytest.mark.parametrize("width", [700, 1000])
+def test_the_report_breaks_a_torch_requirement_only_after_its_operator(
+        chromium: str, night_page: Path, tmp_path: Path, width: int) -> None:
+    """A second newcomer day: at 1000 px the Torch column read `torch=` / `=2.14.` /
+    `1`."""
+    found = probe(chromium, night_page, tmp_path / "profile",
+                  LINES % "'td:nth-child(4) code'", width=width)
+    assert isinstance(found, list) and found, found
+    for lines in found:
+        assert "".join(lines) == "torch==2.14.1", lines
+        assert lines in (["torch==2.14.1"], ["torch==", "2.14.1"]), lines
 
 
 def test_the_nightly_doc_counts_the_shipped_matrix_and_names_the_interrupted_exit_code(

@@ -46,6 +46,7 @@ MODULES: dict[str, str] = {
     "test_fatbin.py": "unit",
     "test_first_day.py": "unit",  # the command in-process where only its text is checked
     "test_first_hour.py": "unit",  # likewise
+    "test_second_day.py": "unit",  # likewise: issue 53's second newcomer day
     "test_gputest.py": "unit",
     "test_hostile.py": "unit",
     "test_index.py": "unit",

@@ -123,7 +123,12 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
     data = read_yaml(path, ConfigError, str(path), read_fix="pass the project file with "
                      "--config") or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must be a mapping")
+        raise ConfigError(f"{path} is not a project file",
+                          why=("it is empty" if data is None else
+                               f"its top level is a {type(data).__name__}") + ", not a mapping "
+                              "of sections (defaults:, matrix:, ...)",
+                          fix="pass --config a wheelforge.yaml (the checkout's is an example; "
+                              "docs/usage.md lists the settings of defaults:)")
     p = Problems(path)  # every problem at once, each key's with a did-you-mean
     p.unknown_keys("", data, PROJECT_KEYS)  # a typo (default:) would be silently ignored
     defaults = data.get("defaults", {}) or {}
@@ -351,7 +356,9 @@ def _positive_int(value: str, what: str) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise ConfigError(f"{what} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{what} must be a positive integer, got {value!r}",
+                          fix=f"set {what} to a whole number of 1 or more (e.g. {what}=2), "
+                              "or unset it: wheelforge sizes it from the cores and memory")
     return n
 
 

@@ -204,7 +204,9 @@ def _new_pin(recipe: Recipe, onto: str, sdist: str | None, sha256: str | None,
         else:
             path = Path(sdist)
             if not path.is_file():
-                raise ConfigError(f"--sdist {sdist}: no such file")
+                raise ConfigError(f"--sdist {sdist}: no such file",
+                                  fix="pass the new release's sdist: a file that exists, or "
+                                      "its https URL (with --sha256)")
             new_sdist, dirs = SdistSource(filename=path.name, sha256=sha256), (path.parent,)
         new: GitSource | SdistSource = new_sdist
         pin = (f"  version: \"{new_version}\"\n  sources:\n    - sdist:\n"

@@ -8,6 +8,7 @@ command line (whose ``main`` turns their errors into messages and exit codes).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,66 @@ def _matrix_and_settings(project_file: Path | None, recipes: Path | None,
         raise ConfigError(f"no project file {path}", fix="run in the directory that holds "
                           "wheelforge.yaml, or pass --config")
     book = _book(recipes)
-    matrix = load_matrix(path, known_recipes=book.names(), recipes=book.load)
-    base = resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
-                   sources_dirs=sources_dirs, jobs=jobs, project_file=path)
+    matrix, base = _both_sections(
+        path, lambda: load_matrix(path, known_recipes=book.names(), recipes=book.load),
+        lambda: resolve(index_dir=index_dir, cache_dir=cache_dir, work_dir=work_dir,
+                        sources_dirs=sources_dirs, jobs=jobs, project_file=path))
     settings = night.Settings(index_dir=base.index_dir, cache_dir=base.cache_dir,
                               work_dir=base.work_dir, sources_dirs=base.sources_dirs,
                               jobs=jobs, project_file=path, stack_check=_stack_check(),
                               stack_recheck=gate_forced())
     return matrix, book, settings
+
+
+def _refuse_options_before(ctx: click.Context, name: str) -> None:
+    """`nightly --config ci.yaml plan`: the options given before the subcommand, refused
+    with the line to run instead (each option as it is spelled, with its value; one the
+    subcommand does not take is named as such)."""
+    import shlex
+
+    sub = ctx.command.get_command(ctx, name) if isinstance(ctx.command, click.Group) else None
+    takes = {o for p in (sub.params if sub else ()) for o in p.opts}
+    moved: list[str] = []
+    foreign: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if not param.opts or value in (None, (), False) or (
+                param.name == "executor" and value == "local"):
+            continue
+        flag = max(param.opts, key=len)  # --config, not -c
+        values = value if isinstance(value, tuple) else (value,)
+        words = [flag] if value is True else [w for v in values for w in (flag, str(v))]
+        (moved if flag in takes else foreign).append(" ".join(shlex.quote(w) for w in words))
+    if not moved and not foreign:
+        return
+    line = " ".join([f"wheelforge nightly {name}", *moved]) if moved else ""
+    raise click.UsageError(
+        f"options before '{name}' belong to the whole nightly run"
+        + (f"; put them after it: {line}" if moved else "")
+        + (f"; not options of `wheelforge nightly {name}`: {', '.join(foreign)} "
+           f"(wheelforge nightly {name} --help lists its own)" if foreign else ""))
+
+
+def _both_sections(path: Path, matrix: Callable[[], Any], settings: Callable[[], Any]
+                   ) -> tuple[Any, Any]:
+    """The project file's matrix: and its settings (defaults:), every problem of both in
+    one error: a matrix: typo, once corrected, was followed by a defaults: typo."""
+    out: list[Any] = []
+    errors: list[ConfigError] = []
+    for read in (matrix, settings):
+        try:
+            out.append(read())
+        except ConfigError as exc:
+            errors.append(exc)
+    lists = [e.why for e in errors if e.why and e.why.startswith("\n")]
+    if len(errors) == 2 and len(lists) == 2:  # two lists of problems, one per section
+        count = len("".join(lists).strip().splitlines())
+        raise ConfigError(f"{path} has {count} problem(s)", why="".join(lists),
+                          fix="correct the keys above; docs/usage.md lists the settings of "
+                              "defaults:, docs/nightly.md the matrix")
+    if errors:
+        raise errors[0]
+    return out[0], out[1]
 
 
 def _stack_check() -> bool:
@@ -159,13 +212,7 @@ def nightly(ctx: click.Context, project_file: Path | None, index_dir: Path | Non
       wheelforge nightly publish --plan plan.json stage/                    # one writer
     """
     if ctx.invoked_subcommand is not None:
-        given = [k for k, v in ctx.params.items()
-                 if v not in (None, (), False) and not (k == "executor" and v == "local")]
-        if given:
-            raise click.UsageError(
-                f"options before '{ctx.invoked_subcommand}' belong to the whole nightly run; "
-                f"put them after it: wheelforge nightly {ctx.invoked_subcommand} "
-                + " ".join("--" + k.replace("_", "-") for k in given))
+        _refuse_options_before(ctx, ctx.invoked_subcommand)
         return
     from .. import nightly as night
 

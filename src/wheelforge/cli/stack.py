@@ -28,18 +28,39 @@ deps_dir_option = click.option(
          "--no-index --find-links), for air-gapped machines. Default: pip's configured index.")
 
 
+_GATE_OFF = ("off", "0", "false", "no", "never")
+_GATE_ON = ("", "on", "1", "true", "yes")
+
+
+def _gate_setting(environ: Mapping[str, str] | None) -> tuple[str, str]:
+    """WHEELFORGE_STACK_CHECK as set, and as read (off, on or always); a value that is none
+    of them (a typo: =of, =disabled) is a ConfigError, never the check run silently."""
+    value = (environ if environ is not None else os.environ).get(STACK_CHECK_VAR, "")
+    word = value.strip().lower()
+    if word in _GATE_OFF:
+        return value, "off"
+    if word in _GATE_ON or word == "always":
+        return value, word if word == "always" else "on"
+    import difflib
+
+    close = difflib.get_close_matches(word, ("off", "always", "never", "on"), n=1, cutoff=0.5)
+    raise ConfigError(f"{STACK_CHECK_VAR}={value!r} is not a setting of the stack check",
+                      why="off (or never, 0, false, no) skips it; always checks a channel "
+                          "unchanged since its last passing check too; on, or unset, checks "
+                          "what changed",
+                      fix=(f"did you mean {STACK_CHECK_VAR}={close[0]}? " if close else "")
+                      + "set it to off, always or on, or unset it")
+
+
 def gate_disabled(environ: Mapping[str, str] | None = None) -> str | None:
     """Why the gate is off (the variable's setting), or None when it runs."""
-    value = (environ if environ is not None else os.environ).get(STACK_CHECK_VAR, "")
-    if value.strip().lower() in ("off", "0", "false", "no", "never"):
-        return f"{STACK_CHECK_VAR}={value}"
-    return None
+    value, setting = _gate_setting(environ)
+    return f"{STACK_CHECK_VAR}={value}" if setting == "off" else None
 
 
 def gate_forced(environ: Mapping[str, str] | None = None) -> bool:
     """Whether WHEELFORGE_STACK_CHECK=always asks for the check of unchanged channels."""
-    value = (environ if environ is not None else os.environ).get(STACK_CHECK_VAR, "")
-    return value.strip().lower() == "always"
+    return _gate_setting(environ)[1] == "always"
 
 
 def run_gate(index_dir: Path, channels: Iterable[str | None], *, python: Path,

@@ -167,8 +167,9 @@ EXAMPLE_VENV = "~/venvs/stack"
 def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
                 python_version: str | None, venv: str = EXAMPLE_VENV,
                 uv: str | None = None) -> list[str]:
-    """The install as users paste it, from any directory: ``wheelforge install`` (pip, with
-    the lasting venv settings) and uv's one line (project names: the constraints pin them).
+    """The install as users paste it, from any directory, again after a new build:
+    ``wheelforge install`` (pip, with the lasting venv settings) and uv's one line (the venv
+    made when missing; project names: the constraints pin them).
     ``wheelforge``: how to run wheelforge (an absolute path); ``uv``: uv's binary (an
     absolute path; None: not found, the line says how to get it); ``index``: the --index
     argument (an absolute path or the served channel's URL); ``python_version``: "3.11"
@@ -186,7 +187,9 @@ def one_command(p: Plan, *, wheelforge: str, index: str, channel: str | None,
         "# or with uv alone; uv keeps no per-venv settings: later uv pip commands in that",
         "# venv need the same --index and --constraint (wheelforge consumer-config --format uv):",
         *how_uv,
-        f"{uv} venv{uv_python} {venv} && {uv} pip install --python {venv} "
+        # `uv venv` refuses a venv that exists (the pip line's, or this line's pasted
+        # again after a new build): made only when missing, as `wheelforge install` does
+        f"test -d {venv} || {uv} venv{uv_python} {venv} && {uv} pip install --python {venv} "
         f"--index {q(f'{UV_INDEX_NAME}={p.index_url}')} --constraint {q(p.constraints)} "
         + " ".join(q(x.split("==", 1)[0]) for x in p.pins),
     ]

@@ -226,8 +226,8 @@ def _install_section(installs: Sequence[ChannelInstall]) -> str:
            "venv keep these wheels. uv keeps no settings in a venv: a later <code>uv pip "
            "install</code> there needs the same <code>--index</code> and "
            "<code>--constraint</code>, or it takes the public wheels of the same names "
-           "(<code>wheelforge consumer-config --format uv</code> writes them into a "
-           "<code>uv.toml</code>).</p>\n"
+           "(<code>wheelforge consumer-config --format uv</code> prints them for a "
+           "<code>uv.toml</code> or a uv project's <code>pyproject.toml</code>).</p>\n"
            '<p class="note">Where the commands are: <code>wheelforge</code> is '
            "<code>.venv/bin/wheelforge</code> in a wheelforge checkout after <code>make "
            "build</code> (type its path, or put that directory on PATH); <code>uv</code> is "
@@ -245,7 +245,8 @@ def _install_section(installs: Sequence[ChannelInstall]) -> str:
             f'<div class="cmd"><code>wheelforge install --index {here}{sub} --python '
             f'{venv}</code><button type="button" class="copy" title="copy the command">copy'
             "</button></div>\n"
-            f'<div class="cmd"><code>uv venv{uv_python} {venv} &amp;&amp; uv pip install '
+            f'<div class="cmd"><code>test -d {venv} || uv venv{uv_python} {venv} &amp;&amp; '
+            "uv pip install "
             f"--python {venv} --index wheelforge={here_url}{sub}simple/ --constraint "
             f"{here_url}{sub}constraints.txt {names}</code>"
             '<button type="button" class="copy" title="copy the command">copy</button></div>\n')

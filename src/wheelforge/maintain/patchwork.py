@@ -468,7 +468,10 @@ def rebase(repo: Path, recipe: Recipe, archive: Path, identity: str,
     repo = Path(os.path.abspath(repo))
     state = read_state(repo)
     if state["recipe"] != recipe.name:
-        raise ConfigError(f"{repo} holds the series of {state['recipe']}, not {recipe.name}")
+        raise ConfigError(f"{repo} holds the series of {state['recipe']}, not {recipe.name}",
+                          fix=f"run `wheelforge patch {state['recipe']} rebase` there, or pass "
+                              f"--from the repository `wheelforge patch {recipe.name} start` "
+                              "made")
     _require_clean(repo, "rebase")
     old = _out(["rev-parse", f"{TAG}^{{commit}}"], repo)
     with tempfile.TemporaryDirectory(prefix=TMP_PREFIX, dir=repo.parent) as tmp:

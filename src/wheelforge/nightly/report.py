@@ -62,6 +62,7 @@ th, td { border-bottom: 1px solid #d0d7de; padding: 0.3em 0.6em; text-align: lef
          vertical-align: top; overflow-wrap: break-word; }
 td code, td a { overflow-wrap: anywhere; }  /* paths and links break anywhere, words never */
 td a.wheel { overflow-wrap: normal; }  /* a wheel's name: only at its <wbr>s, after - + _ */
+td code.req { overflow-wrap: normal; }  /* torch==2.14.1: only after its == */
 th, td.n { white-space: nowrap; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre { background: #f6f8fa; padding: 0.6em; white-space: pre-wrap; overflow-wrap: anywhere; }
@@ -170,12 +171,13 @@ def render_html(report: NightlyReport, report_dir: Path) -> str:
                 + (f"<p>log: {_log_link(r)}</p>\n" if r.log else "")
                 + (f"<details open><summary>last lines of the log</summary>"
                    f"<pre>{_e(r.log_tail)}</pre></details>\n" if r.log_tail else ""))
-        torch = r.torch + (f" {' '.join(r.pip_args)}" if r.pip_args else "")
+        torch = (f'<code class="req">{_e(r.torch).replace("==", "==<wbr>")}</code>'
+                 + (f" <code>{_e(' '.join(r.pip_args))}</code>" if r.pip_args else ""))
         rows.append(
             f"<tr><td>{n}</td><td>{_e(r.recipe)} {_e(r.version or '')}"
             + (f" <code>[{_e(r.subset)}]</code>" if r.subset else "") + "</td>"
             f"<td class=n><code>{_e(os.path.basename(r.python))}</code></td>"
-            f"<td><code>{_e(torch)}</code> (CUDA {_e(r.cuda)})</td>"
+            f"<td>{torch} (CUDA {_e(r.cuda)})</td>"
             f"<td>{_e(r.archs or 'pure')}</td><td>{status}</td>"
             f"<td class=n>{r.duration_s:.1f} s</td>"
             f"<td>{wheel}</td><td>{_e(', '.join(r.archs_found) or '-')}</td>"

@@ -389,7 +389,9 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
                           fix="see docs/recipe-format.md for the format")
     p.unknown_keys("", data, _TOP_KEYS)
     fmt = data.get("format")
-    if fmt != FORMAT_VERSION:
+    if fmt is None:
+        p.add("format", f"is required: format: {FORMAT_VERSION} (the recipe format version)")
+    elif fmt != FORMAT_VERSION:
         p.add("format", f"must be {FORMAT_VERSION} (the recipe format version), got {fmt!r}")
     name = string_field(p, data, "name", "")
     if name and not _PROJECT_NAME.fullmatch(name):

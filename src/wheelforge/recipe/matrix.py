@@ -295,7 +295,12 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
     p = Problems(path)
     fix = "correct the keys above; the matrix is described in docs/nightly.md"
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} is not a mapping", fix=fix)
+        raise ConfigError(f"{path} is not a project file",
+                          why=("it is empty" if data is None else
+                               f"its top level is a {type(data).__name__}") + ", not a mapping "
+                              "of sections (defaults:, matrix:, ...)",
+                          fix="pass --config a wheelforge.yaml with a matrix: section (the "
+                              "checkout's is an example; docs/nightly.md describes it)")
     p.unknown_keys("", data, PROJECT_KEYS)
     raw = data.get("matrix")
     if not isinstance(raw, dict):

@@ -80,8 +80,11 @@ class BuildEnv:
         return ".".join(self.torch_version.split("+")[0].split(".")[:2])
 
     def describe(self) -> str:
+        """One line; a pure recipe's answer (torch not asked) names the torch installed."""
+        installed = dict(self.distributions).get("torch")
         torch = (f"torch {self.torch_version} (CUDA {self.torch_cuda or 'none'})"
-                 if self.torch_version else "no torch")
+                 if self.torch_version else
+                 f"torch {installed}, not needed by this build" if installed else "no torch")
         kind = "managed" if self.managed else "given"
         return f"{kind} env {self.python} (Python {self.python_version}, {torch})"
 
