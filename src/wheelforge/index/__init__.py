@@ -75,6 +75,7 @@ from .records import (
     PublishResult,
     WheelRecord,
     channel_name,
+    stable_channel_name,
     from_json,
     to_json,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "ServeLimits",
     "WheelRecord",
     "channel_name",
+    "stable_channel_name",
     "from_json",
     "load_records",
     "make_server",

@@ -141,8 +141,9 @@ def verify_wheel(
     a warm interpreter has the one it was started with)."""
     issues: list[str] = []
     info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
-    if canonicalize_name(info.name) != recipe.name:
-        issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
+    if canonicalize_name(info.name) != recipe.project_name:
+        issues.append(f"project name is {info.name!r}, the recipe builds "
+                      f"{recipe.project_name!r}")
     if info.version.public != str(recipe.version):
         issues.append(f"version is {info.version}, the recipe pins {recipe.version}")
     issues.extend(integrity_problems(wheel))  # RECORD, WHEEL tags, METADATA, no *.libs
