@@ -75,8 +75,8 @@ from .records import (
     PublishResult,
     WheelRecord,
     channel_name,
-    stable_channel_name,
     from_json,
+    stable_channel_name,
     to_json,
 )
 from .recovery import repair
