@@ -19,6 +19,7 @@ from wheelforge.builder.artifact import abiaudit
 from wheelforge.errors import RecipeError
 from wheelforge.index import channel_name, stable_channel_name
 from wheelforge.recipe.format import load_recipe, parse_recipe
+from wheelforge.recipe.matrix import Matrix, TorchPin, cells
 
 RECIPES = REPO / "recipes"
 PATCHES = REPO / "patches"
@@ -136,3 +137,21 @@ def test_the_audit_passes_stable_shims_and_checks_the_torch_floor(tmp_path: Path
     assert missing and "must require 'torch>=2.N'" in missing[0]
     too_old = abiaudit.stable_abi_problems(wheel, ["torch>=2.0"])
     assert too_old and "raise its Requires-Dist" in too_old[0], too_old
+
+
+@pytest.mark.unit
+def test_the_nightly_builds_a_stable_recipe_once_per_cuda_major_and_arch_set() -> None:
+    """docs/stable-abi.md, 'Builds per night': five torches of two CUDA majors, two
+    Pythons, two arch sets."""
+    torches = tuple(TorchPin(spec=f"torch=={v}", cuda=c) for v, c in (
+        ("2.14.1", "13.0"), ("2.12.1", "13.0"), ("2.11.0", "13.0"), ("2.13.0", "12.8"),
+        ("2.10.0", "12.8")))
+    m = Matrix(path=Path("wheelforge.yaml"), recipes=("causal-conv1d-stable", "mamba-ssm"),
+               pythons=("python3.11", "python3.12"), torches=torches,
+               arch_sets=("12.0", "10.0;12.0"))
+    got = cells(m, {"causal-conv1d-stable": "stable", "mamba-ssm": "extension"})
+    stable = [c for c in got if c.recipe == "causal-conv1d-stable"]
+    assert [(c.python, c.torch.spec, c.archs) for c in stable] == [
+        ("python3.11", "torch==2.14.1", "12.0"), ("python3.11", "torch==2.14.1", "10.0;12.0"),
+        ("python3.11", "torch==2.13.0", "12.0"), ("python3.11", "torch==2.13.0", "10.0;12.0")]
+    assert len([c for c in got if c.recipe == "mamba-ssm"]) == 2 * 5 * 2
