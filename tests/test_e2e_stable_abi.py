@@ -3,14 +3,16 @@ once per run, loads and registers its ops under torch 2.11, 2.12 and 2.14 (CUDA 
 in a venv of its own; on the CPU each op's own argument check refuses a CPU tensor.
 
 Real nvcc, real torch from PyPI (uv hard-links it from its cache), the real index.  The
-one build is the whole cost this module adds (about 4 min of a 2-core runner: causal-conv1d
-for sm_120, the managed torch 2.14.1 environment shared with the other e2e tests), plus
-three venvs of torch hard-linked from uv's cache (seconds each once cached).
+one build is the whole cost this module adds (about 4-5 min of a 2-core runner cold:
+causal-conv1d for sm_120, the managed torch 2.14.1 environment and the compile cache
+shared with `make build`, so that a rerun relinks), plus three venvs of torch hard-linked
+from uv's cache (seconds each once cached).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, built_wheel
-from upstream import cache_root, cold_env
 from wheelforge.wheel import read_metadata
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
@@ -31,14 +32,16 @@ PROBE = Path(__file__).with_name("stable_abi_probe.py")
 
 @pytest.fixture(scope="session")
 def stable_wheel(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
-    """causal-conv1d-stable built once (sm_120, against the managed torch 2.14.1)."""
-    root = tmp_path_factory.mktemp("stable")
-    index = root / "index"
+    """causal-conv1d-stable built once (sm_120, against the managed torch 2.14.1), in the
+    user's cache root as `make build` builds: its compile cache serves a rerun."""
+    index = tmp_path_factory.mktemp("stable") / "index"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_CUDA_ARCH_LIST", "WHEELFORGE_GIT_MIRRORS",
+                        "WHEELFORGE_STACK_CHECK")}
     done = subprocess.run(
         [sys.executable, "-m", "wheelforge", "build", "causal-conv1d-stable", "--arch", "12.0",
-         "--index", str(index), "--cache-dir", str(cache_root(root / "cache", shared_cache)),
-         "--no-stack-check"],
-        cwd=REPO, env=cold_env(), text=True, stdout=subprocess.PIPE,
+         "--index", str(index), "--cache-dir", str(shared_cache), "--no-stack-check"],
+        cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, timeout=3600)
     assert done.returncode == 0, done.stdout[-6000:]
     assert re.search(rf"published: {re.escape(STEM)}-manylinux_2_[0-9]+_x86_64\.whl",
