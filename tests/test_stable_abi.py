@@ -11,11 +11,14 @@ import shutil
 import subprocess
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import REPO
+from wheelforge.builder import config as cfg
 from wheelforge.builder.artifact import abiaudit
+from wheelforge.builder.artifact.identity import local_label
 from wheelforge.errors import RecipeError
 from wheelforge.index import channel_name, stable_channel_name
 from wheelforge.recipe.format import load_recipe, parse_recipe
@@ -155,3 +158,14 @@ def test_the_nightly_builds_a_stable_recipe_once_per_cuda_major_and_arch_set() -
         ("python3.11", "torch==2.14.1", "12.0"), ("python3.11", "torch==2.14.1", "10.0;12.0"),
         ("python3.11", "torch==2.13.0", "12.0"), ("python3.11", "torch==2.13.0", "10.0;12.0")]
     assert len([c for c in got if c.recipe == "mamba-ssm"]) == 2 * 5 * 2
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("cuda", "torch"), [("13.0", "2.14"), ("13.0", "2.11"), ("13.2", "2.15")])
+def test_the_label_is_the_same_whatever_the_torch_of_the_cuda_major(
+        tmp_path: Path, cuda: str, torch: str) -> None:
+    recipe = load_recipe(RECIPES / "causal-conv1d-stable.yaml", PATCHES)
+    conf = cfg.resolve(arch="12.0", cache_dir=tmp_path, index_dir=tmp_path / "index",
+                       environ={}, subset=(), project_file=None)
+    env = SimpleNamespace(torch_cuda=cuda, torch_major_minor=torch)
+    assert local_label(recipe, env, conf) == "cu13stablesm120"  # type: ignore[arg-type]
