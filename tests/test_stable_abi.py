@@ -169,3 +169,18 @@ def test_the_label_is_the_same_whatever_the_torch_of_the_cuda_major(
                        environ={}, subset=(), project_file=None)
     env = SimpleNamespace(torch_cuda=cuda, torch_major_minor=torch)
     assert local_label(recipe, env, conf) == "cu13stablesm120"  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
+def test_install_takes_an_abi3_wheel_for_a_newer_python() -> None:
+    """`wheelforge install` checks the venv's Python against the wheels: a cp310-abi3
+    wheel runs on 3.10 and newer, a cp311-cp311 wheel on 3.11 only."""
+    from packaging.tags import Tag
+
+    from wheelforge.cli.install import _runs_on
+
+    abi3 = Tag("cp310", "abi3", "manylinux_2_34_x86_64")
+    assert _runs_on("cp310", abi3) and _runs_on("cp311", abi3) and _runs_on("cp313", abi3)
+    assert not _runs_on("cp39", abi3)
+    plain = Tag("cp311", "cp311", "manylinux_2_34_x86_64")
+    assert _runs_on("cp311", plain) and not _runs_on("cp312", plain)
