@@ -184,3 +184,59 @@ def test_install_takes_an_abi3_wheel_for_a_newer_python() -> None:
     assert not _runs_on("cp39", abi3)
     plain = Tag("cp311", "cp311", "manylinux_2_34_x86_64")
     assert _runs_on("cp311", plain) and not _runs_on("cp312", plain)
+
+
+# ---- the port against the real sdist and torch's real stable headers (g++, no nvcc) ----
+
+def _first(paths: list[Path], what: str) -> Path:
+    if not paths:  # the e2e set-up makes both; say what is missing rather than skip
+        pytest.fail(f"{what} not found: run `wheelforge build causal-conv1d` once first")
+    return sorted(paths)[-1]
+
+
+@pytest.fixture(scope="module")
+def stable_tree(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    """causal-conv1d's sdist with causal-conv1d-stable's 8 patches applied."""
+    from setup_py_runs import BOOK, patched_trees
+    from wheelforge.builder.source.fetch import fetch
+
+    recipe = BOOK.load("causal-conv1d-stable")
+    return patched_trees(recipe, fetch(recipe, shared_cache).archive,
+                         tmp_path_factory.mktemp("stable"))["patched"]
+
+
+def _compile_binding(tree: Path, shared_cache: Path,
+                     target: str) -> subprocess.CompletedProcess[str]:
+    """The binding compiled (syntax only) against a managed environment's torch headers,
+    whichever torch from 2.10 on it holds."""
+    import sysconfig
+
+    envs = shared_cache.glob("envs/*/lib/python3*/site-packages/torch/include")
+    torch_inc = _first([p for p in envs if (p / "torch/csrc/stable/version.h").is_file()],
+                       "a managed environment with torch's stable headers")
+    cuda_inc = _first([p.parent for p in [Path("/usr/local/cuda/include/cuda_runtime_api.h"),
+                                          *shared_cache.glob("toolkits/*/cuda/include/cuda_runtime_api.h")]
+                       if p.is_file()], "a CUDA toolkit's headers")
+    cxx = shutil.which("g++") or pytest.fail("g++ is needed to compile the binding")
+    return subprocess.run(
+        [cxx, "-std=c++17", "-fsyntax-only", f"-I{tree / 'csrc'}", f"-I{torch_inc}",
+         f"-I{cuda_inc}", f"-I{sysconfig.get_paths()['include']}", "-DPy_LIMITED_API=0x030A0000",
+         f"-DTORCH_TARGET_VERSION={target}", str(tree / "csrc" / "causal_conv1d.cpp")],
+        text=True, capture_output=True, timeout=600)
+
+
+@pytest.mark.integration
+def test_the_ported_binding_needs_torch_2_10_s_stable_api(stable_tree: Path,
+                                                           shared_cache: Path) -> None:
+    """The floor found by building: the binding compiles against torch's stable headers
+    targeting 2.10, and not 2.9 (whose stable ops lack contiguous, sum and subtract)."""
+    ok = _compile_binding(stable_tree, shared_cache, "0x020a000000000000")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    old = _compile_binding(stable_tree, shared_cache, "0x0209000000000000")
+    assert old.returncode != 0
+    for op in ("contiguous", "sum", "subtract"):
+        assert f"‘{op}’ is not a member of ‘torch::stable’" in old.stderr \
+            or f"'{op}' is not a member of 'torch::stable'" in old.stderr, old.stderr[-3000:]
+    setup = (stable_tree / "setup.py").read_text()
+    assert "py_limited_api=True" in setup and '"torch>=2.10"' in setup
+    assert (stable_tree / "csrc" / "causal_conv1d_stable_compat.h").is_file()
