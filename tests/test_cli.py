@@ -31,6 +31,7 @@ def test_list_and_show() -> None:
     res = wf("list")
     assert res.stdout.splitlines() == [
         "causal-conv1d                1.7.0        extension",
+        "causal-conv1d-stable         1.7.0        extension",
         "fla-core                     0.6.0        pure",
         "flash-attn                   2.8.3.post2  extension",
         "flash-linear-attention       0.6.0        pure",

@@ -121,6 +121,9 @@ MODULES: dict[str, str] = {
     "test_stack_skip.py": "integration",  # a real stack check's venv
     "test_stage_signatures.py": "integration",  # ssh-keygen
     "test_shared_build_path.py": "integration",  # a second user through setpriv
+    # added with issue 55
+    "test_stable_abi.py": "unit",  # the audit's fixtures (g++) are marked integration
+    "test_e2e_stable_abi.py": "e2e",  # one stable-ABI build, loaded under three torches
 }
 
 

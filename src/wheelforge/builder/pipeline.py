@@ -601,7 +601,9 @@ class _Build:
         config, extension, reporter = self.config, self.extension, self.reporter
         channel = None
         if extension and env.torch_cuda and env.torch_version:
-            channel = index.channel_name(env.torch_cuda, env.torch_version)
+            channel = index.stable_channel_name(env.torch_cuda) if \
+                self.recipe.build.stable_abi else \
+                index.channel_name(env.torch_cuda, env.torch_version)
         for cname, cversion in relabeling.pins.items():  # published after what it pins
             self.companion_published(cname, cversion)
         with reporter.step(f"publish to {config.index_dir}"):

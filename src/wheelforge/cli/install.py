@@ -9,6 +9,7 @@ import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from .._log import Reporter
 from ..consume.venv import Installer
 from ..errors import ConfigError, SourceError
 from ._options import EPILOG_SHORT, existing_index
+
+if TYPE_CHECKING:
+    from packaging.tags import Tag
 from .stack import deps_dir_option
 
 #: seconds a served index's constraints file may take, all of it; the most it may hold
@@ -193,24 +197,39 @@ def _check_python(python: Path, pins: tuple[str, ...], where: str) -> None:
     if done.returncode != 0:
         raise ConfigError(f"{python} does not run", why=tag, fix="pass a working venv")
     wanted = _python_tags(where, pins)
-    if wanted and tag not in wanted:
-        raise ConfigError(f"{python} is {tag}; the wheels are for {', '.join(sorted(wanted))}",
+    if wanted and not all(any(_runs_on(tag, t) for t in tags) for tags in wanted):
+        said = sorted({f"{t.interpreter}-abi3 (or newer)" if t.abi == "abi3" else t.interpreter
+                       for tags in wanted for t in tags})
+        raise ConfigError(f"{python} is {tag}; the wheels are for {', '.join(said)}",
                           why="a compiled wheel works only with the Python it was built for",
                           fix="make the venv with that Python (python3.X -m venv DIR), or "
                               "build the wheels with --python for this one")
 
 
-def _python_tags(where: str, pins: tuple[str, ...]) -> set[str]:
-    """The interpreter tags of the pinned compiled wheels of a directory index."""
+def _runs_on(python: str, tag: Tag) -> bool:
+    """Whether the interpreter ``python`` (cp311) runs a wheel of ``tag``: its own
+    interpreter, or an abi3 wheel of that CPython or an older one (docs/stable-abi.md)."""
+    if tag.interpreter == python:
+        return True
+    if tag.abi != "abi3" or not (python.startswith("cp3") and tag.interpreter.startswith("cp3")):
+        return False
+    try:
+        return int(python[3:]) >= int(tag.interpreter[3:])
+    except ValueError:
+        return False
+
+
+def _python_tags(where: str, pins: tuple[str, ...]) -> list[frozenset[Tag]]:
+    """The tags of each pinned compiled wheel of a directory index."""
     from .. import index as idx
     from ..index.pins import is_pure
 
     if "://" in where:
-        return set()  # a served index: pip says it when nothing matches
+        return []  # a served index: pip says it when nothing matches
     from packaging.utils import parse_wheel_filename
 
-    tags: set[str] = set()
+    tags: list[frozenset[Tag]] = []
     for r in idx.load_records(Path(where)):
         if f"{r.project}=={r.version}" in pins and not is_pure(r.filename):
-            tags |= {t.interpreter for t in parse_wheel_filename(r.filename)[3]}
+            tags.append(parse_wheel_filename(r.filename)[3])
     return tags

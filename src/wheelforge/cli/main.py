@@ -250,6 +250,11 @@ def show(name: str, recipes: Path | None) -> None:
     for k, v in r.build.env:
         click.echo(f"env:       {k}={v}")
     click.echo(f"label:     {r.build.local_version or '(none)'}  pin-torch={r.build.pin_torch}")
+    if r.project:
+        click.echo(f"project:   {r.project} (the wheel's name; this recipe is a variant)")
+    if r.build.stable_abi:
+        click.echo("abi:       torch's stable ABI, audited; channel cuN-stable "
+                   "(docs/stable-abi.md)")
     if r.build.drop_requires:
         click.echo(f"drops:     {', '.join(r.build.drop_requires)}")
     if r.build.job_memory_gib is not None:

@@ -76,6 +76,7 @@ from .records import (
     WheelRecord,
     channel_name,
     from_json,
+    stable_channel_name,
     to_json,
 )
 from .recovery import repair
@@ -107,6 +108,7 @@ __all__ = [
     "ServeLimits",
     "WheelRecord",
     "channel_name",
+    "stable_channel_name",
     "from_json",
     "load_records",
     "make_server",

@@ -204,6 +204,12 @@ def channel_name(cuda: str, torch: str) -> str:
     return f"cu{c[0]}{c[1]}-torch{t[0]}.{t[1]}"
 
 
+def stable_channel_name(cuda: str) -> str:
+    """``"13.0"`` -> ``"cu13-stable"``: the channel of the stable-ABI wheels of one CUDA
+    major, which serve every torch of that major from the one they require on."""
+    return f"cu{_parse_version(cuda, 'CUDA version').release[0]}-stable"
+
+
 def _parse_version(value: str, what: str) -> Version:
     try:
         return Version(value)

@@ -124,7 +124,8 @@ class CellRunner:
         out: dict[str, str] = {}
         for name in self.matrix.recipes:
             with contextlib.suppress(WheelforgeError):
-                out[name] = self.recipe(name).build.kind
+                build = self.recipe(name).build
+                out[name] = "stable" if build.stable_abi else build.kind
         return out
 
     def find_cuda(self, cfg: config.BuildConfig | None = None) -> toolchain.Cuda:

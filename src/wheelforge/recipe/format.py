@@ -96,7 +96,7 @@ def refused_env(name: str) -> str | None:
 # schema: allowed keys per mapping, for unknown-key checks and did-you-mean
 
 _TOP_KEYS = ("format", "name", "version", "summary", "homepage", "sources", "patches", "build",
-             "verify", "test", "extract", "companions", "subsets")
+             "verify", "test", "extract", "companions", "subsets", "project")
 _SUBSET_KEYS = ("env", "values", "labels", "multiple", "help")
 _SUBSET_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 _SUBSET_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.]*$")
@@ -105,7 +105,7 @@ _EXTRACT_KEYS = ("max-bytes", "max-members", "max-member-bytes")
 _SDIST_KEYS = ("url", "filename", "sha256")
 _GIT_KEYS = ("url", "commit", "tag", "release-tag", "release-commit")
 _BUILD_KEYS = ("kind", "requires", "env", "local-version", "pin-torch", "drop-requires",
-               "job-memory")
+               "job-memory", "stable-abi")
 _VERIFY_KEYS = ("imports", "requires", "stack-imports", "top-level", "excluded", "allow")
 # verify.allow: a .pth file name, a start-up module, or a command name
 _ALLOW = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.+-]*\.pth|sitecustomize|usercustomize|"
@@ -220,7 +220,8 @@ def _parse_build(p: Problems, data: Any) -> BuildSpec | None:
         unknown = sorted(fields - set(LOCAL_VERSION_FIELDS))
         if unknown:
             p.add(join(where, "local-version"),
-                  f"unknown field(s) {', '.join(unknown)}; use {{cuda}}, {{torch}}, {{sm}}")
+                  f"unknown field(s) {', '.join(unknown)}; use {{cuda}}, {{cuda_major}}, "
+                  "{torch}, {sm}")
         literal = re.sub(r"\{[^}]*\}", "", local_version)
         if literal and not re.fullmatch(r"[A-Za-z0-9.]*", literal):
             p.add(join(where, "local-version"), "may hold only letters, digits and '.'")
@@ -228,6 +229,16 @@ def _parse_build(p: Problems, data: Any) -> BuildSpec | None:
     if not isinstance(pin_torch, bool):
         p.add(join(where, "pin-torch"), "must be true or false")
         pin_torch = False
+    stable_abi = data.get("stable-abi", False)
+    if not isinstance(stable_abi, bool):
+        p.add(join(where, "stable-abi"), "must be true or false")
+        stable_abi = False
+    elif stable_abi and (kind != "extension" or pin_torch):
+        p.add(join(where, "stable-abi"), "is for an extension that does not pin torch: set "
+              "'pin-torch: false' (the wheel states its own 'torch>=2.N')")
+    elif stable_abi and fields_of(local_version) & {"torch", "cuda"}:
+        p.add(join(where, "local-version"), "a stable-ABI wheel serves every torch of its "
+              "CUDA major: name {cuda_major}, not {torch} or {cuda}")
     job_memory: float | None = None
     raw_memory = data.get("job-memory")
     if raw_memory is not None:
@@ -247,6 +258,7 @@ def _parse_build(p: Problems, data: Any) -> BuildSpec | None:
         drop_requires=tuple(str(canonicalize_name(n)) for n in
                             string_list(p, data, "drop-requires", where)),
         job_memory_gib=job_memory,
+        stable_abi=stable_abi,
     )
 
 
@@ -464,6 +476,7 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     if len(set(companions)) != len(companions):
         p.add("companions", "lists a recipe twice")
 
+    project = _parse_project(p, data, name)
     build = _parse_build(p, data.get("build"))
     verify = _parse_verify(p, data.get("verify"))
     gputests = (tests_dir or patches_dir.parent / "gputests") / (name or path.stem)
@@ -484,7 +497,34 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
         name=NormalizedName(name), version=version, summary=summary, homepage=homepage,
         sources=tuple(sources), patches=tuple(patches), build=build, verify=verify, test=test,
         extract=limits, path=path, companions=tuple(companions), subsets=subsets,
+        project=project,
     )
+
+
+def fields_of(template: str) -> set[str]:
+    """The fields a local-version template names ({cuda}, {torch}, ...); none if malformed."""
+    try:
+        return {f for _, f, _, _ in string.Formatter().parse(template) if f}
+    except ValueError:
+        return set()
+
+
+def _parse_project(p: Problems, data: dict[str, Any], name: str | None) -> NormalizedName | None:
+    """``project``: the wheel's project name for a variant recipe (causal-conv1d-stable
+    builds causal-conv1d); the file name stays the recipe's own name."""
+    project = data.get("project")
+    if project is None:
+        return None
+    if not isinstance(project, str) or not _PROJECT_NAME.fullmatch(project):
+        p.add("project", f"{project!r} is not a project name")
+        return None
+    if canonicalize_name(project) != project:
+        p.add("project", f"must be the normalized project name {canonicalize_name(project)!r}")
+        return None
+    if project == name:
+        p.add("project", "names the recipe itself: leave it out")
+        return None
+    return NormalizedName(project)
 
 
 def _check_release_version(p: Problems, where: str, tag: str, version: Version) -> None:

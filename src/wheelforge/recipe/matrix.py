@@ -457,10 +457,13 @@ def retention_keep(path: Path | None) -> int:
 def cells(matrix: Matrix, kinds: Mapping[str, str] | None = None) -> list[Cell]:
     """The builds the matrix stands for, in a stable order.
 
-    ``kinds`` maps recipe names to their build kind ("extension" or "pure"); a recipe
-    not in it counts as an extension.  Pure recipes give one cell each.  A recipe with
-    ``subsets`` gives one cell per subset (its full build only if listed) per python,
-    torch and arch set, the subsets innermost.
+    ``kinds`` maps recipe names to their build kind ("extension" or "pure", or "stable"
+    for a stable-ABI extension); a recipe not in it counts as an extension.  Pure recipes
+    give one cell each.  A stable-ABI recipe gives one cell per CUDA major and arch set,
+    built with the first python and the first torch of that major (its abi3 wheel serves
+    every Python and torch: docs/stable-abi.md).  A recipe with ``subsets`` gives one
+    cell per subset (its full build only if listed) per python, torch and arch set, the
+    subsets innermost.
     """
     kinds = kinds or {}
     pythons: tuple[str | None, ...] = matrix.pythons or (None,)
@@ -470,6 +473,13 @@ def cells(matrix: Matrix, kinds: Mapping[str, str] | None = None) -> list[Cell]:
         if kinds.get(recipe) == "pure":
             out.append(Cell(recipe=recipe, python=pythons[0], torch=matrix.torches[0],
                             archs=None))
+            continue
+        if kinds.get(recipe) == "stable":
+            firsts: dict[str, TorchPin] = {}
+            for pin in matrix.torches:
+                firsts.setdefault(pin.cuda.split(".")[0], pin)
+            out.extend(Cell(recipe=recipe, python=pythons[0], torch=pin, archs=archs)
+                       for pin in firsts.values() for archs in matrix.arch_sets)
             continue
         for python in pythons:
             for pin in matrix.torches:

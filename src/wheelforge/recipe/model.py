@@ -20,7 +20,7 @@ BuildKind = Literal["extension", "pure"]
 BUILD_KINDS: tuple[str, ...] = get_args(BuildKind)
 
 #: Placeholders a local-version template may use; see docs/recipe-format.md.
-LOCAL_VERSION_FIELDS = ("cuda", "torch", "sm")
+LOCAL_VERSION_FIELDS = ("cuda", "cuda_major", "torch", "sm")
 DEFAULT_LOCAL_VERSION = {"extension": "cu{cuda}torch{torch}{sm}", "pure": "wf"}
 
 
@@ -80,6 +80,9 @@ class BuildSpec:
     #: the known peak memory (GiB) of one compile job, measured: sizes the jobs of a build
     #: before one was recorded on this machine (builder/config.jobs_for)
     job_memory_gib: float | None = None
+    #: the wheel uses torch's stable ABI only (docs/stable-abi.md): verify audits its
+    #: shared objects, and it is published to the CUDA major's stable channel
+    stable_abi: bool = False
 
     @property
     def needs_torch(self) -> bool:
@@ -171,6 +174,14 @@ class Recipe:
     companions: tuple[NormalizedName, ...] = ()
     #: the kernel subsets a build may ask for (``--subset``); empty: none
     subsets: tuple[SubsetDimension, ...] = ()
+    #: the wheel's project name, when this recipe is a variant of another project's
+    #: (causal-conv1d-stable builds causal-conv1d); empty: the recipe's name
+    project: NormalizedName | None = None
+
+    @property
+    def project_name(self) -> NormalizedName:
+        """The project name the wheel carries."""
+        return self.project or self.name
 
     @property
     def untagged_commit(self) -> str | None:

@@ -148,7 +148,8 @@ def local_label(recipe: Recipe, env: BuildEnv, config: BuildConfig) -> str:
     if recipe.build.local_version:
         cuda = (env.torch_cuda or "").replace(".", "")
         parts.append(recipe.build.local_version.format(
-            cuda=cuda, torch=env.torch_major_minor or "", sm=arch_label(config.archs)))
+            cuda=cuda, cuda_major=(env.torch_cuda or "").split(".")[0],
+            torch=env.torch_major_minor or "", sm=arch_label(config.archs)))
     # a kernel subset is named right after the template's label (cu130torch2.14sm120hd128),
     # added by wheelforge so that no recipe can publish a subset under a full build's version
     fragment = subset_label(recipe, recipe_subset(recipe, config))

@@ -16,10 +16,11 @@ from packaging.utils import canonicalize_name
 from ...arch import Arch, expected_ptx, expected_sass
 from ...errors import VerifyError
 from ...recipe.model import Recipe
-from ...wheel import WheelInfo, inspect_wheel, integrity_problems, reading
+from ...wheel import WheelInfo, inspect_wheel, integrity_problems, read_metadata, reading
 from ..env import bytecode
 from ..env.buildenv import BuildEnv
 from . import content
+from .abiaudit import requires_of, stable_abi_problems
 from .fatbin import CudaArchs, FatbinError, cuda_archs
 from .importcheck import WarmImports, cold_problems
 
@@ -141,8 +142,9 @@ def verify_wheel(
     a warm interpreter has the one it was started with)."""
     issues: list[str] = []
     info = inspect_wheel(wheel)  # VerifyError naming every malformed or unsafe member
-    if canonicalize_name(info.name) != recipe.name:
-        issues.append(f"project name is {info.name!r}, the recipe builds {recipe.name!r}")
+    if canonicalize_name(info.name) != recipe.project_name:
+        issues.append(f"project name is {info.name!r}, the recipe builds "
+                      f"{recipe.project_name!r}")
     if info.version.public != str(recipe.version):
         issues.append(f"version is {info.version}, the recipe pins {recipe.version}")
     issues.extend(integrity_problems(wheel))  # RECORD, WHEEL tags, METADATA, no *.libs
@@ -151,6 +153,8 @@ def verify_wheel(
     issues.extend(found)
     issues.extend(content_problems(wheel, recipe.verify.top_level, recipe.verify.excluded,
                                    recipe.verify.allow))
+    if recipe.build.stable_abi:  # torch-abi-audit over every shared object
+        issues.extend(stable_abi_problems(wheel, requires_of(read_metadata(wheel).decode())))
 
     if env is not None and not issues:
         issues.extend(_import_problems(wheel, env, recipe.verify.imports,
