@@ -40,6 +40,7 @@ MODULES: dict[str, str] = {
     "test_architecture.py": "unit",
     "test_companions.py": "unit",
     "test_config.py": "unit",
+    "test_coverage.py": "unit",
     "test_diagnose.py": "unit",
     "test_download.py": "unit",
     "test_fanout.py": "unit",
