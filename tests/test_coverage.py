@@ -87,8 +87,7 @@ def write_report(root: Path, cells: list[dict[str, Any]]) -> Path:
     return path
 
 
-@pytest.fixture
-def published(tmp_path: Path) -> Path:
+def make_index(tmp_path: Path) -> Path:
     """causal-conv1d in cu130-torch2.14 (two arch sets) and cu130-torch2.11 (one), and a
     pure fla-core."""
     root, dist = tmp_path / "index", tmp_path / "dist"
@@ -100,6 +99,11 @@ def published(tmp_path: Path) -> Path:
     pure = make_wheel(dist, {"fla/__init__.py": "V = 1\n"}, name="fla-core", version="0.5.0")
     index.publish(root, pure, channel=None, cuda=None, torch=None, archs=[], build_key=None)
     return root
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Path:
+    return make_index(tmp_path)
 
 
 def night(root: Path) -> list[dict[str, Any]]:

@@ -77,6 +77,7 @@ MODULES: dict[str, str] = {
     "test_index_clients.py": "integration",
     "test_index_stress.py": "integration",
     "test_install.py": "integration",
+    "test_coverage_page.py": "integration",  # Chromium
     "test_landing_page.py": "integration",  # Chromium
     "test_mamba_split_patch.py": "integration",
     "test_mamba_ssm_patches.py": "integration",
