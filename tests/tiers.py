@@ -100,6 +100,7 @@ MODULES: dict[str, str] = {
     # e2e: nvcc and real upstream builds (every test in them is marked nvcc)
     "test_build_fixture.py": "e2e",
     "test_e2e_causal_conv1d.py": "e2e",
+    "test_e2e_channel_torch211.py": "e2e",  # a second channel (torch 2.11.0), one build
     "test_e2e_flash_attn.py": "e2e",
     "test_e2e_mamba_ssm.py": "e2e",
     "test_e2e_stack.py": "e2e",
