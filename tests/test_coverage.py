@@ -126,14 +126,22 @@ def night(root: Path) -> list[dict[str, Any]]:
     return cells
 
 
-def test_without_a_report_built_or_not_built(published: Path) -> None:
+def test_without_a_report_no_table(published: Path) -> None:
+    """No nightly report: the matrix is not known; the wheels table says what is built."""
+    page = (published / "index.html").read_text()
+    assert "<h2>Coverage</h2>" not in page and 'class="coverage"' not in page
+
+
+def test_with_an_unreadable_report_built_or_not_built(published: Path) -> None:
+    write_report(published, []).write_text("[]")
+    index.refresh(published)
     got = table(published)
     assert set(got) == {(CC, "sm_120"), (CC, "sm_100 sm_120"), ("fla-core", "pure Python")}
     assert got[(CC, "sm_120")] == {"cu130-torch2.14": ("built 1.7.0", "ok", []),
                                   "cu130-torch2.11": ("built 1.7.0", "ok", [])}
     assert got[(CC, "sm_100 sm_120")]["cu130-torch2.11"] == ("not built", "none", [])
     assert {c[0] for c in got[("fla-core", "pure Python")].values()} == {"built 0.5.0"}
-    assert "no nightly report" in (published / "index.html").read_text()
+    assert "not read: not a nightly report" in (published / "index.html").read_text()
 
 
 def test_a_night_gives_every_cell_its_state(published: Path) -> None:
@@ -173,6 +181,7 @@ def test_not_in_the_matrix(published: Path, tmp_path: Path) -> None:
 
 
 def test_a_yanked_build_is_not_coverage(published: Path, tmp_path: Path) -> None:
+    write_report(published, [_cell(CC, "torch==2.11.0", "12.0", "skipped")])
     newer = _ext(tmp_path / "d2", "1.8.0", "cu130torch2.11sm120")
     index.publish(published, newer, channel="cu130-torch2.11", cuda="13.0", torch="2.11.0",
                   archs=["sm_120"], build_key="k-new")
@@ -184,6 +193,8 @@ def test_a_yanked_build_is_not_coverage(published: Path, tmp_path: Path) -> None
 def test_the_summary_cache_carries_the_cells(published: Path, tmp_path: Path) -> None:
     """A publish of another project reads the cached summary of this one: the table is the
     same as after a full rebuild."""
+    write_report(published, [])
+    index.refresh(published)
     before = table(published)
     other = make_wheel(tmp_path / "d3", {"x/__init__.py": ""}, name="other", version="1.0")
     index.publish(published, other, channel=None, cuda=None, torch=None, archs=[],

@@ -185,14 +185,14 @@ def _failed_cell(p: Planned, b: Built | None) -> str:
             f"{served}</td>")
 
 
-def _cell(b: Built | None, p: Planned | None, report: Report | None) -> str:
+def _cell(b: Built | None, p: Planned | None, report: Report) -> str:
     if p is not None and p.status == "failed":
         return _failed_cell(p, b)
     if b is not None:
-        return _built_cell(b, p is not None or report is None)
+        return _built_cell(b, p is not None or bool(report.problem))
     if p is not None:  # not run, interrupted, or built and since removed
         return f'<td class="none">{_e(p.status)}</td>'
-    if report is None:
+    if report.problem:
         return '<td class="none">not built</td>'
     return '<td class="none">not in the matrix</td>'
 
@@ -208,9 +208,13 @@ def _rows(built: Sequence[Built], planned: Sequence[Planned],
 
 def coverage_section(built: Iterable[Built], report: Report | None,
                      channels: Iterable[str]) -> str:
-    """The "Coverage" section: one row per project and arch set, one column per channel."""
+    """The "Coverage" section: one row per project and arch set, one column per channel;
+    '' without a nightly report (the matrix is not known: the wheels table says what is
+    built)."""
+    if report is None:
+        return ""
     built_list = list(built)
-    planned = list(report.cells) if report else []
+    planned = list(report.cells)
     columns = sorted({*channels, *(b.channel for b in built_list if b.channel),
                       *(p.channel for p in planned if p.channel)}, key=_channel_key)
     rows = _rows(built_list, planned, columns)
@@ -231,9 +235,7 @@ def coverage_section(built: Iterable[Built], report: Report | None,
             cells.append(_cell(have.get(key), plan.get(key), report))
         body.append(f"<tr><td>{_e(project)}</td><td>{_e(archs or 'pure Python')}</td>"
                     + "".join(cells) + "</tr>\n")
-    source = ("the latest nightly report" if report and not report.problem
-              else "no nightly report: what is not built is not known to be in a matrix"
-              if report is None else report.problem)
+    source = report.problem or "the latest nightly report"
     return ("<h2>Coverage</h2>\n<p>Each project for each channel and arch set: built (the "
             "newest version served), failed in the latest night (why, and its log), or not "
             f'in the build matrix. <span class="note">From the index and {_e(source)}.'

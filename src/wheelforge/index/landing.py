@@ -172,7 +172,8 @@ tr.yanked-row td { color: #6a6a6a; }
 td.ok, .ok { color: #116329; } td.bad, .bad { color: #a40e26; }
 td.none, .none { color: #6a6a6a; }
 ul.stacks { margin-top: 0; } .note { color: #555; }
-table.coverage { width: auto; } table.coverage td.wrap { max-width: 24rem; }
+table.coverage { width: auto; } table.coverage td, table.coverage th { white-space: normal; }
+table.coverage td.wrap { max-width: 24rem; } table.coverage code { overflow-wrap: anywhere; }
 @media (prefers-color-scheme: dark) {
   body { color: #ddd; background: #161616; } th { background: #262626; }
   th, td { border-color: #333; } tbody:nth-of-type(even) { background: #1c1c1c; }
