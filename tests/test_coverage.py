@@ -265,3 +265,14 @@ def test_the_nightly_report_refreshes_the_page(published: Path) -> None:
     write_report(published, [_cell(CC, "torch==2.11.0", "12.0", "skipped")])
     link_from_landing_page(published, published / index.REPORTS_DIR)
     assert table(published)[(CC, "sm_120")]["cu130-torch2.11"] == ("built 1.7.0", "ok", [])
+
+
+def test_a_torch_range_is_not_placed(published: Path) -> None:
+    """A pin such as ``torch>=2.14,<2.15`` names its channel only once built: its cells are
+    not placed, and no cell is said to be not in the matrix."""
+    write_report(published, [_cell(CC, "torch>=2.14,<2.15", "12.0", "failed", error="x")])
+    index.refresh(published)
+    got = table(published)
+    assert got[(CC, "sm_100 sm_120")]["cu130-torch2.11"] == ("not built", "none", [])
+    assert got[(CC, "sm_120")]["cu130-torch2.14"] == ("built 1.7.0", "ok", [])
+    assert "1 of its cells name a torch range" in (published / "index.html").read_text()

@@ -1,6 +1,6 @@
 """The landing page's coverage table in headless Chromium: the cells as the browser parsed
 them, every text of the table legible (WCAG 4.5:1) in light and dark mode, the page still
-within a 1400 px window with the shipped matrix's four channels and a long failure reason.
+within a 1400 px window with four channels and a long failure reason.
 
 The index and night are tests/test_coverage.py's.  Needs the Debian package `chromium`
 (skipped without it, except under CI=true).

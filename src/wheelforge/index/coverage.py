@@ -71,6 +71,9 @@ class Report:
 
     cells: tuple[Planned, ...] = ()
     problem: str = ""
+    #: extension cells whose torch spec names no one version (``torch>=2.14,<2.15``): their
+    #: channel is known only once built, so the table says "not in the matrix" of nothing
+    unplaced: int = 0
 
 
 def _sass(archs: str) -> str:
@@ -149,8 +152,9 @@ def read_report(index_dir: Path) -> Report | None:
     except (ValueError, KeyError, TypeError) as exc:
         return Report(problem=f"{REPORTS_DIR}/{REPORT_JSON} not read: not a nightly report "
                               f"({type(exc).__name__})")
-    found = (_planned(reports, c) for c in cells if isinstance(c, dict))
-    return Report(cells=tuple(p for p in found if p is not None))
+    found = [p for p in (_planned(reports, c) for c in cells if isinstance(c, dict)) if p]
+    placed = tuple(p for p in found if p.channel is not None or not p.archs)
+    return Report(cells=placed, unplaced=len(found) - len(placed))
 
 
 # --------------------------------------------------------------------------- the table
@@ -188,11 +192,12 @@ def _failed_cell(p: Planned, b: Built | None) -> str:
 def _cell(b: Built | None, p: Planned | None, report: Report) -> str:
     if p is not None and p.status == "failed":
         return _failed_cell(p, b)
+    unsure = bool(report.problem or report.unplaced)  # the matrix is not wholly known
     if b is not None:
-        return _built_cell(b, p is not None or bool(report.problem))
+        return _built_cell(b, p is not None or unsure)
     if p is not None:  # not run, interrupted, or built and since removed
         return f'<td class="none">{_e(p.status)}</td>'
-    if report.problem:
+    if unsure:
         return '<td class="none">not built</td>'
     return '<td class="none">not in the matrix</td>'
 
@@ -235,7 +240,9 @@ def coverage_section(built: Iterable[Built], report: Report | None,
             cells.append(_cell(have.get(key), plan.get(key), report))
         body.append(f"<tr><td>{_e(project)}</td><td>{_e(archs or 'pure Python')}</td>"
                     + "".join(cells) + "</tr>\n")
-    source = report.problem or "the latest nightly report"
+    source = report.problem or "the latest nightly report" + (
+        f"; {report.unplaced} of its cells name a torch range, not one version, so their "
+        "channel is not known unless built" if report.unplaced else "")
     return ("<h2>Coverage</h2>\n<p>Each project for each channel and arch set: built (the "
             "newest version served), failed in the latest night (why, and its log), or not "
             f'in the build matrix. <span class="note">From the index and {_e(source)}.'
