@@ -56,7 +56,7 @@ def test_built_with_torch_211_and_the_managed_toolkit(torch211: ChannelBuild) ->
     assert "nvidia-cuda-nvcc 13.0." in out
     (record,) = index.load_records(torch211.index)
     assert (record.channel, record.torch, record.cuda, record.archs) == (
-        CHANNEL, "2.11.0", "13.0", ("sm_120",))
+        CHANNEL, "2.11.0+cu130", "13.0", ("sm_120",))
     assert record.filename.startswith("causal_conv1d-1.7.0+cu130torch2.11sm120-cp311-")
     with zipfile.ZipFile(torch211.index / "files" / record.filename) as whl:
         metadata = whl.read("causal_conv1d-1.7.0+cu130torch2.11sm120.dist-info/METADATA")
