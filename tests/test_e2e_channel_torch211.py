@@ -82,4 +82,3 @@ def test_the_channels_stack_check_passed(torch211: ChannelBuild) -> None:
     status = health.read_status(torch211.index, CHANNEL)
     assert status is not None, torch211.output[-4000:]
     assert status.state == "good", (status, torch211.output[-4000:])
-    assert f"stack {CHANNEL}" in torch211.output
