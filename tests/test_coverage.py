@@ -276,3 +276,18 @@ def test_a_torch_range_is_not_placed(published: Path) -> None:
     assert got[(CC, "sm_100 sm_120")]["cu130-torch2.11"] == ("not built", "none", [])
     assert got[(CC, "sm_120")]["cu130-torch2.14"] == ("built 1.7.0", "ok", [])
     assert "1 of its cells name a torch range" in (published / "index.html").read_text()
+
+
+def test_the_shipped_matrix_has_a_channel_per_cuda13_torch() -> None:
+    """wheelforge.yaml: torch 2.14.1, 2.12.1 and 2.11.0, CUDA 13.0 each (docs/nightly.md);
+    `make build`'s default stays 2.14.1."""
+    from conftest import REPO
+    from wheelforge.builder.config import DEFAULT_TORCH
+    from wheelforge.recipe.matrix import load_matrix
+
+    matrix = load_matrix(REPO / "wheelforge.yaml")
+    assert [coverage._channel(p.spec, p.cuda) for p in matrix.torches] == [
+        "cu130-torch2.14", "cu130-torch2.12", "cu130-torch2.11"]
+    assert {p.cuda for p in matrix.torches} == {"13.0"}
+    assert matrix.torches[0].spec == DEFAULT_TORCH == "torch==2.14.1"
+    assert "torch: \"torch==2.14.1\"" in (REPO / "wheelforge.yaml").read_text()
