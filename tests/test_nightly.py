@@ -37,6 +37,7 @@ from conftest import (
     tinypure_project,
     write_recipe,
 )
+from test_coverage import table as coverage_table
 from wheelforge import _proc, index, nightly
 from wheelforge._fs import locked
 from wheelforge._log import Reporter
@@ -637,6 +638,13 @@ def test_matrix_builds_once_skips_then_rebuilds_only_what_a_patch_changes(
     assert "5 cell(s): 5 built" in first.stdout
     landing = (root / "index" / "index.html").read_text()
     assert 'href="reports/nightly-latest.html"' in landing
+    # the coverage table of this night (index/coverage.py): the range pin's two cells have
+    # no channel until built, so nothing is said to be out of the matrix
+    assert "2 of its cells name a torch range" in landing
+    cover = coverage_table(root / "index")
+    assert cover[("tinyext", "sm_120")]["cu130-torch2.14"][:2] == ("built 0.1.0", "ok")
+    assert cover[("tinyext", "sm_100 sm_120")]["cu130-torch2.14"][:2] == ("built 0.1.0", "ok")
+    assert cover[("tinypure", "pure Python")]["cu130-torch2.14"][1] == "ok"
 
     again = wheelforge(*nightly_args(root, shared_cache), cwd=root)
     assert again.returncode == 0, again.stderr[-4000:]

@@ -40,6 +40,7 @@ MODULES: dict[str, str] = {
     "test_architecture.py": "unit",
     "test_companions.py": "unit",
     "test_config.py": "unit",
+    "test_coverage.py": "unit",
     "test_diagnose.py": "unit",
     "test_download.py": "unit",
     "test_fanout.py": "unit",
@@ -77,6 +78,7 @@ MODULES: dict[str, str] = {
     "test_index_clients.py": "integration",
     "test_index_stress.py": "integration",
     "test_install.py": "integration",
+    "test_coverage_page.py": "integration",  # Chromium
     "test_landing_page.py": "integration",  # Chromium
     "test_mamba_split_patch.py": "integration",
     "test_mamba_ssm_patches.py": "integration",
@@ -99,6 +101,7 @@ MODULES: dict[str, str] = {
     # e2e: nvcc and real upstream builds (every test in them is marked nvcc)
     "test_build_fixture.py": "e2e",
     "test_e2e_causal_conv1d.py": "e2e",
+    "test_e2e_channel_torch211.py": "e2e",  # a second channel (torch 2.11.0), one build
     "test_e2e_flash_attn.py": "e2e",
     "test_e2e_mamba_ssm.py": "e2e",
     "test_e2e_stack.py": "e2e",

@@ -82,6 +82,11 @@ def _arch_cell(archs: Sequence[str]) -> str:
 _ARCH_SPAN = re.compile(r'<span class="arch"[^>]*>((?:sm|compute)_\d+a?)</span>')
 
 
+def row_archs(row: str) -> tuple[str, ...]:
+    """The archs one landing-page row shows, in its order."""
+    return tuple(_ARCH_SPAN.findall(row))
+
+
 def archs_in_rows(rows: Iterable[str]) -> list[str]:
     """The archs the rows show (for the legend), without reading any record again."""
     return sorted({m for text in rows for m in _ARCH_SPAN.findall(text)})
@@ -167,6 +172,8 @@ tr.yanked-row td { color: #6a6a6a; }
 td.ok, .ok { color: #116329; } td.bad, .bad { color: #a40e26; }
 td.none, .none { color: #6a6a6a; }
 ul.stacks { margin-top: 0; } .note { color: #555; }
+table.coverage { width: auto; } table.coverage td, table.coverage th { white-space: normal; }
+table.coverage td.wrap { max-width: 24rem; } table.coverage code { overflow-wrap: anywhere; }
 @media (prefers-color-scheme: dark) {
   body { color: #ddd; background: #161616; } th { background: #262626; }
   th, td { border-color: #333; } tbody:nth-of-type(even) { background: #1c1c1c; }
@@ -285,9 +292,11 @@ def _stack_items(stacks: Mapping[str | None, StackStatus], channels: Sequence[st
 def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
                   report: bool = False,
                   stacks: Mapping[str | None, StackStatus] | None = None,
-                  installs: Sequence[ChannelInstall] = (), archs: Sequence[str] = ()) -> str:
-    """The landing page: the install lines, the stack check, then one table, a <tbody> per
-    project (``rows``, by project name), and what the archs mean."""
+                  installs: Sequence[ChannelInstall] = (), archs: Sequence[str] = (),
+                  coverage: str = "") -> str:
+    """The landing page: the install lines, the stack check, the coverage table
+    (index/coverage.py), then one table, a <tbody> per project (``rows``, by project
+    name), and what the archs mean."""
     channel_links = ", ".join(
         f'<a href="{_e(urllib.parse.quote(c))}/simple/">{_e(c)}</a>' for c in channels
     ) or "none"
@@ -309,6 +318,7 @@ def _landing_page(rows: Mapping[str, str], channels: Sequence[str], wheels: int,
         + ("<h2>Stack check</h2>\n<p>Each channel's wheels installed together with their "
            "dependencies, then imported together:</p>\n" + _stack_items(stacks or {}, channels)
            if channels or stacks else "")
+        + coverage
         + "<h2>Wheels</h2>\n"
         "<table>\n<thead><tr><th>Pin</th><th>Python</th><th>Channel</th><th>Archs</th>"
         '<th class="num">File</th><th>Built</th><th>Tested</th><th>SHA-256</th>'

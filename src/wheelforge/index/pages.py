@@ -22,10 +22,10 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from . import health, pins
+from . import coverage, health, pins
 from ._markup import _JSON, _e, _json_text, _quote
 from ._writes import Data, _write_all
-from .landing import ChannelInstall, _landing_page, _landing_row, archs_in_rows
+from .landing import ChannelInstall, _landing_page, _landing_row, archs_in_rows, row_archs
 from .records import (
     _CACHE_SCHEMA,
     _RESERVED_CHANNELS,
@@ -86,6 +86,9 @@ class _Summary:
     channels: tuple[str, ...]
     pure: bool  # has channel-less pure wheels (those appear in every channel)
     pins: tuple[tuple[str, str], ...] = ()  # (member, its newest non-yanked version)
+    #: (member, its SASS archs space-separated, the newest non-yanked version) of every
+    #: channel and arch set built ("*", "": pure), for the coverage table
+    cells: tuple[tuple[str, str, str], ...] = ()
 
 
 def _entry(record: WheelRecord) -> _Entry:
@@ -185,7 +188,8 @@ def _load_summary(index_dir: Path) -> dict[NormalizedName, _Summary]:
             return {}
         return {
             NormalizedName(p): _Summary(s["names"], tuple(s["channels"]), bool(s["pure"]),
-                                        tuple((str(m), str(v)) for m, v in s["pins"]))
+                                        tuple((str(m), str(v)) for m, v in s["pins"]),
+                                        tuple((str(m), str(a), str(v)) for m, a, v in s["cells"]))
             for p, s in data["projects"].items()
         }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -197,7 +201,7 @@ def _summary_bytes(summary: Mapping[NormalizedName, _Summary]) -> bytes:
         "schema": _CACHE_SCHEMA,
         "projects": {
             p: {"names": s.names, "channels": list(s.channels), "pure": s.pure,
-                "pins": [list(pin) for pin in s.pins]}
+                "pins": [list(pin) for pin in s.pins], "cells": [list(c) for c in s.cells]}
             for p, s in sorted(summary.items())
         },
     }
@@ -256,11 +260,16 @@ def _project_entries(
 def _summarize(entries: Sequence[_Entry], names: str) -> _Summary:
     members = {e.member for e in entries}
     newest: dict[str, str] = {}
+    cells: dict[tuple[str, str], str] = {}
     for e in entries:  # sorted oldest first: the last non-yanked one per member wins
         if not e.yanked:
             newest[e.member] = e.version
+            if e.member:
+                sass = sorted(a for a in row_archs(e.row) if a.startswith("sm_"))
+                cells[(e.member, " ".join(sass) if e.member != "*" else "")] = e.version
     return _Summary(names, tuple(sorted(members - {"", "*"})), "*" in members,
-                    tuple(sorted(newest.items())))
+                    tuple(sorted(newest.items())),
+                    tuple((m, a, v) for (m, a), v in sorted(cells.items())))
 
 
 
@@ -451,8 +460,10 @@ def _sync(
     stacks = health.read_statuses(index_dir, sorted(new_channels))
     installs = _installs(index_dir, summary, groups, sorted(new_channels))
     archs = archs_in_rows(rows.values())
+    table = coverage.coverage_section(_built(summary), coverage.read_report(index_dir),
+                                      new_channels)
     landing = _landing_page(rows, sorted(new_channels), wheels, report, stacks, installs,
-                            archs).encode()
+                            archs, table).encode()
     if bad:
         raise BadRecords(bad)
     # the published files, caches, then project pages, then the roots that link to them,
@@ -462,6 +473,12 @@ def _sync(
                 (index_dir / CACHE_DIR / _SUMMARY_FILE, _summary_bytes(summary))])
     for directory in removals:
         _remove_pages(directory)
+
+
+def _built(summary: Mapping[NormalizedName, _Summary]) -> list[coverage.Built]:
+    """What the coverage table shows as built: each project's newest wheel per target."""
+    return [coverage.Built(project=p, channel=None if m == "*" else m, archs=a, version=v)
+            for p, s in sorted(summary.items()) for m, a, v in s.cells]
 
 
 def _installs(index_dir: Path, summary: Mapping[NormalizedName, _Summary],

@@ -128,7 +128,8 @@ def _recover(index_dir: Path) -> bool:
     fsync_path(marker.parent)
     what = {"publish": f"publish of {journal.get('filename')}", "update": "record update",
             "remove": f"removal of {', '.join(journal.get('names', []))}",
-            "rebuild": "rebuild", "stack": "stack status record"}.get(str(op), "change")
+            "rebuild": "rebuild", "stack": "stack status record",
+            "refresh": "refresh of the pages"}.get(str(op), "change")
     warnings.warn(IndexWarning(
         f"{index_dir}: {done} an interrupted {what} ({who}); every page was rebuilt "
         "from files/"), stacklevel=2)

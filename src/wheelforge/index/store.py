@@ -444,6 +444,19 @@ def record_stack(index_dir: Path, status: health.StackStatus) -> health.StackSta
     return before
 
 
+@_guarded("refresh the landing page of")
+def refresh(index_dir: Path) -> None:
+    """Render the pages again from what the index holds, writing only those whose bytes
+    change: after a nightly report (the landing page's coverage table reads it).  No
+    wheel is read."""
+    index_dir = Path(index_dir)
+    with locked(index_dir / LOCK_FILE):
+        _recover(index_dir)
+        with _changing(index_dir, {"op": "refresh"}) as change:
+            listing = _scan(index_dir / FILES_DIR, strict=False, sweep=True)
+            _sync_checked(index_dir, listing, {}, full=False, change=change)
+
+
 @contextlib.contextmanager
 def _no_cycle_collection() -> Iterator[None]:
     """Pause Python's cyclic garbage collector during a pass over every wheel.

@@ -29,14 +29,14 @@ from .cells import (
 
 
 def link_from_landing_page(index_dir: Path, report_dir: Path) -> None:
-    """The landing page links ``reports/nightly-latest.html`` once that exists; pages are
-    rendered when wheels are published, so the first report needs a rebuild."""
+    """The landing page links ``reports/nightly-latest.html`` and shows the night's
+    coverage (index/coverage.py reads ``nightly-latest.json``): pages are rendered when
+    wheels are published, so each report refreshes them (only changed bytes written)."""
     landing = index_dir / "index.html"
     if report_dir.resolve() != (index_dir / REPORTS_DIR).resolve() or not landing.is_file():
         return
     with contextlib.suppress(OSError, WheelforgeError):
-        if f"{REPORTS_DIR}/nightly-latest.html" not in landing.read_text(encoding="utf-8"):
-            index.rebuild(index_dir)
+        index.refresh(index_dir)
 
 
 # --------------------------------------------------------------------------- reports
