@@ -284,6 +284,22 @@ def _free_module_dirs(request: pytest.FixtureRequest,
 
 
 @pytest.fixture(scope="session")
+def tinyext_cold(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 shared_cache: Path) -> Iterator[Any]:
+    """The CUDA fixture (and tinypure) built once per run, every unit compiled
+    (tests/fixture_build.py): the build fixture test's first build and the reproducibility
+    test's first builder.  Removed at the session's end unless a test failed."""
+    import fixture_build
+
+    base = tmp_path_factory.getbasetemp() / "session-tinyext"
+    base.mkdir()
+    failed = request.session.testsfailed
+    yield fixture_build.build_cold(base / "p", shared_cache)
+    if request.session.testsfailed == failed:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def upstream_cold(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                   shared_cache: Path) -> Iterator[Any]:
     """causal-conv1d, fla-core and flash-linear-attention compiled for real, once per run

@@ -8,9 +8,10 @@ worker renames ``item._nodeid``, which pytest 9 no longer reads):
 
 - a module is a group, so that its module-scoped fixtures (venvs, servers, patched trees)
   are made once, on one worker;
-- the modules that share the session's upstream builds (conftest's ``upstream_cold`` and
-  ``upstream_stack``) are one group, ``upstream``: one worker builds them, once (a test
-  elsewhere that asks for them fails the collection: it belongs in ``UPSTREAM_MODULES``);
+- the modules that share a session-scoped build are one group (``SHARED``): ``upstream``
+  (conftest's ``upstream_cold`` and ``upstream_stack``) and ``tinyext-cold`` (its
+  ``tinyext_cold``): one worker builds it, once (a test elsewhere that asks for it fails
+  the collection: its module belongs in the group);
 - the groups are sent longest first (``FIRST``, then the suite's order), so that the
   upstream builds start at once and the last group to end is a short one.
 
@@ -28,21 +29,27 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-#: the modules whose tests use the session's upstream builds: one group
-UPSTREAM_MODULES = frozenset({"test_e2e_causal_conv1d", "test_e2e_mamba_ssm", "test_e2e_stack"})
-UPSTREAM_FIXTURES = frozenset({"upstream_cold", "upstream_stack"})
+#: the groups of several modules: those that share a session-scoped build, by the fixtures
+#: that make it (a test elsewhere that asks for one fails the collection)
+SHARED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    # conftest's upstream_cold and upstream_stack (tests/upstream.py)
+    "upstream": (frozenset({"test_e2e_causal_conv1d", "test_e2e_mamba_ssm", "test_e2e_stack"}),
+                 frozenset({"upstream_cold", "upstream_stack"})),
+    # conftest's tinyext_cold (tests/fixture_build.py)
+    "tinyext-cold": (frozenset({"test_build_fixture", "test_reproducible"}),
+                     frozenset({"tinyext_cold"})),
+}
 #: groups sent first, longest first (by the durations of the last full runs on 2 cores);
 #: the rest follow in the suite's order
-FIRST = ("upstream", "test_e2e_flash_attn", "test_reproducible", "test_faults",
-         "test_build_fixture", "test_ray_cluster", "test_shared_cache", "test_nightly",
-         "test_managed_toolkit", "test_orphans", "test_mamba_ssm_patches", "test_managed_env",
-         "test_interrupt", "test_unit_costs")
+FIRST = ("upstream", "test_e2e_flash_attn", "tinyext-cold", "test_faults", "test_ray_cluster",
+         "test_shared_cache", "test_nightly", "test_managed_toolkit", "test_orphans",
+         "test_mamba_ssm_patches", "test_managed_env", "test_interrupt", "test_unit_costs")
 
 
 def group_of(nodeid: str) -> str:
     """The group of a test, from its node id (``tests/test_x.py::test_y[...]``)."""
     module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-    return "upstream" if module in UPSTREAM_MODULES else module
+    return next((name for name, (modules, _) in SHARED.items() if module in modules), module)
 
 
 def on_a_grouping_worker(config: pytest.Config) -> bool:
@@ -54,13 +61,14 @@ def on_a_grouping_worker(config: pytest.Config) -> bool:
 def order_for_workers(items: list[pytest.Item]) -> None:
     """Sort ``items`` groups-first by ``FIRST`` (stable: the suite's order within a group
     and among the rest); the scheduler sends the groups in this order.  A test outside
-    ``UPSTREAM_MODULES`` that uses the upstream builds is an error."""
+    its ``SHARED`` group that uses the group's session build is an error."""
     for item in items:
-        uses = UPSTREAM_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if uses and group_of(item.nodeid) != "upstream":
-            raise pytest.UsageError(
-                f"{item.nodeid} uses {', '.join(sorted(uses))}: add its module to "
-                "UPSTREAM_MODULES in tests/workers.py (one worker builds them)")
+        for name, (_, fixtures) in SHARED.items():
+            uses = fixtures & set(getattr(item, "fixturenames", ()))
+            if uses and group_of(item.nodeid) != name:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {', '.join(sorted(uses))}: add its module to "
+                    f"SHARED[{name!r}] in tests/workers.py (one worker builds it, once)")
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))
 
