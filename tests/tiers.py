@@ -120,6 +120,7 @@ MODULES: dict[str, str] = {
     "test_stack_skip.py": "integration",  # a real stack check's venv
     "test_stage_signatures.py": "integration",  # ssh-keygen
     "test_shared_build_path.py": "integration",  # a second user through setpriv
+    "test_workers.py": "unit",  # make test's xdist groups (tests/workers.py)
 }
 
 

@@ -9,7 +9,8 @@ worker renames ``item._nodeid``, which pytest 9 no longer reads):
 - a module is a group, so that its module-scoped fixtures (venvs, servers, patched trees)
   are made once, on one worker;
 - the modules that share a session-scoped build are one group (``SHARED``): ``upstream``
-  (conftest's ``upstream_cold`` and ``upstream_stack``) and ``tinyext-cold`` (its
+  (conftest's ``upstream_cold`` and ``upstream_stack``; flash-attn's subset build joins
+  them, so that no two real upstream builds run at once) and ``tinyext-cold`` (its
   ``tinyext_cold``): one worker builds it, once (a test elsewhere that asks for it fails
   the collection: its module belongs in the group);
 - the groups are sent longest first (``FIRST``, then the suite's order), so that the
@@ -32,8 +33,11 @@ from xdist.scheduler import LoadScopeScheduling
 #: the groups of several modules: those that share a session-scoped build, by the fixtures
 #: that make it (a test elsewhere that asks for one fails the collection)
 SHARED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    # conftest's upstream_cold and upstream_stack (tests/upstream.py)
-    "upstream": (frozenset({"test_e2e_causal_conv1d", "test_e2e_mamba_ssm", "test_e2e_stack"}),
+    # conftest's upstream_cold and upstream_stack (tests/upstream.py), and flash-attn's
+    # subset build: every real upstream build on one worker, one after another (two at
+    # once could ask more memory than a 2-core runner has: 4 GiB a compile job)
+    "upstream": (frozenset({"test_e2e_causal_conv1d", "test_e2e_mamba_ssm", "test_e2e_stack",
+                            "test_e2e_flash_attn"}),
                  frozenset({"upstream_cold", "upstream_stack"})),
     # conftest's tinyext_cold (tests/fixture_build.py)
     "tinyext-cold": (frozenset({"test_build_fixture", "test_reproducible"}),
@@ -41,7 +45,7 @@ SHARED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 #: groups sent first, longest first (by the durations of the last full runs on 2 cores);
 #: the rest follow in the suite's order
-FIRST = ("upstream", "test_e2e_flash_attn", "tinyext-cold", "test_faults", "test_ray_cluster",
+FIRST = ("upstream", "tinyext-cold", "test_faults", "test_ray_cluster",
          "test_shared_cache", "test_nightly", "test_managed_toolkit", "test_orphans",
          "test_mamba_ssm_patches", "test_managed_env", "test_interrupt", "test_unit_costs")
 
