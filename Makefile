@@ -37,10 +37,15 @@ build: $(BIN)/wheelforge  ## build $(RECIPES) (the shipped recipes but flash-att
 # and e2e (nvcc: the CUDA fixture and the real upstream builds).
 PYTEST = $(BIN)/python -m pytest tests
 
-test: venv  ## everything (CI runs this): the unit tier on xdist workers, then integration and e2e in one process (the 25 slowest listed); fails if either part failed
+# integration and e2e on two xdist workers, a test module (or the modules sharing the upstream
+# builds) to a worker, longest first (tests/workers.py): one waits on pip, servers and
+# PyPI while the other compiles
+WORKERS ?= 2
+
+test: venv  ## everything (CI runs this): the unit tier on xdist workers, then integration and e2e on $(WORKERS) workers by module (the 25 slowest listed); fails if either part failed
 	status=0; \
 	$(PYTEST) -m unit -n auto -q || status=1; \
-	$(PYTEST) -m 'not unit' --durations=25 || status=1; \
+	$(PYTEST) -m 'not unit' -n $(WORKERS) --dist loadgroup --durations=25 || status=1; \
 	exit $$status
 
 test-fast: venv  ## the unit tier alone, on xdist workers (-n auto): no nvcc, no torch, no child process; 1-2 min on 2 cores (README: Development)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import tiers
+import workers
 from wheelforge.builder.config import default_cache_dir
 
 PACKAGES = Path(__file__).parent / "packages"
@@ -39,8 +40,19 @@ MANYLINUX = r"manylinux_2_[0-9]+_x86_64"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's cost tier as its marker (tests/tiers.py), before ``-m`` selects."""
+    """Each test's cost tier as its marker (tests/tiers.py), before ``-m`` selects; under
+    ``--dist loadgroup``, in the order its groups go to the workers (tests/workers.py)."""
     tiers.mark_tiers(items)
+    if workers.on_a_grouping_worker(config):
+        workers.order_for_workers(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: the groups of tests/workers.py (a module, or the modules that
+    share the upstream builds), longest first."""
+    if config.getoption("dist") == "loadgroup":
+        return workers.ModuleGroups(config, log)
+    return None
 
 
 #: a unit-tier test runs with no process allowed (tests/tiers.py)
@@ -272,6 +284,22 @@ def _free_module_dirs(request: pytest.FixtureRequest,
 
 
 @pytest.fixture(scope="session")
+def tinyext_cold(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 shared_cache: Path) -> Iterator[Any]:
+    """The CUDA fixture (and tinypure) built once per run, every unit compiled
+    (tests/fixture_build.py): the build fixture test's first build and the reproducibility
+    test's first builder.  Removed at the session's end unless a test failed."""
+    import fixture_build
+
+    base = tmp_path_factory.getbasetemp() / "session-tinyext"
+    base.mkdir()
+    failed = request.session.testsfailed
+    yield fixture_build.build_cold(base / "p", shared_cache)
+    if request.session.testsfailed == failed:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def upstream_cold(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                   shared_cache: Path) -> Iterator[Any]:
     """causal-conv1d, fla-core and flash-linear-attention compiled for real, once per run
@@ -375,3 +403,4 @@ def broken_torch(root: Path) -> Path:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.1+cu130\n")
     return pkg.parent
+

@@ -24,6 +24,7 @@ from conftest import (
     tinyext_project,
     tinypure_project,
 )
+from fixture_build import FixtureBuild
 from wheelforge.builder.artifact.verify import shared_object_archs
 from wheelforge.builder.compiling import nvccsteps
 
@@ -50,11 +51,10 @@ def common(project: Path, cache: Path) -> list[str | Path]:
             "--index", project / "index", "--cache-dir", cache, "--work-dir", project / "work"]
 
 
-def test_fixture_recipe_to_index(project: Path, shared_cache: Path) -> None:
-    steps = project / "nvcc-steps.txt"  # how each CUDA unit's host compile ran
-    res = wheelforge("build", "tinyext", "tinypure", "--arch", "12.0",
-                     *common(project, shared_cache), cwd=project,
-                     extra_env={nvccsteps.REPORT_ENV: str(steps), "CCACHE_RECACHE": "1"})
+def test_fixture_recipe_to_index(tinyext_cold: FixtureBuild, shared_cache: Path) -> None:
+    # the session's cold build of tinyext and tinypure (tests/fixture_build.py: the user's
+    # cache root, every unit compiled, the step runner's report file named)
+    project, res, steps = tinyext_cold.project, tinyext_cold.result, tinyext_cold.steps
     assert res.returncode == 0, res.stderr[-3000:]
     stem = "tinyext-0.1.0+cu130torch2.14sm120-cp311-cp311"
     ext = built_wheel(project / "index" / "files", stem).name  # the platform tag: manylinux

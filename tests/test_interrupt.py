@@ -46,12 +46,13 @@ def _alive(pid: int) -> bool:
 
 def start(tmp_path: Path, shared_cache: Path, *extra: str,
           names: tuple[str, ...] = ("tinyext",),
-          tmpdir: Path | None = None) -> subprocess.Popen[str]:
+          tmpdir: Path | None = None, compile_cache: str = "off") -> subprocess.Popen[str]:
     sdists = tinyext_project(tmp_path)
     if "tinypure" in names:
         tinypure_project(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
-    env["WHEELFORGE_COMPILE_CACHE"] = "off"  # a cache hit would leave nothing to interrupt
+    # off: a cache hit would leave nothing to interrupt
+    env["WHEELFORGE_COMPILE_CACHE"] = compile_cache
     if tmpdir is not None:  # where the command's pool of compile slots goes
         env["TMPDIR"] = str(tmpdir)
     return subprocess.Popen(

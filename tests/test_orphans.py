@@ -131,7 +131,10 @@ def test_sigkill_mid_compile_leaves_nothing_running(tmp_path: Path, shared_cache
     assert clean.returncode == 0, clean.stderr
     assert f"removed {pool} " in clean.stdout and not pool.exists()
 
-    again = start(tmp_path, shared_cache, tmpdir=tmp)  # the same key: no stale lock in the way
+    # the same key: no stale lock in the way (and no stale state at the fixed build path).
+    # Through the user's compile cache: this build is not interrupted, and where an earlier
+    # build filled it (tests/fixture_build.py, `make build`), it need not compile again.
+    again = start(tmp_path, shared_cache, tmpdir=tmp, compile_cache="ccache")
     _, err = again.communicate(timeout=900)
     assert again.returncode == 0, err[-3000:]
     assert list((tmp_path / "index" / "files").glob("tinyext-*.whl"))

@@ -2,9 +2,10 @@
 twice in different work directories, cache roots, umasks and times, gives byte-identical
 wheels; the compile cache serves what the compiler would write.
 
-The unit tests run everywhere; the build test compiles the CUDA fixture (real nvcc, torch
-and pip) three times: cache off; ccache with an empty cache (every unit a miss, so it
-compiles); ccache again (every unit a hit).
+The unit tests run everywhere; the build test compares three builds of the CUDA fixture
+(real nvcc, torch and pip): the session's cold build (tests/fixture_build.py: every unit
+compiled, shared with tests/test_build_fixture.py); ccache with an empty cache (every unit
+a miss, so it compiles); ccache again (every unit a hit).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tinyext_project, tinypure_project, wheel_differences
+from conftest import wheel_differences
+from fixture_build import FixtureBuild
 from wheelforge import _fs
 from wheelforge.builder.artifact import reproducible
 from wheelforge.builder.env import buildenv
@@ -302,13 +304,10 @@ def _wheels(index: Path) -> dict[str, Path]:
 
 @pytest.mark.nvcc
 def test_one_build_key_built_elsewhere_gives_the_same_bytes(
-        tmp_path: Path, shared_cache: Path, nvcc: str) -> None:
-    project = tmp_path / "p"
-    tinyext_project(project)
-    tinypure_project(project)
-    # A: the user's cache root, compile cache off (every unit compiled)
-    a = _build(project, shared_cache, tmp_path / "work-a", tmp_path / "index-a",
-               compile_cache="off", umask=0o022)
+        tmp_path: Path, shared_cache: Path, nvcc: str, tinyext_cold: FixtureBuild) -> None:
+    # A: the session's cold build (tests/fixture_build.py): the user's cache root, its own
+    # project directory, umask 022, every unit compiled (ccache told to compile again)
+    a, project = tinyext_cold.result, tinyext_cold.project
     assert a.returncode == 0, a.stderr[-3000:]
     assert "SOURCE_DATE_EPOCH=" in a.stderr and "(a fixed path)" in a.stderr
     time.sleep(2)  # zip dates have a 2 s resolution: B is built at another time
@@ -329,7 +328,7 @@ def test_one_build_key_built_elsewhere_gives_the_same_bytes(
     assert c.returncode == 0, c.stderr[-3000:]
     assert "compile cache: 2 hits, 0 misses" in c.stderr
 
-    wa, wb, wc = (_wheels(tmp_path / f"index-{x}") for x in "abc")
+    wa, wb, wc = _wheels(tinyext_cold.index), *(_wheels(tmp_path / f"index-{x}") for x in "bc")
     assert list(wa) == list(wb) == list(wc) and len(wa) == 2, (wa, wb, wc)
     for name in wa:
         assert wheel_differences(wa[name], wb[name]) == []

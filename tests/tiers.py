@@ -127,6 +127,7 @@ MODULES: dict[str, str] = {
     # added with issue 55
     "test_stable_abi.py": "unit",  # the audit's fixtures (g++) are marked integration
     "test_e2e_stable_abi.py": "e2e",  # one stable-ABI build, loaded under three torches
+    "test_workers.py": "unit",  # make test's xdist groups (tests/workers.py)
 }
 
 
