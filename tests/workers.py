@@ -36,8 +36,10 @@ SHARED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # conftest's upstream_cold and upstream_stack (tests/upstream.py), and flash-attn's
     # subset build: every real upstream build on one worker, one after another (two at
     # once could ask more memory than a 2-core runner has: 4 GiB a compile job)
+    # (with them: the second channel's causal-conv1d and the stable-ABI causal-conv1d)
     "upstream": (frozenset({"test_e2e_causal_conv1d", "test_e2e_mamba_ssm", "test_e2e_stack",
-                            "test_e2e_flash_attn"}),
+                            "test_e2e_flash_attn", "test_e2e_channel_torch211",
+                            "test_e2e_stable_abi"}),
                  frozenset({"upstream_cold", "upstream_stack"})),
     # conftest's tinyext_cold (tests/fixture_build.py)
     "tinyext-cold": (frozenset({"test_build_fixture", "test_reproducible"}),
