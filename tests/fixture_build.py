@@ -23,6 +23,11 @@ from pathlib import Path
 from conftest import require_tool, tinyext_project, tinypure_project
 from wheelforge.builder.compiling import nvccsteps
 
+#: tinyext's one patch: nvcc's ``-lineinfo``, and a line in its kernel's file, so that the
+#: device code holds that file's date, which the build sets (a later builder of the same
+#: key, applying the patch at another time, must get the same bytes: test_reproducible)
+LINEINFO_PATCH = Path(__file__).with_name("packages") / "patches" / "tinyext-lineinfo.patch"
+
 #: the modules that use ``tinyext_cold`` (one xdist group: tests/workers.py)
 MODULES = frozenset({"test_build_fixture", "test_reproducible"})
 
@@ -52,7 +57,7 @@ def common(project: Path, cache: Path) -> list[str]:
 def build_cold(project: Path, shared_cache: Path) -> FixtureBuild:
     """tinyext and tinypure into PROJECT/index, every unit compiled."""
     require_tool("nvcc", "/usr/local/cuda/bin/nvcc")
-    tinyext_project(project)
+    tinyext_project(project, patches={"0001-lineinfo.patch": LINEINFO_PATCH.read_text()})
     tinypure_project(project)
     steps = project / "nvcc-steps.txt"
     env = {k: v for k, v in os.environ.items()

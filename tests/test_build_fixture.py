@@ -87,7 +87,10 @@ def test_fixture_recipe_to_index(tinyext_cold: FixtureBuild, shared_cache: Path)
     assert so.startswith("tinyext_cuda") and archs.sass == {"sm_120"} and not archs.ptx
     inspect = wheelforge("inspect", wheel, cwd=project)
     assert "SASS sm_120; PTX none\n" in inspect.stdout
-    assert "  patches:   0" in inspect.stdout and "  platform:  manylinux_2_" in inspect.stdout
+    assert "  patches:   1" in inspect.stdout and "  platform:  manylinux_2_" in inspect.stdout
+    # the patched files dated at the source's date (nvcc's -lineinfo writes dates)
+    assert "applied 0001-lineinfo.patch" in res.stderr
+    assert "newer than the source dated at SOURCE_DATE_EPOCH" in res.stderr
 
     # a second build of the same inputs is skipped by build key
     again = wheelforge("build", "tinyext", "--arch", "12.0", *common(project, shared_cache),

@@ -310,7 +310,8 @@ def test_one_build_key_built_elsewhere_gives_the_same_bytes(
     a, project = tinyext_cold.result, tinyext_cold.project
     assert a.returncode == 0, a.stderr[-3000:]
     assert "SOURCE_DATE_EPOCH=" in a.stderr and "(a fixed path)" in a.stderr
-    time.sleep(2)  # zip dates have a 2 s resolution: B is built at another time
+    time.sleep(2)  # zip dates have a 2 s resolution: B is built at another time, and
+    # applies tinyext's patch (-lineinfo: the device code holds its file's date) then
     # B: another cache root (its managed environments linked from the first: same torch,
     # another path on every command line), a deeper work directory, umask 077, a
     # SOURCE_DATE_EPOCH of the builder's own, and ccache with an empty cache: every unit
