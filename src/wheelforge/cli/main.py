@@ -79,7 +79,9 @@ def cli() -> None:
 @click.option("--python", "python", type=click.Path(dir_okay=True),
               help="Build against this interpreter and its installed torch, as-is (your "
                    "training venv): a path, a venv directory, or a name looked up on PATH "
-                   "(python3). Default: a managed, cached venv with the configured torch.")
+                   "(python3); the managed toolkit is that torch's CUDA (torch.version.cuda: "
+                   "cuda-toolkit[...]==13.0.* for a CUDA 13.0 torch; a CUDA 12 torch needs "
+                   "--cuda-home). Default: a managed, cached venv with the configured torch.")
 @click.option("--torch", help="torch requirement for the managed venv (default from "
                               "wheelforge.yaml, else torch==2.14.1).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs "
@@ -120,6 +122,10 @@ def cli() -> None:
                    "installed once into uv's cache), system ($CUDA_HOME, nvcc on PATH, "
                    "/usr/local/cuda) or auto (system where found, else managed). Default: "
                    "$WHEELFORGE_TOOLKIT, else toolkit: in wheelforge.yaml, else auto.")
+@click.option("--cuda-home", "cuda_home", type=click.Path(file_okay=False), metavar="PATH",
+              help="Compile with the system CUDA toolkit at PATH (its CUDA_HOME, e.g. "
+                   "/usr/local/cuda-12.8): what a CUDA 12 torch needs, since PyPI has no "
+                   "CUDA 12 nvcc. Same as toolkit: {cuda-home: PATH} in wheelforge.yaml.")
 @deps_dir_option
 @git_mirror_option
 @recipes_option
@@ -129,7 +135,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
           project_file: Path | None, timeout: int | None, verbose: bool,
           subset: tuple[str, ...], stack_check: bool,
           deps_dir: Path | None, git_mirrors: tuple[str, ...], recipes: Path | None,
-          toolkit: str | None = None) -> None:
+          toolkit: str | None = None, cuda_home: str | None = None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
     A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
@@ -161,7 +167,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
                      force=force, project_file=project_file, git_mirrors=git_mirrors,
-                     subset=chosen, toolkit=toolkit)
+                     subset=chosen, toolkit=toolkit, cuda_home=cuda_home)
     reporter = Reporter(verbose=verbose)
     if timeout:
         import signal
