@@ -339,3 +339,62 @@ def test_build_for_a_cuda_12_venv_says_what_to_install(tmp_path: Path) -> None:
     assert nowhere.returncode == 6, nowhere.stderr[-3000:]
     assert f"CUDA_HOME={tmp_path / 'no-cuda'} is not a CUDA toolkit" in nowhere.stderr
     assert "Traceback" not in nowhere.stderr
+
+
+# -- wheelforge install into a venv that holds torch -------------------------------------------
+
+def torch_venv(root: Path, version: str, cuda: str) -> Path:
+    """A venv (with pip) holding a torch distribution ``version`` of CUDA ``cuda``: its
+    metadata and torch/version.py, what install reads (torch is never imported)."""
+    venv = root / f"venv-{version}"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=300)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (site / "torch" / "version.py").write_text(f"__version__ = '{version}'\ncuda = '{cuda}'\n")
+    info = site / f"torch-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    return venv
+
+
+@pytest.mark.integration
+def test_install_picks_the_channel_of_the_venvs_torch_or_names_the_build(
+        tmp_path: Path) -> None:
+    from test_index_clients import pub
+    from test_install_refusals import env_for, wf
+
+    index = tmp_path / "index"
+    for torch in ("2.14.1", "2.11.0"):
+        tag = torch.rsplit(".", 1)[0]
+        pub(index, tmp_path / "dist", "wf-demo", f"1.0+cu130torch{tag}", f"torch {torch}",
+            target={"channel": f"cu130-torch{tag}", "cuda": "13.0", "torch": torch,
+                    "archs": ["sm_120"], "build_key": f"key-{torch}"})
+    env = env_for(tmp_path / "home")
+    venv = torch_venv(tmp_path, "2.11.0", "13.0")
+    done = wf("install", "--index", str(index), "--python", str(venv), env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("channel cu130-torch2.11: built for the venv's torch 2.11.0 (CUDA 13.0) in "
+            f"{venv}/bin/python") in done.stderr
+    assert "wf-demo==1.0+cu130torch2.11" in done.stdout
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert (site / "torch-2.11.0.dist-info").is_dir()  # the venv's torch stays
+
+    other = torch_venv(tmp_path, "2.12.1", "13.0")
+    refused = wf("install", "--index", str(index), "--python", str(other), env=env,
+                 cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    assert (f"has no channel for torch 2.12.1 (CUDA 13.0) in {other}/bin/python"
+            in refused.stderr)
+    assert "cu130-torch2.11, cu130-torch2.14" in refused.stderr
+    assert f"wheelforge build wf-demo --python {other}/bin/python" in refused.stderr
+    assert "published to cu130-torch2.12" in refused.stderr
+    site = next((other / "lib").glob("python3*/site-packages"))
+    assert not list(site.glob("wf_demo*"))  # nothing installed
+
+    chosen = wf("install", "--index", str(index), "--channel", "cu130-torch2.14", "--python",
+                str(venv), env=env, cwd=tmp_path)
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    assert "note: channel cu130-torch2.14 is built for another torch than the venv's" in (
+        chosen.stderr)
