@@ -106,6 +106,7 @@ MODULES: dict[str, str] = {
     "test_nvcc_steps.py": "e2e",
     "test_oom.py": "e2e",
     "test_ray_cluster.py": "e2e",
+    "test_ray_toolkit.py": "e2e",
     # added with issues 51-53 (the guard ran over the unit ones)
     "test_house.py": "unit",  # the source read with ast
     "test_nvcc_defaults.py": "integration",  # a stand-in nvcc --help

@@ -83,7 +83,8 @@ def install(projects: tuple[str, ...], target: Path | None, index: str | None,
 
 
 def _held_torch(target: Path | None):  # type: ignore[no-untyped-def]
-    """The torch of an existing target venv (None: no venv yet, or no torch in it)."""
+    """The torch of an existing target venv (None: no venv yet, no torch in it, or an
+    interpreter that is not a venv's or does not answer the probe)."""
     from ..consume import channelmatch
     from ..consume import venv as into
 
@@ -94,7 +95,10 @@ def _held_torch(target: Path | None):  # type: ignore[no-untyped-def]
         target = Path(active)
     if not target.expanduser().exists():
         return None
-    return channelmatch.venv_torch(into.venv_python(target))
+    try:
+        return channelmatch.venv_torch(into.venv_python(target))
+    except ConfigError:
+        return None  # no venv, or no answer: the checks before the install refuse it
 
 
 def _plan(index: str | None, channel: str | None, held=None,  # type: ignore[no-untyped-def]

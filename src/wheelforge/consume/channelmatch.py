@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..builder.env import buildenv
-from ..errors import ConfigError, PublishError
+from ..errors import ConfigError, PublishError, ToolchainError
 from ..index.records import channel_name
+from .venv import venv_prefix
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,26 @@ class VenvTorch:
 
 
 def venv_torch(python: Path) -> VenvTorch | None:
-    """The torch of the interpreter ``python`` (read, not imported), None without one."""
-    env = buildenv.inspect_env(python, with_torch=False)
-    if "torch" not in dict(env.distributions):
-        return None
-    env = buildenv.inspect_env(python, import_torch=False)
-    return VenvTorch(python=python, version=env.torch_version or "?", cuda=env.torch_cuda)
+    """The torch of the venv interpreter ``python`` (read, not imported), None without
+    one; a ConfigError for an interpreter outside a venv (venv.venv_prefix, asked first)
+    or one whose answer is not the probe's."""
+    venv_prefix(python)
+    try:
+        env = buildenv.inspect_env(python, with_torch=False)
+        if "torch" not in dict(env.distributions):
+            return None
+        env = buildenv.inspect_env(python, import_torch=False)
+    except (ToolchainError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ConfigError(f"cannot read which torch {python} holds",
+                          why=getattr(exc, "what", None) or f"its answer to wheelforge's "
+                              f"probe is not the probe's ({type(exc).__name__})",
+                          fix="pass --python a working venv's directory or interpreter"
+                          ) from None
+    if not isinstance(env.torch_cuda, (str, type(None))):
+        raise ConfigError(f"cannot read which torch {python} holds",
+                          why=f"its torch/version.py says cuda = {env.torch_cuda!r}",
+                          fix="reinstall torch in that venv")
+    return VenvTorch(python=python, version=str(env.torch_version), cuda=env.torch_cuda)
 
 
 def choose(known: Sequence[str], torch: VenvTorch, projects: Sequence[str],
