@@ -65,6 +65,14 @@ def test_a_cuda_12_torch_with_a_managed_toolkit_says_what_to_install() -> None:
     assert auto.mode == "system" and "PyPI has no CUDA 12 nvcc" in auto.why
 
 
+@pytest.mark.parametrize("cuda", ["abc", "12", 12.8, "12.8; rm -rf /", "9" * 400])
+def test_a_torch_whose_cuda_is_no_version_is_named(cuda: Any) -> None:
+    """torch/version.py is the venv's own text: what it says is checked, never a
+    traceback."""
+    with pytest.raises(ToolchainError, match="says its CUDA is"):
+        torchtoolkit.for_torch("auto", toolkit.requirement("13.0"), cuda, TORCH12)
+
+
 def finder(found: toolchain.Cuda | None) -> Any:
     def find(mode: str, **_kw: Any) -> toolchain.Cuda:
         if found is None:

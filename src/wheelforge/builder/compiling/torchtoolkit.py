@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ def for_torch(mode: str, requirement: str, torch_cuda: str | None, torch: str,
     """The toolkit setting for ``torch`` (``torch 2.10.0 in /venv/bin/python``, a matrix
     pin): the managed requirement of its CUDA; a system toolkit alone for a CUDA 12
     torch; ``cuda_home``, a system toolkit named by its directory."""
+    check_cuda_text(torch_cuda, torch)
     if cuda_home is not None:
         return Choice("system", requirement)
     if torch_cuda is None or mode == "system":
@@ -93,6 +95,17 @@ def for_torch(mode: str, requirement: str, torch_cuda: str | None, torch: str,
                                              "no CUDA 12 nvcc: a system toolkit")
     req = toolkit.requirement(major_minor(torch_cuda))
     return Choice(mode, req, f"{req} where managed: the CUDA {torch_cuda} of {torch}")
+
+
+def check_cuda_text(torch_cuda: object, torch: str) -> None:
+    """A ToolchainError when a torch's ``torch.version.cuda`` is not ``MAJOR.MINOR``."""
+    if torch_cuda is None:
+        return
+    if not isinstance(torch_cuda, str) or not re.fullmatch(r"\d{1,3}\.\d{1,3}(\.\d{1,4})?",
+                                                           torch_cuda):
+        raise ToolchainError(f"{torch} says its CUDA is {str(torch_cuda)[:80]!r}",
+                             why="torch.version.cuda of a CUDA build is MAJOR.MINOR (13.0)",
+                             fix="reinstall torch in that environment")
 
 
 def toolkit_environ(environ: Mapping[str, str], cuda_home: Path | None) -> dict[str, str]:
@@ -130,6 +143,7 @@ def find(choice: Choice, *, cache_dir: Path, cuda_home: Path | None,
     """The toolkit of ``choice`` (toolchain.find_toolkit, or ``finder`` with its
     arguments), its CUDA major checked against the torch's (known beforehand:
     ``--python``, a matrix pin) before anything compiles."""
+    check_cuda_text(torch_cuda, torch)
     env = toolkit_environ(environ, cuda_home)
     try:
         cuda = (finder or toolchain.find_toolkit)(
