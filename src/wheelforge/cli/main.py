@@ -375,9 +375,11 @@ def _size(n: int) -> str:
                    "installed once into uv's cache), system ($CUDA_HOME, nvcc on PATH, "
                    "/usr/local/cuda) or auto (system where found, else managed). Default: "
                    "$WHEELFORGE_TOOLKIT, else toolkit: in wheelforge.yaml, else auto.")
+@click.option("--cuda-home", "cuda_home", type=click.Path(file_okay=False), metavar="PATH",
+              help="Check the system CUDA toolkit at PATH, as build --cuda-home uses it.")
 def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | None,
            cache_dir: Path | None, work_dir: Path | None, project_file: Path | None,
-           toolkit: str | None = None) -> None:
+           toolkit: str | None = None, cuda_home: str | None = None) -> None:
     """Check the toolchain before a build: nvcc and the archs it can compile, torch's CUDA
     against nvcc's, the host compiler, ninja, git, free disk, memory per compile job.
 
@@ -387,9 +389,11 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     when the environment exists, else judged from its requirement.
     """
     from ..builder.checks import doctor as doc
+    from ..builder.compiling.torchtoolkit import toolkit_environ
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
-                     work_dir=work_dir, project_file=project_file, toolkit=toolkit)
+                     work_dir=work_dir, project_file=project_file, toolkit=toolkit,
+                     cuda_home=cuda_home)
     if config.python is not None and str(config.python) != str(python):
         click.echo(f"python: {config.python} [{config.origin('python')}]")
     findings = doc.run_checks(archs=config.archs, python=config.python,
@@ -398,7 +402,8 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
                               managed_torch_pip_args=config.torch_pip_args,
                               managed_python=config.base_python,
                               gib_per_job=config.gib_per_job, toolkit=config.toolkit,
-                              cuda_toolkit=config.cuda_toolkit)
+                              cuda_toolkit=config.cuda_toolkit,
+                              environ=toolkit_environ(os.environ, config.cuda_home))
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     colors = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "blue"}
     for f in findings:
