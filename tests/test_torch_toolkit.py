@@ -147,6 +147,53 @@ def test_a_toolkit_another_user_owns_or_may_write_is_refused(tmp_path: Path) -> 
         torchtoolkit.check_cuda_home(link)
 
 
+def test_a_toolkit_under_a_directory_another_user_may_write_is_refused(
+        tmp_path: Path) -> None:
+    """The race: with a parent another user may write (not sticky), they rename your
+    toolkit away after the check and put theirs in its place."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    home = fake_home(shared)
+    shared.chmod(0o777)
+    with pytest.raises(ToolchainError, match=f"{shared} belongs to uid"):
+        torchtoolkit.check_cuda_home(home)
+    shared.chmod(0o1777)  # sticky, as /tmp: no one moves another's entries
+    torchtoolkit.check_cuda_home(home)
+
+
+@pytest.mark.integration
+def test_build_refuses_a_toolkit_another_user_made(tmp_path: Path) -> None:
+    """Another local user (setpriv) makes a toolkit under a shared directory; build
+    --cuda-home there stops in preflight, before its nvcc is run."""
+    import shutil
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true runs as root with setpriv")
+        pytest.skip("another user needs root and setpriv")
+    import tempfile
+    shared = Path(tempfile.mkdtemp(prefix="wf-shared-"))  # tmp_path's parents are 0700
+    shared.chmod(0o1777)
+    try:
+        _another_users_toolkit(tmp_path, shared)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _another_users_toolkit(tmp_path: Path, shared: Path) -> None:
+    marker = shared / "ran"
+    script = (f"mkdir -p {shared}/cuda/bin {shared}/cuda/include && "
+              f"printf '#!/bin/sh\\ntouch {marker}\\necho release 13.0\\n' "
+              f"> {shared}/cuda/bin/nvcc && chmod 755 {shared}/cuda/bin/nvcc && "
+              f"touch {shared}/cuda/include/cuda_runtime.h")
+    subprocess.run(["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups", "sh", "-c",
+                    script], check=True, timeout=60)
+    done = build(tmp_path, "--cuda-home", shared / "cuda")
+    assert done.returncode == 6, done.stderr[-3000:]
+    assert f"the CUDA toolkit at {shared / 'cuda'} is not trusted" in done.stderr
+    assert "belongs to uid 4321" in done.stderr and "Traceback" not in done.stderr
+    assert not marker.exists()  # their nvcc never ran
+
+
 def test_cuda_home_resolves_from_the_option_or_the_project_file(tmp_path: Path) -> None:
     project = tmp_path / "wheelforge.yaml"
     project.write_text("defaults:\n  toolkit: {cuda-home: tk/cuda-12.8}\n")

@@ -119,14 +119,22 @@ def toolkit_environ(environ: Mapping[str, str], cuda_home: Path | None) -> dict[
 
 
 def check_cuda_home(home: Path) -> None:
-    """A ToolchainError when another user could change the toolkit at ``home``."""
-    for path in (home, home / "bin", home / "bin" / "nvcc"):
+    """A ToolchainError when another user could change the toolkit at ``home``: its
+    directory, ``bin`` and ``bin/nvcc`` (links resolved), and every directory above
+    them, which another user could otherwise rename away and replace after this check
+    (a sticky directory such as /tmp lets no one rename another's entries)."""
+    real_home = Path(os.path.realpath(home))
+    above = [d for d in real_home.parents if d != Path(d.anchor)]
+    for path in (home, home / "bin", home / "bin" / "nvcc", *above):
         real = Path(os.path.realpath(path))
         try:
             st = os.stat(real)
         except OSError:
             continue  # not there: find_cuda says what is missing
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if real in above and st.st_mode & stat.S_ISVTX:
+            writable = 0  # sticky: others may add entries, never move yours
+        if st.st_uid not in (0, os.geteuid()) or writable:
             raise ToolchainError(
                 f"the CUDA toolkit at {home} is not trusted: {real} belongs to uid "
                 f"{st.st_uid} with mode {stat.filemode(st.st_mode)}",
