@@ -272,6 +272,12 @@ def test_a_cuda_12_pin_without_a_toolkit_is_a_clear_error() -> None:
     assert (named.toolkit, named.cuda_home) == ("system", Path("/usr/local/cuda-12.8"))
     cu13 = pin_config(TorchPin(spec="torch==2.12.1", cuda="13.0"), "managed")
     assert (cu13.toolkit, cu13.cuda_toolkit) == ("managed", toolkit.requirement("13.0"))
+    # the night's toolkit named in defaults (toolkit: {cuda-home: PATH}) stays for a pin
+    # that names none
+    night = dataclasses_replace(config.resolve(environ={}, python=sys.executable),
+                                toolkit="system", cuda_home=Path("/opt/cuda-12.8"))
+    kept = state._pin_toolkit(night, Cell(recipe="r", python=None, torch=cu12, archs="12.0"))
+    assert (kept.toolkit, kept.cuda_home) == ("system", Path("/opt/cuda-12.8"))
 
 
 def planned(i: int, label: str | None = None, image: str | None = None,

@@ -231,7 +231,7 @@ def _pin_toolkit(cfg: config.BuildConfig, cell: Cell) -> config.BuildConfig:
     of its CUDA (PyPI's), else (a CUDA 12 pin: none on PyPI) the system one; a
     ToolchainError for a CUDA 12 pin with ``toolkit: managed``."""
     pin = cell.torch
-    home = Path(pin.cuda_home) if pin.cuda_home else None
+    home = Path(pin.cuda_home) if pin.cuda_home else cfg.cuda_home  # else defaults'
     req = (toolkit_requirement(pin.cuda) if torchtoolkit.has_managed(pin.cuda)
            else cfg.cuda_toolkit)
     try:
