@@ -396,6 +396,10 @@ def test_build_for_a_cuda_12_venv_says_what_to_install(tmp_path: Path) -> None:
         assert auto.returncode == 6, auto.stderr[-3000:]
         assert "is built for CUDA 12.8 but the toolkit at" in auto.stderr
         assert "--cuda-home /usr/local/cuda-12.8" in auto.stderr
+    doctor = subprocess.run([sys.executable, "-m", "wheelforge", "doctor", "--python",
+                             str(venv), "--toolkit", "managed"], capture_output=True,
+                            text=True, timeout=300)
+    assert doctor.returncode == 6 and "there is no managed toolkit for it" in doctor.stderr
     nowhere = build(tmp_path, "--python", venv, "--cuda-home", tmp_path / "no-cuda")
     assert nowhere.returncode == 6, nowhere.stderr[-3000:]
     assert f"CUDA_HOME={tmp_path / 'no-cuda'} is not a CUDA toolkit" in nowhere.stderr

@@ -388,14 +388,22 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     starts. Without --python, the torch of the managed environment is checked: inspected
     when the environment exists, else judged from its requirement.
     """
+    from dataclasses import replace
+
     from ..builder.checks import doctor as doc
-    from ..builder.compiling.torchtoolkit import toolkit_environ
+    from ..builder.compiling.torchtoolkit import for_python, toolkit_environ
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
                      work_dir=work_dir, project_file=project_file, toolkit=toolkit,
                      cuda_home=cuda_home)
     if config.python is not None and str(config.python) != str(python):
         click.echo(f"python: {config.python} [{config.origin('python')}]")
+    if config.python is not None:  # the toolkit a build for that torch takes
+        choice = for_python(config.python, config.toolkit, config.cuda_toolkit,
+                            config.cuda_home)
+        config = replace(config, toolkit=choice.mode, cuda_toolkit=choice.requirement)
+        if choice.why:
+            click.echo(f"toolkit: {choice.why}")
     findings = doc.run_checks(archs=config.archs, python=config.python,
                               work_dir=config.work_dir, cache_dir=config.cache_dir,
                               jobs=jobs, managed_torch=config.torch,

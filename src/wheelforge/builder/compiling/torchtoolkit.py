@@ -26,7 +26,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from ...errors import ToolchainError
-from ..env import toolkit
+from ..env import buildenv, toolkit
 from . import toolchain
 
 #: The first CUDA major whose nvcc is on PyPI.
@@ -95,6 +95,19 @@ def for_torch(mode: str, requirement: str, torch_cuda: str | None, torch: str,
                                              "no CUDA 12 nvcc: a system toolkit")
     req = toolkit.requirement(major_minor(torch_cuda))
     return Choice(mode, req, f"{req} where managed: the CUDA {torch_cuda} of {torch}")
+
+
+def for_python(python: Path, mode: str, requirement: str,
+               cuda_home: Path | None = None) -> Choice:
+    """:func:`for_torch` of the torch installed in the interpreter ``python`` (read from
+    its torch/version.py); the setting as it is when it holds no torch (`doctor` says
+    so in its torch line)."""
+    try:
+        env = buildenv.inspect_env(python, import_torch=False)
+    except ToolchainError:
+        return Choice(mode, requirement)
+    return for_torch(mode, requirement, env.torch_cuda,
+                     f"torch {env.torch_version} in {python}", cuda_home)
 
 
 def check_cuda_text(torch_cuda: object, torch: str) -> None:
