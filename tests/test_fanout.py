@@ -44,7 +44,8 @@ def plan_of(cells: list[fanout.PlannedCell]) -> fanout.Plan:
 def test_one_job_per_cell_up_to_the_limit() -> None:
     gh = fanout.github_matrix(plan_of([planned(i, 60.0) for i in range(3)]))
     assert gh == {"include": [
-        {"cells": str(i), "name": "r python torch==2.14.1 cu13.0 sm 12.0"} for i in range(3)]}
+        {"cells": str(i), "name": "r python torch==2.14.1 cu13.0 sm 12.0",
+         "runs-on": list(fanout.RUNNER_LABELS), "container": ""} for i in range(3)]}
     assert fanout.github_matrix(plan_of([])) == {"include": []}
 
 

@@ -36,6 +36,7 @@ MODULES: dict[str, str] = {
     # unit: pure Python (a few tests in them are marked integration or e2e)
     "test_arch.py": "unit",
     "test_managed_toolkit.py": "unit",  # its real build is marked nvcc: e2e
+    "test_torch_toolkit.py": "unit",  # its command runs are marked integration
     "test_cli.py": "unit",  # the command in-process (tests/cli_inprocess.py)
     "test_architecture.py": "unit",
     "test_companions.py": "unit",
@@ -109,6 +110,7 @@ MODULES: dict[str, str] = {
     "test_nvcc_steps.py": "e2e",
     "test_oom.py": "e2e",
     "test_ray_cluster.py": "e2e",
+    "test_ray_toolkit.py": "e2e",
     # added with issues 51-53 (the guard ran over the unit ones)
     "test_house.py": "unit",  # the source read with ast
     "test_nvcc_defaults.py": "integration",  # a stand-in nvcc --help

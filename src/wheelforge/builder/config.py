@@ -83,6 +83,9 @@ class BuildConfig:
     #: which CUDA toolkit (one of TOOLKIT_MODES) and the managed one's requirement
     toolkit: str = "auto"
     cuda_toolkit: str = DEFAULT_CUDA_TOOLKIT
+    #: a system toolkit named by its directory (``--cuda-home``, ``toolkit: {cuda-home:
+    #: PATH}``): the build's ``CUDA_HOME``, with ``toolkit`` "system"
+    cuda_home: Path | None = None
 
     @property
     def arch_list(self) -> str:
@@ -99,6 +102,7 @@ class BuildConfig:
             f"build env      {env}  [{self.origin('python')}]",
             f"CUDA toolkit   {self.toolkit}"
             + (f" ({self.cuda_toolkit} where managed)" if self.toolkit != "system" else "")
+            + (f" at {self.cuda_home}" if self.cuda_home else "")
             + f"  [{self.origin('toolkit')}]",
             f"jobs           MAX_JOBS={self.jobs} NVCC_THREADS={self.nvcc_threads}  "
             f"[{self.origin('jobs')}]",
@@ -148,8 +152,13 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
 def _check_default_values(p: Problems, defaults: Mapping[Any, Any]) -> None:
     """The values of defaults: that need nothing but themselves to check."""
     mode = defaults.get("toolkit")
-    if mode is not None and str(mode).strip().lower() not in TOOLKIT_MODES:
-        p.add("defaults.toolkit", f"{mode!r} is not one of {', '.join(TOOLKIT_MODES)}")
+    if isinstance(mode, dict):
+        problem = cuda_home_problem(mode)
+        if problem:
+            p.add("defaults.toolkit", problem)
+    elif mode is not None and str(mode).strip().lower() not in TOOLKIT_MODES:
+        p.add("defaults.toolkit", f"{mode!r} is not one of {', '.join(TOOLKIT_MODES)}, nor "
+                                  "{cuda-home: PATH}")
     for name in ("cuda-toolkit", "torch"):
         spec = defaults.get(name)
         if spec is None:
@@ -453,6 +462,7 @@ def resolve(
     git_mirrors: tuple[str, ...] = (),
     subset: Choice = (),
     toolkit: str | None = None,
+    cuda_home: str | os.PathLike[str] | None = None,
 ) -> BuildConfig:
     env = os.environ if environ is None else environ
     defaults = load_project_file(project_file)
@@ -468,7 +478,8 @@ def resolve(
     gib_per_job = project_gib_per_job(defaults)
     n_jobs, threads = _resolve_jobs(jobs, env, len(archs), gib_per_job, origins)
 
-    toolkit_mode = _resolve_toolkit(toolkit, defaults, env, origins)
+    toolkit_mode, home = _resolve_toolkit(toolkit, defaults, env, origins, cuda_home,
+                                          (project_file or Path(PROJECT_FILE)).parent)
     cache = cache_dir or default_cache_dir()
     index = index_dir or Path(str(defaults.get("index") or "index"))
     return BuildConfig(
@@ -491,22 +502,50 @@ def resolve(
         subset=subset,
         toolkit=toolkit_mode,
         cuda_toolkit=str(defaults.get("cuda-toolkit") or DEFAULT_CUDA_TOOLKIT),
+        cuda_home=home,
     )
 
 
+def cuda_home_problem(value: Mapping[Any, Any]) -> str:
+    """What is wrong with a ``toolkit: {cuda-home: PATH}`` mapping ("" when nothing)."""
+    extra = sorted(str(k) for k in value if k != "cuda-home")
+    home = value.get("cuda-home")
+    if extra:
+        return f"{{cuda-home: PATH}} takes no other key, got {', '.join(extra)}"
+    if not isinstance(home, str) or not home.strip():
+        return f"cuda-home must be the directory of a CUDA toolkit, got {home!r}"
+    return ""
+
+
 def _resolve_toolkit(toolkit: str | None, defaults: Mapping[str, Any],
-                     env: Mapping[str, str], origins: dict[str, str]) -> str:
-    """--toolkit, else $WHEELFORGE_TOOLKIT, else the project file's, else ``auto``."""
+                     env: Mapping[str, str], origins: dict[str, str],
+                     cuda_home: str | os.PathLike[str] | None = None,
+                     base: Path = Path(".")) -> tuple[str, Path | None]:
+    """--cuda-home (a system toolkit), else --toolkit, else $WHEELFORGE_TOOLKIT, else the
+    project file's (a mode, or ``{cuda-home: PATH}``, relative to the file), else auto."""
+    if cuda_home is not None:
+        if toolkit not in (None, "system"):
+            raise ConfigError(f"--cuda-home and --toolkit {toolkit} ask for two toolkits",
+                              why="--cuda-home names a system toolkit",
+                              fix="leave out --toolkit, or --cuda-home")
+        origins["toolkit"] = "--cuda-home"
+        return "system", Path(os.path.abspath(os.path.expanduser(os.fspath(cuda_home))))
+    from_file = defaults.get("toolkit")
+    if isinstance(from_file, dict) and not toolkit and not env.get(TOOLKIT_ENV):
+        origins["toolkit"] = "wheelforge.yaml"
+        home = os.path.expanduser(str(from_file["cuda-home"]))
+        return "system", Path(os.path.abspath(base / home))
     for value, origin in ((toolkit, "--toolkit"), (env.get(TOOLKIT_ENV), TOOLKIT_ENV),
-                          (defaults.get("toolkit"), "wheelforge.yaml")):
+                          (None if isinstance(from_file, dict) else from_file,
+                           "wheelforge.yaml")):
         if value:
             mode = str(value).strip().lower()
             if mode not in TOOLKIT_MODES:
                 raise ConfigError(f"{origin}: {value!r} is not a toolkit choice",
                                   fix="use " + ", ".join(TOOLKIT_MODES))
             origins["toolkit"] = origin
-            return mode
-    return "auto"
+            return mode, None
+    return "auto", None
 
 
 def resolve_git_mirrors(from_file: Any, base: Path, from_env: str, from_cli: tuple[str, ...],

@@ -45,7 +45,7 @@ from .artifact.identity import (
 from .artifact.platform import PlatformTag
 from .artifact.verify import Verified, verify_wheel
 from .checks import doctor, preflight
-from .compiling import compilecache, jobserver, toolchain, unitcosts
+from .compiling import compilecache, jobserver, toolchain, torchtoolkit, unitcosts
 from .compiling.backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
 from .compiling.compilecache import CacheStats
 from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
@@ -136,7 +136,9 @@ def _doctor(config: BuildConfig, env: BuildEnv, reporter: Reporter) -> None:
                                  work_dir=config.work_dir, cache_dir=config.cache_dir,
                                  jobs=config.jobs, check_torch=False,
                                  gib_per_job=config.gib_per_job, toolkit=config.toolkit,
-                                 cuda_toolkit=config.cuda_toolkit)
+                                 cuda_toolkit=config.cuda_toolkit,
+                                 environ=torchtoolkit.toolkit_environ(os.environ,
+                                                                      config.cuda_home))
     for f in findings:
         if f.status == "WARN":
             reporter.info(f"WARN {f.check}: {f.detail}" + (f" ({f.fix})" if f.fix else ""))
@@ -326,9 +328,8 @@ class _Build:
         with reporter.step("preflight"):
             cuda = None
             if self.extension:
-                cuda = toolchain.find_toolkit(
-                    config.toolkit, cache_dir=config.cache_dir,
-                    requirement=config.cuda_toolkit, say=reporter.info, log=self.log)
+                cuda = self.find_toolkit()
+                config = self.config
                 reporter.info(f"nvcc {cuda.version} at {cuda.nvcc} ({cuda.origin})")
                 reporter.info(f"CUDA toolkit {cuda.describe_toolkit()} ({cuda.choice})")
                 toolchain.check_archs(cuda, config.archs)
@@ -351,6 +352,24 @@ class _Build:
                 env = _get_env(recipe, config, reporter, self.log, self.inspections)
                 require(env, list(recipe.build.requires), recipe.name)
         return cuda, ident, env
+
+    def find_toolkit(self) -> toolchain.Cuda:
+        """The toolkit for the torch the build uses: with ``--python``, its torch's CUDA
+        (read from torch/version.py, not imported) picks the managed toolkit's version,
+        and the build's settings say which toolkit it took (the preflight's doctor too)."""
+        config = self.config
+        torch_cuda, torch = None, ""
+        if config.python is not None:
+            found = self.inspections.inspect(config.python)
+            torch_cuda, torch = found.torch_cuda, f"torch {found.torch_version} in {found.python}"
+        choice = torchtoolkit.for_torch(config.toolkit, config.cuda_toolkit, torch_cuda,
+                                        torch, config.cuda_home)
+        self.config = dataclasses.replace(config, toolkit=choice.mode,
+                                          cuda_toolkit=choice.requirement)
+        return torchtoolkit.find(choice, cache_dir=config.cache_dir,
+                                 cuda_home=config.cuda_home, torch_cuda=torch_cuda,
+                                 torch=torch, environ=os.environ,
+                                 say=self.reporter.info, log=self.log)
 
     def hold_key(self, ident: Identity) -> None:
         """The build key's lock, held until the build ends: one build of a key at a time."""

@@ -49,6 +49,11 @@ def install(projects: tuple[str, ...], target: Path | None, index: str | None,
     """Install the index's wheels (all of a channel's projects, or PROJECTS) and their
     dependencies into a venv.
 
+    A venv that already holds torch gets the channel built for that torch (its CUDA and
+    torch version: cu130-torch2.11 for torch 2.11.0 of CUDA 13.0), so that its torch stays;
+    with no such channel, the error names the build command that makes one. --channel
+    picks another one (which replaces the venv's torch).
+
     The wheels come from the index alone and are pinned to their exact local versions
     (1.7.0+cu130torch2.14sm120), so no public index can replace them, now or in later
     `pip install -U` runs in that venv; their dependencies (torch, ...) come from your
@@ -64,7 +69,8 @@ def install(projects: tuple[str, ...], target: Path | None, index: str | None,
     from ..consume import venv as into
 
     chosen: Installer = "uv" if installer == "uv" else "pip"
-    p, where = _plan(index, channel)
+    held = _held_torch(target)
+    p, where = _plan(index, channel, held, projects)
     p = _select(p, projects)
     python = _target(target, chosen, Reporter())
     _check_python(python, p.pins, where)
@@ -80,8 +86,29 @@ def install(projects: tuple[str, ...], target: Path | None, index: str | None,
                    "no per-venv settings): wheelforge consumer-config --format uv")
 
 
-def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-def]
-    """The plan and a name for the index, from a directory or a served channel's URL."""
+def _held_torch(target: Path | None):  # type: ignore[no-untyped-def]
+    """The torch of an existing target venv (None: no venv yet, no torch in it, or an
+    interpreter that is not a venv's or does not answer the probe)."""
+    from ..consume import channelmatch
+    from ..consume import venv as into
+
+    if target is None:
+        active = os.environ.get("VIRTUAL_ENV")
+        if not active or Path(active).resolve() == Path(sys.prefix).resolve():
+            return None  # _target says which venv is missing
+        target = Path(active)
+    if not target.expanduser().exists():
+        return None
+    try:
+        return channelmatch.venv_torch(into.venv_python(target))
+    except ConfigError:
+        return None  # no venv, or no answer: the checks before the install refuse it
+
+
+def _plan(index: str | None, channel: str | None, held=None,  # type: ignore[no-untyped-def]
+          projects: tuple[str, ...] = ()):
+    """The plan and a name for the index, from a directory or a served channel's URL; the
+    channel built for ``held`` (the target venv's torch) unless --channel names one."""
     from .. import index as idx
     from ..consume import install as consumer
 
@@ -92,6 +119,7 @@ def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-de
             raise ConfigError("--channel goes with a directory index",
                               why="a served index's URL names its channel",
                               fix=f"pass --index {index.rstrip('/')}/{channel}/")
+        _warn_other_torch(index.rstrip("/").removesuffix("/simple").rsplit("/", 1)[-1], held)
         return _served_plan(index), index
     given = Path(index).expanduser() if index else None
     if (given is not None and (given / "simple").is_dir() and not (given / "files").is_dir()
@@ -102,6 +130,16 @@ def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-de
         given, channel = given.parent, given.name
     index_dir = existing_index(given)
     records = idx.load_records(index_dir)
+    if channel is None and held is not None:
+        from ..consume import channelmatch
+
+        known = sorted({r.channel for r in records if r.channel})
+        names = projects or tuple(sorted({r.project for r in records if r.channel}))
+        channel = channelmatch.choose(known, held, names, os.path.abspath(index_dir))
+        click.echo(f"channel {channel}: built for the venv's {held.describe()} (kept; "
+                   "--channel picks another)", err=True)
+    elif channel is not None:
+        _warn_other_torch(channel, held)
     if channel is None:
         known = sorted({r.channel for r in records if r.channel})
         if len(known) > 1:
@@ -111,6 +149,17 @@ def _plan(index: str | None, channel: str | None):  # type: ignore[no-untyped-de
         channel = known[0] if known else None
     return (consumer.plan(records, index_dir=index_dir, url=None, channel=channel),
             os.path.abspath(index_dir))
+
+
+def _warn_other_torch(channel: str, held) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    if not re.match(r"^cu\d+-torch\d+\.\d+$", channel):
+        return  # a served index's top, not a channel
+    if held is not None and held.channel is not None and held.channel != channel:
+        click.echo(f"note: channel {channel} is built for another torch than the venv's "
+                   f"{held.describe()} (channel {held.channel}): installing it replaces that "
+                   "torch", err=True)
 
 
 def _served_plan(url: str):  # type: ignore[no-untyped-def]

@@ -79,7 +79,9 @@ def cli() -> None:
 @click.option("--python", "python", type=click.Path(dir_okay=True),
               help="Build against this interpreter and its installed torch, as-is (your "
                    "training venv): a path, a venv directory, or a name looked up on PATH "
-                   "(python3). Default: a managed, cached venv with the configured torch.")
+                   "(python3); the managed toolkit is that torch's CUDA (torch.version.cuda: "
+                   "cuda-toolkit[...]==13.0.* for a CUDA 13.0 torch; a CUDA 12 torch needs "
+                   "--cuda-home). Default: a managed, cached venv with the configured torch.")
 @click.option("--torch", help="torch requirement for the managed venv (default from "
                               "wheelforge.yaml, else torch==2.14.1).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Parallel compile jobs "
@@ -120,6 +122,10 @@ def cli() -> None:
                    "installed once into uv's cache), system ($CUDA_HOME, nvcc on PATH, "
                    "/usr/local/cuda) or auto (system where found, else managed). Default: "
                    "$WHEELFORGE_TOOLKIT, else toolkit: in wheelforge.yaml, else auto.")
+@click.option("--cuda-home", "cuda_home", type=click.Path(file_okay=False), metavar="PATH",
+              help="Compile with the system CUDA toolkit at PATH (its CUDA_HOME, e.g. "
+                   "/usr/local/cuda-12.8): what a CUDA 12 torch needs, since PyPI has no "
+                   "CUDA 12 nvcc. Same as toolkit: {cuda-home: PATH} in wheelforge.yaml.")
 @deps_dir_option
 @git_mirror_option
 @recipes_option
@@ -129,7 +135,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
           project_file: Path | None, timeout: int | None, verbose: bool,
           subset: tuple[str, ...], stack_check: bool,
           deps_dir: Path | None, git_mirrors: tuple[str, ...], recipes: Path | None,
-          toolkit: str | None = None) -> None:
+          toolkit: str | None = None, cuda_home: str | None = None) -> None:
     """Build, verify and publish the wheels of recipe NAMES.
 
     A recipe's companions (mamba-ssm: causal-conv1d) are built first for the same target,
@@ -161,7 +167,7 @@ def build(names: tuple[str, ...], arch: str | None, python: str | None, torch: s
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, index_dir=index_dir,
                      cache_dir=cache_dir, work_dir=work_dir, sources_dirs=sources_dirs,
                      force=force, project_file=project_file, git_mirrors=git_mirrors,
-                     subset=chosen, toolkit=toolkit)
+                     subset=chosen, toolkit=toolkit, cuda_home=cuda_home)
     reporter = Reporter(verbose=verbose)
     if timeout:
         import signal
@@ -374,9 +380,11 @@ def _size(n: int) -> str:
                    "installed once into uv's cache), system ($CUDA_HOME, nvcc on PATH, "
                    "/usr/local/cuda) or auto (system where found, else managed). Default: "
                    "$WHEELFORGE_TOOLKIT, else toolkit: in wheelforge.yaml, else auto.")
+@click.option("--cuda-home", "cuda_home", type=click.Path(file_okay=False), metavar="PATH",
+              help="Check the system CUDA toolkit at PATH, as build --cuda-home uses it.")
 def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | None,
            cache_dir: Path | None, work_dir: Path | None, project_file: Path | None,
-           toolkit: str | None = None) -> None:
+           toolkit: str | None = None, cuda_home: str | None = None) -> None:
     """Check the toolchain before a build: nvcc and the archs it can compile, torch's CUDA
     against nvcc's, the host compiler, ninja, git, free disk, memory per compile job.
 
@@ -385,19 +393,30 @@ def doctor(arch: str | None, python: str | None, torch: str | None, jobs: int | 
     starts. Without --python, the torch of the managed environment is checked: inspected
     when the environment exists, else judged from its requirement.
     """
+    from dataclasses import replace
+
     from ..builder.checks import doctor as doc
+    from ..builder.compiling.torchtoolkit import for_python, toolkit_environ
 
     config = resolve(arch=arch, python=python, torch=torch, jobs=jobs, cache_dir=cache_dir,
-                     work_dir=work_dir, project_file=project_file, toolkit=toolkit)
+                     work_dir=work_dir, project_file=project_file, toolkit=toolkit,
+                     cuda_home=cuda_home)
     if config.python is not None and str(config.python) != str(python):
         click.echo(f"python: {config.python} [{config.origin('python')}]")
+    if config.python is not None:  # the toolkit a build for that torch takes
+        choice = for_python(config.python, config.toolkit, config.cuda_toolkit,
+                            config.cuda_home)
+        config = replace(config, toolkit=choice.mode, cuda_toolkit=choice.requirement)
+        if choice.why:
+            click.echo(f"toolkit: {choice.why}")
     findings = doc.run_checks(archs=config.archs, python=config.python,
                               work_dir=config.work_dir, cache_dir=config.cache_dir,
                               jobs=jobs, managed_torch=config.torch,
                               managed_torch_pip_args=config.torch_pip_args,
                               managed_python=config.base_python,
                               gib_per_job=config.gib_per_job, toolkit=config.toolkit,
-                              cuda_toolkit=config.cuda_toolkit)
+                              cuda_toolkit=config.cuda_toolkit,
+                              environ=toolkit_environ(os.environ, config.cuda_home))
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     colors = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "blue"}
     for f in findings:

@@ -103,11 +103,18 @@ class PlannedCell:
     allow: tuple[str, ...] = ()  # verify.allow: the .pth files and commands it may ship
     #: the kernel subset to build (matrix.subsets); () the full build (and in older plans)
     subset: Choice = ()
+    #: the pin's system toolkit (``toolkit: {cuda-home: PATH}``): only builders that
+    #: declare ``builder_label`` (a Ray resource, an Actions runner label) or run ``image`` build it
+    cuda_home: str | None = None
+    builder_label: str | None = None
+    image: str | None = None
 
     @property
     def cell(self) -> Cell:
         return Cell(recipe=self.recipe, python=self.python,
-                    torch=TorchPin(spec=self.torch, cuda=self.cuda, pip_args=self.pip_args),
+                    torch=TorchPin(spec=self.torch, cuda=self.cuda, pip_args=self.pip_args,
+                                   cuda_home=self.cuda_home, label=self.builder_label,
+                                   image=self.image),
                     archs=self.archs, subset=self.subset)
 
     @property
@@ -174,7 +181,7 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
         if p.key in state.published:
             done.append(state.skipped(p, "published"))
             continue
-        cuda = state.find_cuda(p.config) if p.recipe.build.kind == "extension" else None
+        cuda = state.find_cuda(p.config, cell) if p.recipe.build.kind == "extension" else None
         todo.append(PlannedCell(
             id=i, recipe=cell.recipe, version=str(p.recipe.version), python=cell.python,
             torch=cell.torch.spec, cuda=cell.torch.cuda, pip_args=cell.torch.pip_args,
@@ -183,7 +190,8 @@ def make_plan(matrix: Matrix, book: RecipeBook, settings: Settings, *,
             estimate_s=estimate(durations, cell),
             peak_gib=_peak(settings.cache_dir, cell.recipe),
             top_level=p.recipe.verify.top_level, excluded=p.recipe.verify.excluded,
-            allow=p.recipe.verify.allow, subset=cell.subset))
+            allow=p.recipe.verify.allow, subset=cell.subset, cuda_home=cell.torch.cuda_home,
+            builder_label=cell.torch.label, image=cell.torch.image))
     todo.sort(key=lambda c: (c.estimate_s is not None, -(c.estimate_s or 0.0), c.id))
     return Plan(created=now(), config=str(matrix.path), index=str(settings.index_dir),
                 cells=tuple(todo), done=tuple(done))
@@ -249,12 +257,21 @@ def _planned(data: Any, where: str) -> PlannedCell:
             top_level=_strings(data.get("top_level", ())),
             excluded=_strings(data.get("excluded", ())),
             allow=_strings(data.get("allow", ())),
-            subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()))
+            subset=tuple((str(k), _strings(v)) for k, v in data.get("subset") or ()),
+            cuda_home=_optional(data.get("cuda_home")),
+            builder_label=_optional(data.get("builder_label")),
+            image=_optional(data.get("image")))
     except _MALFORMED as exc:
         raise _bad(where, f"a cell lacks or mistypes {exc}") from exc
     if not _KEY.match(cell.build_key):
         raise _bad(where, f"cell {cell.id}: {cell.build_key!r} is not a build key")
     return cell
+
+
+def _optional(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
 
 
 def load_plan(path: Path) -> Plan:
@@ -318,27 +335,73 @@ def _finite(value: object) -> bool:
         return False
 
 
+#: the runner labels of a builder job (examples/github-actions/nightly-fanout.yml); a cell
+#: whose pin names a system toolkit adds the pin's label (``cuda-toolkit-12.8``)
+RUNNER_LABELS = ("self-hosted", "linux", "x64", "wheelforge-builder")
+
+
+def _route(c: PlannedCell) -> tuple[str, str]:
+    return (c.builder_label or "", c.image or "")
+
+
+def _job(route: tuple[str, str], cells: str, name: str) -> dict[str, Any]:
+    """One entry of the GitHub matrix: its cells, its runner labels (``runs-on``) and its
+    container image ("" none)."""
+    label, image = route
+    return {"cells": cells, "name": name,
+            "runs-on": [*RUNNER_LABELS, *([label] if label else [])], "container": image}
+
+
 def github_matrix(plan: Plan, limit: int = GITHUB_MATRIX_LIMIT) -> dict[str, Any]:
-    """``{"include": [{"cells": "ID ...", "name": ...}]}`` for ``strategy.matrix``.
+    """``{"include": [{"cells": "ID ...", "name": ..., "runs-on": [...], "container":
+    IMAGE}]}`` for ``strategy.matrix``.
 
     One job per cell up to ``limit`` cells; above, ``limit`` jobs, each a batch of cells
-    balanced by estimated time (a cell never timed counts as the longest timed one)."""
+    balanced by estimated time (a cell never timed counts as the longest timed one).  A
+    batch holds the cells of one route only (the pin's builder label and image): a cell
+    that needs a system toolkit runs only where it is."""
     if limit < 1:
         raise ConfigError(f"the matrix limit must be at least 1, got {limit}")
     if len(plan.cells) <= limit:
-        return {"include": [{"cells": str(c.id), "name": _short(c)} for c in plan.cells]}
+        return {"include": [_job(_route(c), str(c.id), _short(c)) for c in plan.cells]}
+    routes: dict[tuple[str, str], list[PlannedCell]] = {}
+    for c in plan.cells:
+        routes.setdefault(_route(c), []).append(c)
+    if len(routes) > limit:
+        raise ConfigError(f"the plan's cells need {len(routes)} kinds of builder, more than "
+                          f"the {limit} jobs of the matrix", fix="raise --max-jobs")
     known = [c.estimate_s for c in plan.cells if c.estimate_s is not None]
     unknown = max(known, default=1.0)
-    batches: list[tuple[float, list[PlannedCell]]] = [(0.0, []) for _ in range(limit)]
-    for c in plan.cells:  # longest first already: LPT onto the least loaded batch
-        i = min(range(limit), key=lambda j: (batches[j][0], j))
-        load, members = batches[i]
-        members.append(c)
-        batches[i] = (load + (c.estimate_s if c.estimate_s is not None else unknown), members)
+    jobs = _share(limit, {r: len(cs) for r, cs in routes.items()})
+    out = []
+    for route, members_of in routes.items():
+        batches: list[tuple[float, list[PlannedCell]]] = [(0.0, []) for _ in range(jobs[route])]
+        for c in members_of:  # longest first already: LPT onto the least loaded batch
+            i = min(range(len(batches)), key=lambda j: (batches[j][0], j))
+            load, members = batches[i]
+            members.append(c)
+            batches[i] = (load + (c.estimate_s if c.estimate_s is not None else unknown),
+                          members)
+        out += [(route, load, members) for load, members in batches if members]
     return {"include": [
-        {"cells": " ".join(str(c.id) for c in members),
-         "name": f"batch {n} of {limit}: {len(members)} cells, ~{load / 60:.0f} min"}
-        for n, (load, members) in enumerate(batches, 1)]}
+        _job(route, " ".join(str(c.id) for c in members),
+             f"batch {n} of {len(out)}: {len(members)} cells, ~{load / 60:.0f} min"
+             + (f" [{route[0]}]" if route[0] else ""))
+        for n, (route, load, members) in enumerate(out, 1)]}
+
+
+def _share(limit: int, sizes: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """``limit`` jobs shared among routes by their cell counts, each at least one."""
+    total = sum(sizes.values())
+    jobs = {r: max(1, limit * n // total) for r, n in sizes.items()}
+    while sum(jobs.values()) > limit:
+        biggest = max(jobs, key=lambda r: jobs[r])
+        jobs[biggest] -= 1
+    for r in sorted(sizes, key=lambda r: -sizes[r]):
+        if sum(jobs.values()) >= limit:
+            break
+        jobs[r] += min(limit - sum(jobs.values()), sizes[r] - jobs[r])
+    return jobs
 
 
 def _short(c: PlannedCell) -> str:
@@ -401,11 +464,19 @@ def run_cell(planned: PlannedCell, matrix: Matrix, book: RecipeBook, settings: S
             duration_s=round(time.monotonic() - started, 3), error=exc.render(),
             log_tail=log_tail(log)), log)
 
+    if p.error is None and planned.cell.torch not in matrix.torches:
+        p.error = ConfigError(
+            f"refusing to build {planned.label}: the plan's torch pin is not one of this "
+            f"builder's matrix ({matrix.path})",
+            why=f"the plan says {planned.cell.torch}; the matrix pins "
+                + "; ".join(map(str, matrix.torches)),
+            fix="run the cell with the project file the plan was made from, or plan again")
     if p.error is not None:
         return failed(p.error)
     assert p.recipe is not None and p.config is not None and p.key is not None
     if p.key != planned.build_key:
-        cuda = state.find_cuda(p.config) if p.recipe.build.kind == "extension" else None
+        cuda = (state.find_cuda(p.config, planned.cell) if p.recipe.build.kind == "extension"
+                else None)
         mine = identity.toolchain_identity(p.recipe, p.config, cuda)
         diff = _identity_difference(mine, planned.toolchain)
         return failed(ToolchainError(

@@ -10,7 +10,12 @@ picks) that asks for
   when a peak was recorded;
 * one unit of the custom resource ``wheelforge-builder``: only nodes started with
   ``ray start --resources '{"wheelforge-builder": 1}'`` build (the number is how many
-  cells a node builds at once), the head and other nodes are left alone.
+  cells a node builds at once), the head and other nodes are left alone;
+* for a cell whose torch pin names a system toolkit (``toolkit: {cuda-home: PATH}``, a
+  CUDA 12 torch: no CUDA 12 nvcc on PyPI), one unit of the pin's label as a custom
+  resource too (default ``cuda-toolkit-<cuda>``, e.g. ``cuda-toolkit-12.8``): only nodes
+  started with ``--resources '{"wheelforge-builder": 1, "cuda-toolkit-12.8": 1}'``, which
+  have that toolkit at that path, build it.
 
 On the node the task runs :func:`fanout.run_cell` with that node's own wheelforge cache
 (``WHEELFORGE_CACHE`` of the ``ray start`` that started it, else ~/.cache/wheelforge):
@@ -73,7 +78,8 @@ def resources_for(cell: fanout.PlannedCell, jobs: int | None) -> dict[str, Any]:
         cpus = 1
     else:
         cpus = jobs or int(os.environ.get("WHEELFORGE_RAY_CPUS", DEFAULT_EXTENSION_CPUS))
-    out: dict[str, Any] = {"num_cpus": cpus, "resources": {BUILDER_RESOURCE: 1},
+    wanted = {BUILDER_RESOURCE: 1, **({cell.builder_label: 1} if cell.builder_label else {})}
+    out: dict[str, Any] = {"num_cpus": cpus, "resources": wanted,
                            "max_retries": MAX_RETRIES, "retry_exceptions": False}
     if cell.peak_gib is not None and cell.archs is not None:
         out["memory"] = int(max(1.0, cell.peak_gib * 1.25) * cpus * _GIB)
@@ -152,9 +158,20 @@ def _check_capacity(ray: Any, plan: fanout.Plan, jobs: int | None) -> None:
             why=f"{len(nodes)} node(s) are up, none started as a wheelforge builder",
             fix=f"start builder nodes with ray start --address HEAD:PORT --resources "
                 f"'{{\"{BUILDER_RESOURCE}\": 1}}'")
-    most = max(b.get("CPU", 0) for b in builders)
     for c in plan.cells:
         need = resources_for(c, jobs)["num_cpus"]
+        able = [b for b in builders if not c.builder_label or b.get(c.builder_label, 0) > 0]
+        if not able:
+            raise ConfigError(
+                f"cell {c.id} ({c.label}) needs a builder with the CUDA toolkit at "
+                f"{c.cuda_home}, and no builder node declares {c.builder_label!r}",
+                why="its torch pin names that system toolkit (toolkit: {cuda-home: PATH}), "
+                    "which only nodes declaring the label have; Ray would wait for such a "
+                    "node for ever",
+                fix=f"start a node that has the toolkit at {c.cuda_home} with ray start "
+                    f"--address HEAD:PORT --resources '{{\"{BUILDER_RESOURCE}\": 1, "
+                    f"\"{c.builder_label}\": 1}}'")
+        most = max(b.get("CPU", 0) for b in able)
         if need > most:
             raise ConfigError(
                 f"cell {c.id} ({c.label}) needs {need} CPUs, the largest builder node has "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from .. import index
 from .._log import Reporter
 from ..builder import config, scheduler
 from ..builder.artifact import identity
-from ..builder.compiling import jobserver, toolchain
+from ..builder.compiling import jobserver, toolchain, torchtoolkit
 from ..builder.env import buildenv
 from ..builder.env.toolkit import requirement as toolkit_requirement
 from ..errors import ConfigError, ToolchainError, WheelforgeError, attached_log
@@ -74,7 +75,7 @@ class CellRunner:
                           if r.build_key}
         self.recipes: dict[str, Recipe | WheelforgeError] = {}
         #: the toolkit of each (mode, managed requirement), found once per run
-        self.cuda: dict[tuple[str, str], toolchain.Cuda | WheelforgeError] = {}
+        self.cuda: dict[tuple[str, str, str, str], toolchain.Cuda | WheelforgeError] = {}
         self.default_python = Path(getattr(sys, "_base_executable", sys.executable))
         self.pythons: dict[str | None, Path | WheelforgeError] = {}
 
@@ -128,13 +129,19 @@ class CellRunner:
                 out[name] = "stable" if build.stable_abi else build.kind
         return out
 
-    def find_cuda(self, cfg: config.BuildConfig | None = None) -> toolchain.Cuda:
+    def find_cuda(self, cfg: config.BuildConfig | None = None,
+                  cell: Cell | None = None) -> toolchain.Cuda:
         """The toolkit the builds of ``cfg`` compile with (its ``toolkit`` setting and
         its channel's managed requirement); without ``cfg``, the system toolkit."""
         mode, req = (cfg.toolkit, cfg.cuda_toolkit) if cfg is not None else ("system", "")
-        return _once(self.cuda, (mode, req), lambda: toolchain.find_toolkit(
-            mode, cache_dir=self.settings.cache_dir,
-            requirement=req, environ=self.settings.environ, say=self.reporter.info))
+        home = cfg.cuda_home if cfg is not None else None
+        torch_cuda = cell.torch.cuda if cell is not None else None
+        return _once(self.cuda, (mode, req, str(home or ""), torch_cuda or ""),
+                     lambda: torchtoolkit.find(
+            torchtoolkit.Choice(mode, req), cache_dir=self.settings.cache_dir,
+            cuda_home=home, torch_cuda=torch_cuda, torch=_pin_text(cell) if cell else "",
+            say=self.reporter.info,
+            environ=os.environ if self.settings.environ is None else self.settings.environ))
 
     def python(self, entry: str | None) -> Path:
         def find() -> Path:
@@ -156,10 +163,11 @@ class CellRunner:
                                  index_dir=s.index_dir, cache_dir=s.cache_dir,
                                  work_dir=s.work_dir, sources_dirs=s.sources_dirs,
                                  project_file=s.project_file, environ=s.environ)
-            plan.config = dataclasses.replace(
+            plan.config = _pin_toolkit(dataclasses.replace(
                 cfg, python=None, base_python=python, torch_pip_args=cell.torch.pip_args,
-                subset=cell.subset, cuda_toolkit=toolkit_requirement(cell.torch.cuda))
-            cuda = self.find_cuda(plan.config) if plan.recipe.build.kind == "extension" else None
+                subset=cell.subset), cell)
+            cuda = (self.find_cuda(plan.config, cell) if plan.recipe.build.kind == "extension"
+                    else None)
             plan.key = identity.planned_key(plan.recipe, plan.config, self.book, cuda)
         except WheelforgeError as exc:
             plan.error = exc
@@ -213,6 +221,29 @@ class CellRunner:
                 why="the pip arguments of the matrix entry select a different torch build",
                 fix="correct matrix.torch[].cuda, or its pip-args (e.g. the index URL of the "
                     "torch build for that CUDA)")
+
+
+def _pin_text(cell: Cell) -> str:
+    return f"the matrix pin {cell.torch.spec} (CUDA {cell.torch.cuda})"
+
+
+def _pin_toolkit(cfg: config.BuildConfig, cell: Cell) -> config.BuildConfig:
+    """The cell's toolkit: its pin's ``toolkit: {cuda-home: PATH}``, else the managed one
+    of its CUDA (PyPI's), else (a CUDA 12 pin: none on PyPI) the system one; a
+    ToolchainError for a CUDA 12 pin with ``toolkit: managed``."""
+    pin = cell.torch
+    home = Path(pin.cuda_home) if pin.cuda_home else cfg.cuda_home  # else defaults'
+    req = (toolkit_requirement(pin.cuda) if torchtoolkit.has_managed(pin.cuda)
+           else cfg.cuda_toolkit)
+    try:
+        choice = torchtoolkit.for_torch(cfg.toolkit, req, pin.cuda, _pin_text(cell), home)
+    except ToolchainError as exc:
+        exc.fix = (f"add toolkit: {{cuda-home: /usr/local/cuda-{pin.cuda}}} to that pin in "
+                   f"matrix.torch, for builders that have that toolkit (its cells go only to "
+                   f"them: docs/nightly.md); {exc.fix}")
+        raise
+    return dataclasses.replace(cfg, toolkit=choice.mode, cuda_toolkit=choice.requirement,
+                               cuda_home=home)
 
 
 def with_companions(book: RecipeBook, pool: jobserver.Pool | None = None) -> Builder:

@@ -9,6 +9,8 @@ matrix into the builds it stands for::
       python: [python3.11]            # interpreters managed build envs are made from
       torch:
         - {spec: "torch==2.14.1", cuda: "13.0"}
+        - {spec: "torch==2.10.0", cuda: "12.8",   # no CUDA 12 nvcc on PyPI: a system one,
+           toolkit: {cuda-home: /usr/local/cuda-12.8}}  # its cells only on builders with it
       archs: ["12.0", "10.0;12.0"]    # TORCH_CUDA_ARCH_LIST values
       retention: {keep: 5}            # newest builds kept per project and channel
       subsets:                        # kernel subsets built instead of the full build
@@ -60,7 +62,10 @@ MAX_CANARY_TIMEOUT = 3600.0
 #: where a canary looks for the newest release (``wheelforge outdated --index-url``)
 DEFAULT_CANARY_INDEX = "https://pypi.org"
 DEFAULT_CANARY_TIMEOUT = 30.0
-_TORCH_KEYS = ("spec", "cuda", "pip-args")
+_TORCH_KEYS = ("spec", "cuda", "pip-args", "toolkit")
+_TOOLKIT_KEYS = ("cuda-home", "label", "image")
+#: a builder's label (a Ray resource, a GitHub Actions runner label)
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _RETENTION_KEYS = ("keep",)
 _CUDA = re.compile(r"^\d+\.\d+$")
 #: the entry of ``matrix.subsets`` that asks for the full build ({} says the same)
@@ -74,10 +79,18 @@ class TorchPin:
     spec: str
     cuda: str
     pip_args: tuple[str, ...] = ()
+    #: ``toolkit: {cuda-home: PATH, label: NAME, image: IMAGE}``: the system toolkit its
+    #: cells compile with, present only on the builders that declare ``label`` (default
+    #: ``cuda-toolkit-<cuda>``: a Ray resource, a GitHub Actions runner label), or that
+    #: run in ``image`` (an Actions job's container)
+    cuda_home: str | None = None
+    label: str | None = None
+    image: str | None = None
 
     def __str__(self) -> str:
         extra = f" {' '.join(self.pip_args)}" if self.pip_args else ""
-        return f"{self.spec} (CUDA {self.cuda}){extra}"
+        home = f" toolkit at {self.cuda_home} [{self.label}]" if self.cuda_home else ""
+        return f"{self.spec} (CUDA {self.cuda}){extra}{home}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,10 +201,38 @@ def _torch(p: Problems, entry: Any, where: str) -> TorchPin | None:
                                     f"MAJOR.MINOR, e.g. \"13.0\"; got {cuda!r}")
         ok = False
     pip_args = _strings(p, entry, "pip-args", where, required=False)
-    if not ok:
+    home, label, image = _toolkit(p, entry.get("toolkit"), join(where, "toolkit"))
+    if not ok or (entry.get("toolkit") is not None and home is None):
         return None
     assert isinstance(spec, str) and isinstance(cuda, str)
-    return TorchPin(spec=spec.strip(), cuda=cuda, pip_args=tuple(a for _, a in pip_args))
+    return TorchPin(spec=spec.strip(), cuda=cuda, pip_args=tuple(a for _, a in pip_args),
+                    cuda_home=home, label=(label or f"cuda-toolkit-{cuda}") if home else None,
+                    image=image)
+
+
+def _toolkit(p: Problems, raw: Any, where: str) -> tuple[str | None, str | None, str | None]:
+    """A pin's ``toolkit: {cuda-home: PATH[, label: NAME][, image: IMAGE]}``."""
+    if raw is None:
+        return None, None, None
+    if not isinstance(raw, dict):
+        p.add(where, f"must be a mapping such as {{cuda-home: /usr/local/cuda-12.8}}, got "
+                     f"{raw!r}")
+        return None, None, None
+    p.unknown_keys(where, raw, _TOOLKIT_KEYS)
+    home, label, image = raw.get("cuda-home"), raw.get("label"), raw.get("image")
+    if not isinstance(home, str) or not home.startswith("/") or "\n" in home:
+        p.add(join(where, "cuda-home"), f"is required: the absolute path of the CUDA toolkit "
+                                        f"on the builders, got {home!r}")
+        home = None
+    if label is not None and (not isinstance(label, str) or not _LABEL.match(label)):
+        p.add(join(where, "label"), f"must be a builder label of letters, digits, '.', '_' and "
+                                    f"'-' (e.g. cuda-toolkit-12.8), got {label!r}")
+        home = None
+    if image is not None and (not isinstance(image, str) or not image.strip()
+                              or any(c.isspace() for c in image)):
+        p.add(join(where, "image"), f"must be a container image name, got {image!r}")
+        home = None
+    return home, label, image
 
 
 def _choice(p: Problems, entry: Any, where: str) -> Choice | None:
