@@ -41,13 +41,16 @@ SHARED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                             "test_e2e_flash_attn", "test_e2e_channel_torch211",
                             "test_e2e_stable_abi"}),
                  frozenset({"upstream_cold", "upstream_stack"})),
+    # the real Ray clusters: test_ray_cluster's ends with `ray stop --force`, which ends
+    # every Ray process of the user, so no other cluster may run beside it
+    "ray": (frozenset({"test_ray_cluster", "test_ray_toolkit"}), frozenset()),
     # conftest's tinyext_cold (tests/fixture_build.py)
     "tinyext-cold": (frozenset({"test_build_fixture", "test_reproducible"}),
                      frozenset({"tinyext_cold"})),
 }
 #: groups sent first, longest first (by the durations of the last full runs on 2 cores);
 #: the rest follow in the suite's order
-FIRST = ("upstream", "tinyext-cold", "test_faults", "test_ray_cluster",
+FIRST = ("upstream", "tinyext-cold", "test_faults", "ray",
          "test_shared_cache", "test_nightly", "test_managed_toolkit", "test_orphans",
          "test_mamba_ssm_patches", "test_managed_env", "test_interrupt", "test_unit_costs")
 
