@@ -94,6 +94,26 @@ def wheel_differences(a: Path, b: Path) -> list[str]:
     return out
 
 
+#: runs a command where no CUDA toolkit is visible (in a mount namespace of its own)
+HIDE_CUDA = Path(__file__).with_name("hide_cuda.sh")
+
+
+def hidden_cuda_prefix(empty: Path) -> list[str]:
+    """The command prefix that runs a command on this machine as if it had no CUDA
+    toolkit (tests/hide_cuda.sh under ``unshare -m``; ``empty``: an empty directory to
+    mount over the toolkit).  Skips where that cannot be done; fails under CI=true."""
+    prefix = ["unshare", "-m", str(HIDE_CUDA), str(empty)]
+    can_hide = os.geteuid() == 0 and shutil.which("unshare") is not None and subprocess.run(
+        [*prefix, "true"], capture_output=True).returncode == 0
+    if not can_hide:
+        why = ("hiding /usr/local/cuda needs root, unshare and the right to mount in a "
+               "mount namespace (a container without CAP_SYS_ADMIN has none)")
+        if IN_CI:
+            pytest.fail(f"CI=true: {why}")
+        pytest.skip(why)
+    return prefix
+
+
 def require_tool(name: str, path: str | None = None) -> str:
     """Return the tool's path; skip with a reason when absent, but fail under CI=true."""
     found = path if path and os.access(path, os.X_OK) else shutil.which(name)

@@ -1,5 +1,6 @@
 """A second channel built for real (issue 54): causal-conv1d against PyPI's torch 2.11.0
-(a CUDA 13.0 build), compiled by the managed toolkit's nvcc (PyPI's cuda-toolkit wheels),
+(a CUDA 13.0 build), on this machine with its CUDA toolkit hidden (a mount namespace:
+tests/hide_cuda.sh), so compiled by the managed toolkit's nvcc (PyPI's cuda-toolkit wheels),
 published into its own channel, cu130-torch2.11, and stack-checked there.
 
 Once per test run (a session fixture, one cold build: ~3 min on 2 cores): the recipe's
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import upstream
-from conftest import require_python311
+from conftest import hidden_cuda_prefix, require_python311
 from wheelforge import index
 from wheelforge.index import health
 
@@ -42,10 +43,14 @@ def torch211(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Ch
     require_python311()
     base = tmp_path_factory.mktemp("session-torch211")
     cache = upstream.cache_root(base / "cache", shared_cache)
+    empty = base / "empty"
+    empty.mkdir()
+    # as on a machine without a CUDA toolkit (issue 54): /usr/local/cuda hidden, so
+    # toolkit: auto takes PyPI's
     output = upstream.wheelforge_build(
-        [PROJECT, "--torch", TORCH, "--toolkit", "managed", "--arch", "12.0",
+        [PROJECT, "--torch", TORCH, "--arch", "12.0",
          "--index", str(base / "index"), "--cache-dir", str(cache), "--stack-check"],
-        upstream.cold_env())
+        upstream.cold_env(), prefix=hidden_cuda_prefix(empty))
     return ChannelBuild(index=base / "index", output=output)
 
 
@@ -53,6 +58,7 @@ def test_built_with_torch_211_and_the_managed_toolkit(torch211: ChannelBuild) ->
     out = torch211.output
     assert "torch 2.11.0+cu130 (CUDA 13.0)" in out, out[-4000:]
     assert "CUDA toolkit managed cuda-toolkit 13.0." in out, out[-4000:]
+    assert "toolkit: auto, and no system toolkit" in out, out[-4000:]
     assert "nvidia-cuda-nvcc 13.0." in out
     (record,) = index.load_records(torch211.index)
     assert (record.channel, record.torch, record.cuda, record.archs) == (

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from conftest import IN_CI, built_wheel, tinyext_project, wheel_differences
+from conftest import built_wheel, hidden_cuda_prefix, tinyext_project, wheel_differences
 from wheelforge import _fs
 from wheelforge.builder import config
 from wheelforge.builder.artifact import identity
@@ -26,7 +26,6 @@ from wheelforge.builder.compiling import jobserver, toolchain
 from wheelforge.builder.env import buildenv, toolkit
 from wheelforge.errors import ConfigError, ToolchainError
 
-HIDE_CUDA = Path(__file__).with_name("hide_cuda.sh")
 VERSIONS = (("cuda-toolkit", "13.0.3.0"), ("nvidia-cuda-nvcc", "13.0.88"))
 
 
@@ -296,21 +295,14 @@ def test_the_managed_toolkit_builds_without_a_system_toolkit_and_the_same_bytes_
     key and the same bytes.  Downloads the toolkit once, into uv's cache."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    can_hide = os.geteuid() == 0 and shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "-m", HIDE_CUDA, empty, "true"], capture_output=True).returncode == 0
-    if not can_hide:
-        why = ("hiding /usr/local/cuda needs root, unshare and the right to mount in a "
-               "mount namespace (a container without CAP_SYS_ADMIN has none)")
-        if IN_CI:
-            pytest.fail(f"CI=true: {why}")
-        pytest.skip(why)
+    hide = hidden_cuda_prefix(empty)
     tinyext_project(tmp_path)
     common: list[str | Path] = [
         "build", "tinyext", "--arch", "12.0", "--no-stack-check", "--recipes",
         tmp_path / "recipes", "--sources", tmp_path / "sdists", "--cache-dir", shared_cache,
         "--work-dir", tmp_path / "work"]
     hidden = _wheelforge([*common, "--index", tmp_path / "hidden"],
-                         prefix=["unshare", "-m", HIDE_CUDA, empty])
+                         prefix=hide)
     assert hidden.returncode == 0, hidden.stderr[-3000:]
     assert "toolkit: auto, and no system toolkit" in hidden.stderr
     assert f"nvcc 13.0 at {shared_cache / 'toolkits'}" in hidden.stderr

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,9 +101,11 @@ def make_build_env() -> dict[str, str]:
                          "WHEELFORGE_STACK_CHECK")}
 
 
-def wheelforge_build(args: list[str], env: dict[str, str]) -> str:
-    """``wheelforge build ARGS`` in the checkout; what it printed, after it succeeded."""
-    res = subprocess.run([sys.executable, "-m", "wheelforge", "build", *args], cwd=REPO,
+def wheelforge_build(args: list[str], env: dict[str, str], prefix: Sequence[str] = ()) -> str:
+    """``wheelforge build ARGS`` in the checkout (after ``prefix``, a command that runs
+    it: conftest's hidden_cuda_prefix); what it printed, after it succeeded."""
+    res = subprocess.run([*prefix, sys.executable, "-m", "wheelforge", "build", *args],
+                         cwd=REPO,
                          env=env, text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, timeout=5400)
     assert res.returncode == 0, res.stdout[-8000:]
