@@ -236,8 +236,11 @@ def test_a_tampered_stage_publishes_nothing(tmp_path: Path, shared_cache: Path) 
 @pytest.mark.integration
 def test_options_before_a_subcommand_are_refused(tmp_path: Path) -> None:
     res = wheelforge("nightly", "--jobs", "2", "plan", cwd=tmp_path, env=clean_env())
+    assert res.returncode == 2  # plan takes no --jobs: the line it suggests must run
+    assert "not options of `wheelforge nightly plan`: --jobs 2" in res.stderr
+    res = wheelforge("nightly", "--index", "idx", "plan", cwd=tmp_path, env=clean_env())
     assert res.returncode == 2
-    assert "put them after it: wheelforge nightly plan --jobs" in res.stderr
+    assert "put them after it: wheelforge nightly plan --index idx" in res.stderr
 
 
 # --------------------------------------------------------------------------- GitHub Actions
