@@ -24,7 +24,7 @@ from .._yaml import read_yaml
 from ..arch import Arch, parse_arch_list, torch_arch_list
 from ..errors import ConfigError
 from ..recipe.fields import Problems
-from ..recipe.matrix import PROJECT_KEYS
+from ..recipe.matrix import PROJECT_KEYS, not_a_project_file
 from ..recipe.model import Choice
 from .compiling import compilecache
 from .compiling.diagnose import DEFAULT_GIB_PER_JOB as DEFAULT_GIB_PER_JOB
@@ -127,12 +127,9 @@ def load_project_file(path: Path | None) -> dict[str, Any]:
     data = read_yaml(path, ConfigError, str(path), read_fix="pass the project file with "
                      "--config") or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} is not a project file",
-                          why=("it is empty" if data is None else
-                               f"its top level is a {type(data).__name__}") + ", not a mapping "
-                              "of sections (defaults:, matrix:, ...)",
-                          fix="pass --config a wheelforge.yaml (the checkout's is an example; "
-                              "docs/usage.md lists the settings of defaults:)")
+        raise not_a_project_file(path, data, "pass --config a wheelforge.yaml (the "
+                                 "checkout's is an example; docs/usage.md lists the "
+                                 "settings of defaults:)")
     p = Problems(path)  # every problem at once, each key's with a did-you-mean
     p.unknown_keys("", data, PROJECT_KEYS)  # a typo (default:) would be silently ignored
     defaults = data.get("defaults", {}) or {}

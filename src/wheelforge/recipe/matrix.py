@@ -55,6 +55,15 @@ DEFAULT_KEEP = 5
 
 #: the top-level keys of wheelforge.yaml
 PROJECT_KEYS = ("defaults", "matrix", "compile-cache")
+
+
+def not_a_project_file(path: Path | str, data: object, fix: str) -> ConfigError:
+    """The error for a project file whose top level is not a mapping of sections."""
+    return ConfigError(f"{path} is not a project file",
+                       why=("it is empty" if data is None else
+                            f"its top level is a {type(data).__name__}") + ", not a mapping "
+                           "of sections (defaults:, matrix:, ...)",
+                       fix=fix)
 _MATRIX_KEYS = ("recipes", "python", "torch", "archs", "retention", "subsets", "canary")
 _CANARY_KEYS = ("recipes", "index-url", "timeout")
 #: the longest deadline of a request to the canary's index (and outdated --timeout)
@@ -336,12 +345,9 @@ def parse_matrix(data: Any, path: Path, known_recipes: Collection[str] | None = 
     p = Problems(path)
     fix = "correct the keys above; the matrix is described in docs/nightly.md"
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} is not a project file",
-                          why=("it is empty" if data is None else
-                               f"its top level is a {type(data).__name__}") + ", not a mapping "
-                              "of sections (defaults:, matrix:, ...)",
-                          fix="pass --config a wheelforge.yaml with a matrix: section (the "
-                              "checkout's is an example; docs/nightly.md describes it)")
+        raise not_a_project_file(path, data, "pass --config a wheelforge.yaml with a matrix: "
+                                 "section (the checkout's is an example; docs/nightly.md "
+                                 "describes it)")
     p.unknown_keys("", data, PROJECT_KEYS)
     raw = data.get("matrix")
     if not isinstance(raw, dict):
