@@ -19,13 +19,11 @@ py=$(command -v python3)
 st=/tmp/wf-channel; mkdir -p "$st"
 export PYTHONUNBUFFERED=1
 deadline=$(( $(date +%s) + ${BUDGET:-540} ))
-if [ ! -e "$st/site.done" ]; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --target "$st/site" "$W"/wheels/*.whl > "$st/site.log" 2>&1 || { cat "$st/site.log"; exit 2; }
-  touch "$st/site.done"
-  { nproc; nvidia-smi -L; cat /proc/loadavg; "$py" -c 'import torch; print(torch.__version__)'
-    ls -la "$W"/index/files; } > "$out/machine.txt" 2>&1
-fi
+. "$repo/scripts/gpu-common.sh"
+gpu_site "$py" "$W/wheels" "$st" || exit 2
+[ -e "$out/machine.txt" ] || { nproc; nvidia-smi -L; cat /proc/loadavg
+  "$py" -c 'import torch; print(torch.__version__)'; ls -la "$W"/index/files; } \
+  > "$out/machine.txt" 2>&1
 export PYTHONPATH=$repo/src:$st/site
 mirror=https://github.com/state-spaces/mamba=$W/state-spaces-mamba.bundle
 detached() {  # NAME COMMAND...: run once, in the background, recording NAME.rc

@@ -20,11 +20,8 @@ py=$(command -v python3)
 st=/tmp/wf-stack; mkdir -p "$st"
 export PYTHONUNBUFFERED=1
 deadline=$(( $(date +%s) + ${BUDGET:-540} ))
-if [ ! -e "$st/site.done" ]; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --target "$st/site" "$W"/wheels/*.whl > "$st/site.log" 2>&1 || { cat "$st/site.log"; exit 2; }
-  touch "$st/site.done"
-fi
+. "$repo/scripts/gpu-common.sh"
+gpu_site "$py" "$W/wheels" "$st" || exit 2
 export PYTHONPATH=$repo/src:$st/site
 arch=${ARCH:-$("$py" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"{p.major}.{p.minor}")')}
 jobs=${JOBS:-$(nproc)}
