@@ -98,9 +98,11 @@ window.addEventListener("load", () => {
 </script>
 """
 
-#: every element with text of its own that is shown: its text colour and the background
-#: it is drawn on (the nearest ancestor's, itself included, that is not transparent)
-COLOURS = """() => [...document.querySelectorAll("body *")]
+def colours_script(selector: str = "body *") -> str:
+    """A probe script: every element matching ``selector`` with text of its own that is
+    shown, its text colour and the background it is drawn on (the nearest ancestor's,
+    itself included, that is not transparent)."""
+    return "() => [...document.querySelectorAll(" + json.dumps(selector) + ")]" + """
   .filter((e) => e.getClientRects().length && [...e.childNodes].some(
     (n) => n.nodeType === 3 && n.textContent.trim()))
   .map((e) => {
@@ -113,6 +115,10 @@ COLOURS = """() => [...document.querySelectorAll("body *")]
                   + e.textContent.trim().slice(0, 50),
             fg: getComputedStyle(e).color, bg: bg};
   })"""
+
+
+#: every element with text of its own that is shown, on the whole page
+COLOURS = colours_script()
 
 #: for every element matching SELECTOR: its text split where its lines break
 LINES = """() => [...document.querySelectorAll(%s)].map((e) => {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import layout, probe
+from browser import colours_script, layout, probe
 from conftest import require_tool
 from test_coverage import CC, REASON, _cell, make_index, night, write_report
 from wheelforge import index
@@ -25,19 +25,7 @@ CELLS = """() => [...document.querySelectorAll("table.coverage tr")].map((tr) =>
                                 links: [...c.querySelectorAll("a")].map((a) => a.href)})))"""
 
 #: every element of the coverage table with text of its own: its colour and background
-COLOURS = """() => [...document.querySelectorAll("table.coverage, table.coverage *")]
-  .filter((e) => e.getClientRects().length && [...e.childNodes].some(
-    (n) => n.nodeType === 3 && n.textContent.trim()))
-  .map((e) => {
-    let bg = "rgb(255, 255, 255)";
-    for (let a = e; a; a = a.parentElement) {
-      const c = getComputedStyle(a).backgroundColor;
-      if (c !== "transparent" && !c.startsWith("rgba(0, 0, 0, 0)")) { bg = c; break; }
-    }
-    return {what: e.tagName.toLowerCase() + (e.className ? "." + e.className : "") + ": "
-                  + e.textContent.trim().slice(0, 50),
-            fg: getComputedStyle(e).color, bg: bg};
-  })"""
+COLOURS = colours_script("table.coverage, table.coverage *")
 
 
 @pytest.fixture(scope="module")
