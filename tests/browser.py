@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,22 @@ window.addEventListener("load", () => {
 });
 </script>
 """
+
+def _luminance(rgb: tuple[float, ...]) -> float:
+    """WCAG 2's relative luminance of an sRGB colour (0-255 channels)."""
+    def channel(c: float) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (channel(c) for c in rgb[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(fg: str, bg: str) -> float:
+    """WCAG 2's contrast ratio of two CSS colours as Chromium computes them (rgb(...))."""
+    lum = sorted(_luminance(tuple(float(x) for x in re.findall(r"[\d.]+", c)[:3]))
+                 for c in (fg, bg))
+    return (lum[1] + 0.05) / (lum[0] + 0.05)
+
 
 def colours_script(selector: str = "body *") -> str:
     """A probe script: every element matching ``selector`` with text of its own that is

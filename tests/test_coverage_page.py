@@ -8,12 +8,11 @@ The index and night are tests/test_coverage.py's.  Needs the Debian package `chr
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from browser import colours_script, layout, probe
+from browser import colours_script, contrast, layout, probe
 from conftest import require_tool
 from test_coverage import CC, REASON, _cell, make_index, night, write_report
 from wheelforge import index
@@ -44,21 +43,6 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_report(root, cells)
     index.refresh(root)
     return root / "index.html"
-
-
-def _luminance(rgb: tuple[float, ...]) -> float:
-    def channel(c: float) -> float:
-        c /= 255
-        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
-    r, g, b = (channel(c) for c in rgb[:3])
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def contrast(fg: str, bg: str) -> float:
-    """WCAG 2's contrast ratio of two CSS colours as Chromium computes them (rgb(...))."""
-    lum = sorted(_luminance(tuple(float(x) for x in re.findall(r"[\d.]+", c)[:3]))
-                 for c in (fg, bg))
-    return (lum[1] + 0.05) / (lum[0] + 0.05)
 
 
 def test_the_browser_shows_every_cell(chromium: str, page: Path, tmp_path: Path) -> None:

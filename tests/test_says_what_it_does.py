@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from browser import COLOURS, LINES, probe
+from browser import COLOURS, LINES, contrast, probe
 from conftest import make_sdist, make_wheel, pure_recipe, require_tool, write_recipe
 from test_index_clients import CU130, DEMO_LOCAL, pub
 from wheelforge import index, nightly
@@ -334,22 +334,6 @@ def test_an_interrupted_cell_says_how_long_it_ran_and_links_its_log(
 @pytest.fixture(scope="module")
 def chromium() -> str:
     return require_tool("chromium", "/usr/bin/chromium")
-
-
-def _luminance(rgb: tuple[float, ...]) -> float:
-    """WCAG 2's relative luminance of an sRGB colour (0-255 channels)."""
-    def channel(c: float) -> float:
-        c /= 255
-        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
-    r, g, b = (channel(c) for c in rgb[:3])
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def contrast(fg: str, bg: str) -> float:
-    """WCAG 2's contrast ratio of two CSS colours as Chromium computes them (rgb(...))."""
-    lum = sorted(_luminance(tuple(float(x) for x in re.findall(r"[\d.]+", c)[:3]))
-                 for c in (fg, bg))
-    return (lum[1] + 0.05) / (lum[0] + 0.05)
 
 
 def test_the_contrast_function() -> None:
