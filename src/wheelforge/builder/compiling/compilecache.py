@@ -132,11 +132,14 @@ class CacheStats:
     detail: tuple[str, ...] = ()
     remote_hits: int = 0  # of ``hits``, those served by the shared storage
     remote_errors: int = 0  # units for which the shared storage could not be reached
+    uncached: int = 0  # units the cache passed by (ccache's reason in ``detail``)
 
     def __str__(self) -> str:
         remote = f" ({self.remote_hits} remote)" if self.remote_hits else ""
         text = (f"compile cache: {self.hits} hit{'' if self.hits == 1 else 's'}{remote}, "
                 f"{self.misses} miss{'' if self.misses == 1 else 'es'}")
+        if self.uncached:
+            text += f", {self.uncached} not cached"
         if self.remote_errors:
             text += f", remote storage unreachable for {self.remote_errors} unit(s)"
         return text + (f" ({', '.join(self.detail)})" if self.detail else "")
@@ -406,15 +409,26 @@ _CCACHE_HITS = ("direct_cache_hit", "preprocessed_cache_hit")
 _CCACHE_MISSES = ("cache_miss",)
 
 
+#: ccache's counters of the storage, not of the unit's outcome
+_CCACHE_STORAGE = frozenset({"local_storage_hit", "local_storage_miss", "local_storage_read_hit",
+                             "local_storage_read_miss", "local_storage_write",
+                             "remote_storage_hit", "remote_storage_miss",
+                             "remote_storage_read_hit", "remote_storage_read_miss",
+                             "remote_storage_write", "remote_storage_error",
+                             "remote_storage_timeout"})
+
+
 def parse_ccache_log(text: str) -> CacheStats:
-    """CacheStats from a ccache stats log: ``# <input>`` then one counter per line."""
-    hits = misses = remote = errors = 0
+    """CacheStats from a ccache stats log: ``# <input>`` then one counter per line.  A unit
+    with neither a hit nor a miss was passed by (ccache's counter says why, e.g.
+    ``modified_input_file``, ``unsupported_compiler_option``)."""
+    hits = misses = remote = errors = uncached = 0
     detail: list[str] = []
     unit: str | None = None
     counters: set[str] = set()
 
     def close() -> None:
-        nonlocal hits, misses, remote, errors
+        nonlocal hits, misses, remote, errors, uncached
         name = os.path.basename(unit or "?")
         if counters & set(_CCACHE_HITS):
             hits += 1
@@ -424,6 +438,10 @@ def parse_ccache_log(text: str) -> CacheStats:
         elif counters & set(_CCACHE_MISSES):
             misses += 1
             detail.append(f"{name} miss")
+        elif unit is not None and counters:
+            uncached += 1
+            why = sorted(counters - _CCACHE_STORAGE) or sorted(counters)
+            detail.append(f"{name} not cached: {'/'.join(why)}")
         errors += bool(counters & {"remote_storage_error", "remote_storage_timeout"})
         counters.clear()
 
@@ -432,9 +450,10 @@ def parse_ccache_log(text: str) -> CacheStats:
             close()
             unit = line[2:].strip() or None
             continue
-        counters.add(line.strip())
+        if line.strip():
+            counters.add(line.strip())
     return CacheStats(hits=hits, misses=misses, detail=tuple(detail), remote_hits=remote,
-                      remote_errors=errors)
+                      remote_errors=errors, uncached=uncached)
 
 
 def stats(cache: CompileCache) -> CacheStats:
