@@ -10,8 +10,10 @@
 #
 # PAYLOAD holds index/ (the index as `wheelforge build` published it), sdists/ (the
 # causal-conv1d sdist), state-spaces-mamba.bundle, and wheels/ (wheelforge's runtime
-# packages the machine lacks, put on PYTHONPATH).  Each test runs detached (setsid); the
-# script waits up to $BUDGET seconds (default 540): run it again to pick up where it is.
+# packages the machine lacks, put on PYTHONPATH).  NAMES: the recipes to test (default
+# "causal-conv1d mamba-ssm"; "causal-conv1d-stable" for the stable-ABI wheel, issue 55).
+# Each test runs detached (setsid); the script waits up to $BUDGET seconds (default 540):
+# run it again to pick up where it is.
 set -uo pipefail
 W=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +36,7 @@ detached() {  # NAME COMMAND...: run once, in the background, recording NAME.rc
     date +%s > "'"$st/$name.t1"'"' _ "$@" > /dev/null 2>&1 &
 }
 rc=0
-for name in causal-conv1d mamba-ssm; do  # one after the other: they share the GPU
+for name in ${NAMES:-causal-conv1d mamba-ssm}; do  # one after the other: they share the GPU
   detached "$name" "$py" -m wheelforge test "$name" --python "$py" --index "$W/index" \
     --sources "$W/sdists" --cache-dir "$st/cache" --recipes "$repo/recipes" \
     --git-mirror "$mirror"

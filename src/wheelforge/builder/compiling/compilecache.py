@@ -365,6 +365,7 @@ def cache_environment(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFA
             "CCACHE_NOHASHDIR": "1",
             "CCACHE_STATSLOG": str(_scratch(cache_dir, ".stats")),
             "CCACHE_COMPILERCHECK": "content",
+            "CCACHE_SLOPPINESS": _sloppiness(env),
         })
         bases = [str(d) for d in (base_dir, env_root) if d is not None]
         if bases:
@@ -381,6 +382,21 @@ def cache_environment(env_bin: Path, cache_dir: Path, *, backend: Backend = DEFA
         if base_dir is not None:
             out["SCCACHE_BASEDIRS"] = str(base_dir)
     return out
+
+
+#: ccache stores nothing for a unit one of whose headers' ctime moved while it compiled
+#: (``modified_input_file``).  A managed environment's torch headers are hard links into
+#: uv's cache, and every environment another build makes links them again, which moves
+#: their ctime: two builds on one machine then cached nothing.  Their bytes cannot change
+#: (uv's cache is immutable, and ccache hashes each header's content anyway), so the
+#: ctime check is off; the mtime check stays.
+SLOPPINESS = "include_file_ctime"
+
+
+def _sloppiness(environ: Mapping[str, str]) -> str:
+    """The user's ``CCACHE_SLOPPINESS`` with :data:`SLOPPINESS` added."""
+    theirs = [s for s in environ.get("CCACHE_SLOPPINESS", "").replace(" ", ",").split(",") if s]
+    return ",".join(theirs + [SLOPPINESS] if SLOPPINESS not in theirs else theirs)
 
 
 def _run(tool: Path, args: list[str], environ: Mapping[str, str],
