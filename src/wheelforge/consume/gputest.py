@@ -117,20 +117,27 @@ def can_run(archs: tuple[str, ...], capability: str) -> bool:
 
 def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
                ) -> index.WheelRecord:
-    """The newest published wheel of ``recipe`` that installs into ``env``."""
+    """The newest published wheel of ``recipe`` that installs into ``env``.  A stable-ABI
+    recipe's wheels (its CUDA major's stable channel, ``cpXY-abi3``) serve every torch of
+    that major, so neither the build's torch nor its Python must match: pip checks the
+    wheel's ``torch>=N`` and ``Requires-Python`` when it installs it."""
+    stable = recipe.build.stable_abi
     tags = {str(t) for t in sys_tags()} if env.python_tag == _own_tag() else None
     candidates = []
     for rec in records:
-        if rec.project != recipe.name or rec.yanked is not None:
+        if rec.project != recipe.project_name or rec.yanked is not None:
             continue
+        if stable != (rec.channel is not None and rec.channel.endswith("-stable")):
+            continue  # the variant's wheels and the per-torch ones share a project name
         _, _, _, wtags = parse_wheel_filename(rec.filename)
-        wtag_strs = {str(t) for t in wtags}
         if tags is not None:
-            if not wtag_strs & tags:
+            if not {str(t) for t in wtags} & tags:
                 continue
-        elif not any(t.interpreter in (env.python_tag, "py3") for t in wtags):
+        elif not any(t.interpreter in (env.python_tag, "py3")
+                     or (t.abi == "abi3" and _abi3_fits(t.interpreter, env.python_tag))
+                     for t in wtags):
             continue
-        if rec.torch and env.torch_major_minor and \
+        if not stable and rec.torch and env.torch_major_minor and \
                 not rec.torch.startswith(env.torch_major_minor + "."):
             continue
         candidates.append(rec)
@@ -142,6 +149,14 @@ def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
             fix=f"build one first: wheelforge build {recipe.name} --python {env.python}",
         )
     return max(candidates, key=lambda r: (Version(r.version), r.upload_time))
+
+
+def _abi3_fits(wheel_tag: str, python_tag: str) -> bool:
+    """Whether a ``cpXY-abi3`` wheel installs into a ``cpXZ`` interpreter (Z >= Y)."""
+    def minor(tag: str) -> int | None:
+        return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
+    have, need = minor(python_tag), minor(wheel_tag)
+    return have is not None and need is not None and have >= need
 
 
 _SITE_PROBE = (
@@ -270,11 +285,11 @@ def run_test(
         work = Path(tmp)
         vpy = overlay_venv(python, work / "venv", log)
         simple = (index_dir / "simple").as_uri()
-        say(f"installing {recipe.name}=={record.version} from {simple}")
+        say(f"installing {recipe.project_name}=={record.version} from {simple}")
         try:
             _proc.run([str(vpy), "-m", "pip", "install",
                        "--disable-pip-version-check", "--no-cache-dir", "--index-url", simple,
-                       f"{recipe.name}=={record.version}"], log=log,
+                       f"{recipe.project_name}=={record.version}"], log=log,
                       env={**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")},
                            "PIP_CONFIG_FILE": os.devnull})
         except _proc.CommandFailed as exc:
