@@ -12,6 +12,7 @@ from wheelforge.builder.config import (
     record_gib_per_job,
     recorded_gib_per_job,
     resolve,
+    unit_jobs,
 )
 from wheelforge.errors import ConfigError
 
@@ -60,6 +61,27 @@ def test_jobs_for_shares_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     c = resolve(project_file=pf, arch="8.0 9.0", cache_dir=tmp_path,
                 environ={"NVCC_THREADS": "1"})
     assert jobs_for(c, "x", units=4)[:2] == (4, 1)
+
+
+def test_units_are_sized_without_the_machines_history(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 53: an earlier build's recorded peak (and the memory free now) move the
+    automatic MAX_JOBS, never WHEELFORGE_UNIT_JOBS, which sizes the split patches' units:
+    two builders of one build key, one with a history, group the kernels alike."""
+    pf = tmp_path / "none.yaml"
+    pf.write_text("{}")
+    monkeypatch.setattr("wheelforge.builder.config.cpu_count", lambda: 16)
+    monkeypatch.setattr("wheelforge.builder.config.memory_available_gib", lambda: 40.0)
+    fresh, seasoned = tmp_path / "fresh", tmp_path / "seasoned"
+    record_gib_per_job(seasoned, "causal-conv1d", 9.0)  # a heavy earlier build
+    picked = []
+    for cache in (fresh, seasoned):
+        c = resolve(project_file=pf, arch="12.0", cache_dir=cache, environ={})
+        jobs, _, _ = jobs_for(c, "causal-conv1d", units=21)
+        picked.append((jobs, unit_jobs(c)))
+    assert picked == [(10, 16), (3, 16)]  # MAX_JOBS moved; the units' jobs did not
+    c = resolve(project_file=pf, arch="12.0", cache_dir=seasoned, environ={"MAX_JOBS": "2"})
+    assert unit_jobs(c) == 2  # what the user sets sizes them
 
 
 def test_precedence(tmp_path: Path) -> None:

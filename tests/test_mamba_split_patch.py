@@ -234,5 +234,19 @@ def test_units_rewritten_only_when_changed(trees: dict[str, Path], tmp_path: Pat
     ninja does not compile them again; MAX_JOBS unset means one job per usable core."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MAX_JOBS", raising=False)
+    monkeypatch.delenv("WHEELFORGE_UNIT_JOBS", raising=False)
     monkeypatch.delenv("MAMBA_SELECTIVE_SCAN_UNITS", raising=False)
     assert_units_stable(units_function(trees["split"]), tmp_path, EXPECTED_UNITS)
+
+
+def test_the_builders_unit_jobs_win_over_max_jobs(
+        trees: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wheelforge sets WHEELFORGE_UNIT_JOBS to the jobs the user chose, else the cores; its
+    automatic MAX_JOBS (memory, an earlier build's recorded peak) sizes no unit: the same
+    units, hence the same bytes, whatever the machine's history."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MAMBA_SELECTIVE_SCAN_UNITS", raising=False)
+    monkeypatch.setenv("WHEELFORGE_UNIT_JOBS", "16")
+    for jobs in ("1", "4", "16"):
+        monkeypatch.setenv("MAX_JOBS", jobs)
+        assert len(units_function(trees["split"])()) == EXPECTED_UNITS[16]

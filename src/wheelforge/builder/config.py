@@ -242,6 +242,20 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+#: the variable that tells a split patch how many jobs to size its units for
+UNIT_JOBS = "WHEELFORGE_UNIT_JOBS"
+
+
+def unit_jobs(config: BuildConfig) -> int:
+    """The job count a source's split patches size its translation units for
+    (``WHEELFORGE_UNIT_JOBS``; causal-conv1d 0005, mamba-ssm 0008): the MAX_JOBS the user
+    chose (--jobs, $MAX_JOBS), else the cores.  Never the memory available now nor a peak
+    an earlier build recorded, which move the automatic MAX_JOBS: other units are other
+    object code, and the bytes must not depend on a machine's history
+    (docs/reproducible.md)."""
+    return cpu_count() if config.origin("jobs").startswith("auto") else config.jobs
+
+
 def auto_jobs(cores: int, mem_gib: float, gib_per_job: float) -> int:
     """One job per core, but no more than memory allows (at least 1)."""
     by_mem = int(mem_gib // gib_per_job) if mem_gib > 0 else cores

@@ -48,7 +48,7 @@ from .checks import doctor, preflight
 from .compiling import compilecache, jobserver, toolchain, torchtoolkit, unitcosts
 from .compiling.backend import NINJA_PROGRESS, build_wheel, check_build_requires, require
 from .compiling.compilecache import CacheStats
-from .config import BuildConfig, compile_units, jobs_for, record_gib_per_job
+from .config import UNIT_JOBS, BuildConfig, compile_units, jobs_for, record_gib_per_job, unit_jobs
 from .env import buildenv, bytecode, envlock
 from .env.buildenv import BuildEnv
 from .source.fetch import FetchedSource, extract, fetch
@@ -85,6 +85,7 @@ def _environment(recipe: Recipe, config: BuildConfig, env: BuildEnv,
         environ["TORCH_CUDA_ARCH_LIST"] = config.arch_list
     environ["PATH"] = os.pathsep.join([*path, environ.get("PATH", "")])
     environ["MAX_JOBS"] = str(config.jobs)
+    environ[UNIT_JOBS] = str(unit_jobs(config))  # the units' grouping: no history in it
     environ["NVCC_THREADS"] = str(config.nvcc_threads)
     environ.pop("PYTHONPATH", None)
     environ.update(cache.environ if cache else compilecache.OFF_ENVIRONMENT)

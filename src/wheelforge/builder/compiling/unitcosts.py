@@ -16,8 +16,10 @@ and arch list reads the record's total for one thing: the order of its compiles 
 command's pool (builder/scheduler.py: the longest compile last time starts its units
 first; builder/pipeline.py: the priority of its gate).  The record never reaches the
 build: which kernel files share a translation unit is the split patches' function of the
-source and ``MAX_JOBS`` alone, so one build key gives one set of bytes whatever this
-machine built before (issue 53).  Until then the split patches (causal-conv1d 0008,
+source and ``WHEELFORGE_UNIT_JOBS`` alone (the jobs the user chose, else the cores:
+builder/config.py ``unit_jobs``; never the automatic MAX_JOBS, which follows the memory
+and the peak an earlier build recorded), so one build key gives one set of bytes whatever
+this machine built before (issue 53).  Until then the split patches (causal-conv1d 0008,
 mamba-ssm 0010, dropped) repacked the units by the record (``WHEELFORGE_UNIT_COSTS``):
 a second build of one key gave another ``.so`` and missed the compile cache, for no
 measured gain in wall time (docs/performance.md).
