@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 
-import selective_scan_cuda
-import torch
+import torch  # first: the binding's torch symbols are libtorch's, loaded by torch
+
+import selective_scan_cuda  # isort: skip
 
 
 def refusal(call) -> str:  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ hard-links from its cache (the causal-conv1d stable test installs the same torch
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from test_stable_abi_mamba import compile_cxx, stable_tree  # noqa: F401 (a fixture)
+from test_stable_abi_mamba import compile_cxx, stable_tree, torch_include  # noqa: F401
 from wheelforge.builder.artifact import abiaudit
 
 pytestmark = [pytest.mark.e2e]
@@ -46,8 +47,12 @@ def binding(stable_tree: Path, shared_cache: Path,  # noqa: F811
     cxx = shutil.which("g++") or pytest.fail("g++ is needed to link the binding")
     so = out / "pkg" / "selective_scan_cuda.abi3.so"
     so.parent.mkdir()
+    # as torch's cpp_extension links it: libtorch by its soname (the torch that imports
+    # it has loaded it), no rpath
+    torch_lib = torch_include(shared_cache).parent / "lib"
     subprocess.run([cxx, "-shared", "-o", str(so), str(out / "selective_scan.o"),
-                    str(out / "stub.o")], check=True, timeout=600)
+                    str(out / "stub.o"), f"-L{torch_lib}", "-ltorch", "-ltorch_cpu", "-lc10"],
+                   check=True, timeout=600)
     return so
 
 
@@ -71,7 +76,8 @@ def test_the_binding_loads_under_every_cuda13_torch(binding: Path, torch: str,
                              text=True, capture_output=True, timeout=1800)
     assert install.returncode == 0, install.stderr[-3000:]
     probe = subprocess.run([str(py), str(PROBE)], text=True, capture_output=True,
-                           timeout=600, cwd=binding.parent)
+                           timeout=600, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(binding.parent)})
     assert probe.returncode == 0, probe.stderr[-3000:]
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     assert found["torch"].startswith(torch) and "+cu130" in found["torch"], found

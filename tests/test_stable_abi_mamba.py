@@ -157,12 +157,16 @@ def _first(paths: list[Path], what: str) -> Path:
     return sorted(paths)[-1]
 
 
-def include_flags(tree: Path, shared_cache: Path) -> list[str]:
-    """The port's include flags: its sources, a managed environment's torch headers
-    (whichever torch from 2.10 on it holds), a CUDA toolkit's headers."""
+def torch_include(shared_cache: Path) -> Path:
+    """A managed environment's torch headers (whichever torch from 2.10 on it holds)."""
     envs = shared_cache.glob("envs/*/lib/python3*/site-packages/torch/include")
-    torch_inc = _first([p for p in envs if (p / "torch/csrc/stable/version.h").is_file()],
-                       "a managed environment with torch's stable headers")
+    return _first([p for p in envs if (p / "torch/csrc/stable/version.h").is_file()],
+                  "a managed environment with torch's stable headers")
+
+
+def include_flags(tree: Path, shared_cache: Path) -> list[str]:
+    """The port's include flags: its sources, torch's headers, a CUDA toolkit's."""
+    torch_inc = torch_include(shared_cache)
     cuda_inc = _first([p.parent for p in [Path("/usr/local/cuda/include/cuda_runtime_api.h"),
                                           *shared_cache.glob("toolkits/*/cuda/include/cuda_runtime_api.h")]
                        if p.is_file()], "a CUDA toolkit's headers")
