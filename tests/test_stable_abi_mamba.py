@@ -214,3 +214,28 @@ def test_the_ported_binding_needs_torch_2_10_s_stable_api(stable_tree: Path,
     assert "= selective_scan_cuda." not in interface
     assert interface.count("torch.ops.selective_scan_cuda.fwd(") == 1
     assert interface.count("torch.ops.selective_scan_cuda.bwd(") == 1
+
+
+@pytest.mark.unit
+def test_the_nightly_builds_both_stable_recipes_once_per_cuda_major_and_arch_set() -> None:
+    """docs/stable-abi.md, 'Builds per night': with mamba-ssm-stable pinning the stable
+    causal-conv1d, five torches of two CUDA majors and two Pythons need 2 cells a recipe
+    per CUDA major, the companion's first."""
+    from wheelforge.builder.artifact.identity import companion_depth
+    from wheelforge.recipe.matrix import Matrix, TorchPin, cells
+
+    torches = tuple(TorchPin(spec=f"torch=={v}", cuda=c) for v, c in (
+        ("2.14.1", "13.0"), ("2.12.1", "13.0"), ("2.11.0", "13.0"), ("2.13.0", "12.8"),
+        ("2.10.0", "12.8")))
+    names = ("mamba-ssm-stable", "causal-conv1d-stable")
+    m = Matrix(path=Path("wheelforge.yaml"), recipes=names,
+               pythons=("python3.11", "python3.12"), torches=torches,
+               arch_sets=("12.0", "10.0;12.0"))
+    got = cells(m, dict.fromkeys(names, "stable"))
+    for name in names:
+        assert [(c.torch.spec, c.archs) for c in got if c.recipe == name] == [
+            ("torch==2.14.1", "12.0"), ("torch==2.14.1", "10.0;12.0"),
+            ("torch==2.13.0", "12.0"), ("torch==2.13.0", "10.0;12.0")]
+    book = RecipeBook(RECIPES, PATCHES)
+    assert companion_depth(book.load("mamba-ssm-stable"), book) == 1
+    assert companion_depth(book.load("causal-conv1d-stable"), book) == 0
