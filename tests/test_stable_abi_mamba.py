@@ -209,6 +209,8 @@ def test_the_ported_binding_needs_torch_2_10_s_stable_api(stable_tree: Path,
         in old.stderr, old.stderr[-3000:]
     setup = (stable_tree / "setup.py").read_text()
     assert "py_limited_api=True" in setup and 'TORCH_REQUIREMENT = "torch>=2.10"' in setup
+    # setuptools writes pyproject.toml's dependencies as Requires-Dist, not install_requires
+    assert '"torch>=2.10",' in (stable_tree / "pyproject.toml").read_text()
     interface = (stable_tree / "mamba_ssm" / "ops" / "selective_scan_interface.py").read_text()
     # upstream's pybind calls are gone: the ops are called, in two places
     assert "= selective_scan_cuda." not in interface
