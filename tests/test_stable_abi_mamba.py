@@ -241,3 +241,44 @@ def test_the_nightly_builds_both_stable_recipes_once_per_cuda_major_and_arch_set
     book = RecipeBook(RECIPES, PATCHES)
     assert companion_depth(book.load("mamba-ssm-stable"), book) == 1
     assert companion_depth(book.load("causal-conv1d-stable"), book) == 0
+
+
+# ---- `wheelforge test` picks a variant recipe's wheel (consume/gputest.py) ----
+
+def _record(filename: str, channel: str, torch: str) -> object:
+    from wheelforge.index import WheelRecord
+
+    project, version = filename.split("-")[:2]
+    return WheelRecord(filename=filename, project=project.replace("_", "-"),  # type: ignore[arg-type]
+                       version=version, sha256="0" * 64, size=1, requires_python=">=3.10",
+                       upload_time="2026-12-07T05:41:00Z", channel=channel, cuda="13.0",
+                       torch=torch, archs=("sm_90",), build_key="k")
+
+
+@pytest.mark.unit
+def test_wheelforge_test_picks_the_stable_wheel_for_the_variant_and_not_for_the_plain() -> None:
+    """`wheelforge test mamba-ssm-stable` on the GPU machine (torch 2.11, Python 3.12):
+    before, it looked for wheels of a project named mamba-ssm-stable (none: the wheel is
+    mamba-ssm's) built for torch 2.11 (the stable wheel was built with 2.14) and for
+    cp312 (it is cp310-abi3), and the per-torch recipe could take the stable wheel (its
+    label sorts higher)."""
+    import sys
+
+    from wheelforge.builder.env.buildenv import BuildEnv
+    from wheelforge.consume.gputest import pick_wheel
+
+    stable = _record("mamba_ssm-2.3.2.post1+ge9594ce1c732.cu13stablesm90-cp310-abi3-"
+                     "manylinux_2_34_x86_64.whl", "cu13-stable", "2.14.1+cu130")
+    plain = _record("mamba_ssm-2.3.2.post1+ge9594ce1c732.cu130torch2.11sm90-cp312-cp312-"
+                    "manylinux_2_34_x86_64.whl", "cu130-torch2.11", "2.11.0+cu130")
+    gpu_machine = BuildEnv(python=Path(sys.executable), managed=False, python_version="3.12.3",
+                           python_tag="cp312", torch_version="2.11.0+cu130", torch_cuda="13.0",
+                           distributions=())
+    book = RecipeBook(RECIPES, PATCHES)
+    records = [stable, plain]
+    assert pick_wheel(records, book.load("mamba-ssm-stable"), gpu_machine) is stable  # type: ignore[arg-type]
+    assert pick_wheel(records, book.load("mamba-ssm"), gpu_machine) is plain  # type: ignore[arg-type]
+    old_python = dataclasses.replace(gpu_machine, python_tag="cp39")
+    from wheelforge.errors import ToolchainError
+    with pytest.raises(ToolchainError, match="no published wheel of mamba-ssm-stable"):
+        pick_wheel(records, book.load("mamba-ssm-stable"), old_python)  # type: ignore[arg-type]
