@@ -36,6 +36,7 @@ def test_list_and_show() -> None:
         "flash-attn                   2.8.3.post2  extension",
         "flash-linear-attention       0.6.0        pure",
         "mamba-ssm                    2.3.2.post1  extension",
+        "mamba-ssm-stable             2.3.2.post1  extension",
     ]
     show = wf("show", "causal-conv1d").stdout
     assert "patch:     patches/causal-conv1d/0001-find-nvcc.patch" in show

@@ -135,6 +135,7 @@ def test_the_shipped_recipes_allow_nothing_and_their_wheels_pass(tmp_path: Path)
                "causal-conv1d-stable": ["causal_conv1d", "causal_conv1d_cuda"],
                "flash-attn": ["flash_attn", "flash_attn_2_cuda"],
                "mamba-ssm": ["mamba_ssm", "selective_scan_cuda"],
+               "mamba-ssm-stable": ["mamba_ssm", "selective_scan_cuda"],
                "fla-core": ["fla"], "flash-linear-attention": ["fla"]}
     assert sorted(layouts) == shipped.names()
     for name, tops in layouts.items():

@@ -131,7 +131,8 @@ def test_unknown_recipe_suggests(tmp_path: Path) -> None:
 def test_shipped_recipes_are_valid() -> None:
     loaded = RecipeBook(REPO / "recipes", REPO / "patches").load_all()
     assert [r.name for r in loaded] == ["causal-conv1d", "causal-conv1d-stable", "fla-core",
-                                        "flash-attn", "flash-linear-attention", "mamba-ssm"]
+                                        "flash-attn", "flash-linear-attention", "mamba-ssm",
+                                        "mamba-ssm-stable"]
     cc = loaded[0]
     assert isinstance(cc.sources[0], SdistSource)
     assert cc.sources[0].sha256 == \

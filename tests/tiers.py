@@ -129,6 +129,8 @@ MODULES: dict[str, str] = {
     # added with issue 55
     "test_stable_abi.py": "unit",  # the audit's fixtures (g++) are marked integration
     "test_e2e_stable_abi.py": "e2e",  # one stable-ABI build, loaded under three torches
+    "test_stable_abi_mamba.py": "unit",  # its g++ compiles and pure builds: integration
+    "test_e2e_stable_abi_mamba.py": "e2e",  # the ported binding loaded under three torches
     "test_workers.py": "unit",  # make test's xdist groups (tests/workers.py)
 }
 

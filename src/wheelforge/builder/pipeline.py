@@ -156,10 +156,13 @@ class Pending:
     """A companion built beside the build that needs it (builder/scheduler.py): ``key()``
     waits for its build key (known after its preflight), ``version()`` for the exact
     version its wheel will have (known once its build environment is), ``result()`` for
-    its published wheel; each raises what stopped it."""
+    its published wheel; each raises what stopped it.  ``project``: the project name its
+    wheel carries, which the pin names (None: the recipe's name; a variant such as
+    causal-conv1d-stable carries causal-conv1d)."""
     key: Callable[[], str]
     version: Callable[[], str]
     result: Callable[[], BuildResult]
+    project: str | None = None
 
 
 def build_one(recipe: Recipe, config: BuildConfig, reporter: Reporter,
@@ -224,7 +227,8 @@ class _Relabeling:
     recipe: Recipe
     local: str
     torch_pin: str | None
-    pins: dict[str, str]
+    pins: dict[str, str]  # companion recipe -> exact version
+    requires: dict[str, str]  # the same pins by the project names the wheels carry
     manylinux: str | None
     archs: tuple[str, ...]
     key: str
@@ -239,7 +243,7 @@ class _Relabeling:
                              epoch=self.epoch, platform=self.plat)
         return relabel(self.raw, self.work / f"final-{tag or 0}", local=self.local,
                        torch_pin=self.torch_pin, drop_requires=self.recipe.build.drop_requires,
-                       build_tag=tag, pins=self.pins, platform=self.manylinux,
+                       build_tag=tag, pins=self.requires, platform=self.manylinux,
                        files={sbom.SBOM_PATH: bom}, epoch=self.epoch)
 
     def filename(self, tag: str | None = None) -> str:
@@ -550,6 +554,14 @@ class _Build:
         with self.env_hold.paused():
             return found.version()
 
+    def companion_project(self, name: str) -> str:
+        """The project name the companion ``name``'s wheel carries (a variant recipe's
+        project, causal-conv1d for causal-conv1d-stable): what this wheel's pin names."""
+        found = self.companions[name]
+        if isinstance(found, BuildResult):
+            return str(found.recipe.project_name)
+        return found.project or name
+
     def post_process(self, raw: Path, env: BuildEnv, cuda: toolchain.Cuda | None, epoch: int,
                      ident: Identity, pins: dict[str, str]) -> tuple[Path, _Relabeling]:
         """The raw wheel relabeled (its local label, its pins, its platform tag, its SBOM)
@@ -560,7 +572,7 @@ class _Build:
             # number is decided again under the index lock at the publish
             final = relabeling(next_build_tag(self.config.index_dir, relabeling.filename()))
             self.reporter.info(final.name)
-            for cname, cversion in pins.items():
+            for cname, cversion in relabeling.requires.items():
                 self.reporter.info(f"requires its companion {cname}=={cversion}")
         return final, relabeling
 
@@ -586,6 +598,7 @@ class _Build:
             torch_cuda=env.torch_cuda if extension else None)
         return _Relabeling(
             raw=raw, work=self.work, recipe=recipe, local=local, torch_pin=pin, pins=pins,
+            requires={self.companion_project(n): v for n, v in pins.items()},
             manylinux=plat.tag if plat is not None and plat.manylinux else None,
             archs=tuple(config.arch_list.split(";")) if extension else (), key=ident.key,
             made_by=made_by, epoch=epoch, plat=plat)

@@ -218,7 +218,8 @@ def _together(planned: list[Planned], reporter: Reporter, inspections: buildenv.
         view = reporter.view(build.name)
         companions = {c: Pending(key=_needs(build, builds[c], builds[c].key),
                                  version=_needs(build, builds[c], builds[c].version),
-                                 result=_needs(build, builds[c], builds[c].result))
+                                 result=_needs(build, builds[c], builds[c].result),
+                                 project=str(builds[c].planned.recipe.project_name))
                       for c in build.planned.companions}
         outcome: BuildResult | BaseException
         try:

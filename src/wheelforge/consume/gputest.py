@@ -115,29 +115,44 @@ def can_run(archs: tuple[str, ...], capability: str) -> bool:
     return False
 
 
+def _of_recipe(rec: index.WheelRecord, recipe: Recipe) -> bool:
+    """Whether ``rec`` is a wheel of ``recipe``: its project's (a variant recipe's wheels
+    carry the project's name: causal-conv1d-stable's are causal-conv1d's), from a stable
+    channel for a stable-ABI recipe and from any other for the rest."""
+    if rec.project != recipe.project_name or rec.yanked is not None:
+        return False
+    stable = rec.cuda is not None and rec.channel == index.stable_channel_name(rec.cuda)
+    return stable == recipe.build.stable_abi
+
+
+def _abi3_runs_on(interpreter: str, python_tag: str) -> bool:
+    """A cpXY-abi3 wheel runs on CPython X.Y and newer."""
+    def minor(tag: str) -> int | None:
+        return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
+    wheel, env = minor(interpreter), minor(python_tag)
+    return wheel is not None and env is not None and wheel <= env
+
+
 def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
                ) -> index.WheelRecord:
     """The newest published wheel of ``recipe`` that installs into ``env``.  A stable-ABI
-    recipe's wheels (its CUDA major's stable channel, ``cpXY-abi3``) serve every torch of
-    that major, so neither the build's torch nor its Python must match: pip checks the
-    wheel's ``torch>=N`` and ``Requires-Python`` when it installs it."""
-    stable = recipe.build.stable_abi
+    wheel fits every torch from the one it requires on (pip checks that), not only the
+    torch it was built with."""
     tags = {str(t) for t in sys_tags()} if env.python_tag == _own_tag() else None
     candidates = []
     for rec in records:
-        if rec.project != recipe.project_name or rec.yanked is not None:
+        if not _of_recipe(rec, recipe):
             continue
-        if stable != (rec.channel is not None and rec.channel.endswith("-stable")):
-            continue  # the variant's wheels and the per-torch ones share a project name
         _, _, _, wtags = parse_wheel_filename(rec.filename)
+        wtag_strs = {str(t) for t in wtags}
         if tags is not None:
-            if not {str(t) for t in wtags} & tags:
+            if not wtag_strs & tags:
                 continue
-        elif not any(t.interpreter in (env.python_tag, "py3")
-                     or (t.abi == "abi3" and _abi3_fits(t.interpreter, env.python_tag))
-                     for t in wtags):
+        elif not any(t.interpreter in (env.python_tag, "py3") or (
+                t.abi == "abi3" and _abi3_runs_on(t.interpreter, env.python_tag))
+                for t in wtags):
             continue
-        if not stable and rec.torch and env.torch_major_minor and \
+        if rec.torch and env.torch_major_minor and not recipe.build.stable_abi and \
                 not rec.torch.startswith(env.torch_major_minor + "."):
             continue
         candidates.append(rec)
@@ -149,14 +164,6 @@ def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
             fix=f"build one first: wheelforge build {recipe.name} --python {env.python}",
         )
     return max(candidates, key=lambda r: (Version(r.version), r.upload_time))
-
-
-def _abi3_fits(wheel_tag: str, python_tag: str) -> bool:
-    """Whether a ``cpXY-abi3`` wheel installs into a ``cpXZ`` interpreter (Z >= Y)."""
-    def minor(tag: str) -> int | None:
-        return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
-    have, need = minor(python_tag), minor(wheel_tag)
-    return have is not None and need is not None and have >= need
 
 
 _SITE_PROBE = (
