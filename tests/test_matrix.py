@@ -179,7 +179,7 @@ def test_the_shipped_flash_attn_subset_is_valid_when_uncommented(tmp_path: Path)
     shipped = (REPO / "wheelforge.yaml").read_text()
     on = (shipped.replace("  # subsets:\n  #   flash-attn:\n  #     - ",
                           "  subsets:\n    flash-attn:\n      - ")
-          .replace("mamba-ssm]\n", "mamba-ssm, flash-attn]\n", 1))
+          .replace("mamba-ssm-stable]\n", "mamba-ssm-stable, flash-attn]\n", 1))
     assert on.count("flash-attn]") == 1 and "\n  subsets:\n" in on
     m = load_matrix(write(tmp_path, on), BOOK.names(), BOOK.load)
     assert m.subsets == (("flash-attn", ((("hdim", ("128",)), ("dtype", ("bf16",))),)),)

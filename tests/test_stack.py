@@ -184,6 +184,23 @@ def test_unreachable_dependencies_are_not_checked_never_good(tmp_path: Path) -> 
     assert "not checked" in (root / "index.html").read_text()
 
 
+def test_a_stable_channels_abi3_wheel_is_checked_with_a_newer_python(tmp_path: Path) -> None:
+    """A cp310-abi3 wheel (the stable channel's) installs into CPython 3.10 and every later
+    one: the gate checks it with this interpreter (it said "not checked: the wheels are for
+    cp310" under 3.11)."""
+    dist, root = tmp_path / "dist", tmp_path / "index"
+    stable = {**CU130, "channel": "cu13-stable"}
+    index.publish(root, make_wheel(dist, {"ext/__init__.py": ""}, name="ext",
+                                   version="1.0+cu13stable",
+                                   tag="cp310-abi3-linux_x86_64"), **stable)
+    res = wheelforge("stack", "check", "--index", str(root), "--channel", "cu13-stable",
+                     "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout
+    assert "not checked" not in res.stdout, res.stdout
+    status = health.read_status(root, "cu13-stable")
+    assert status is not None and status.state == "good", res.stdout
+
+
 def test_a_channel_is_checked_with_the_pure_wheels_and_a_wrong_python_is_not_checked(
         tmp_path: Path) -> None:
     """A channel's pages hold its wheels and the channel-less pure ones; a cp39 wheel is

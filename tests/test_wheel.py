@@ -4,7 +4,15 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from wheelforge.wheel import inspect_wheel, read_metadata, record_problems, relabel
+import pytest
+
+from wheelforge.wheel import (
+    inspect_wheel,
+    interpreter_fits,
+    read_metadata,
+    record_problems,
+    relabel,
+)
 
 META = "Requires-Dist: torch\nRequires-Dist: packaging\nRequires-Dist: ninja\n" \
        "Requires-Python: >=3.9\n"
@@ -49,3 +57,16 @@ def test_record_problems(wheel_factory: Callable[..., Path], tmp_path: Path) -> 
     problems = record_problems(bad)
     assert "m.py: hash in RECORD does not match the file" in problems
     assert "extra.py is not listed in RECORD" in problems
+
+
+@pytest.mark.parametrize(("tags", "python", "fits"), [
+    ("cp311-cp311-linux_x86_64", "cp311", True),
+    ("cp311-cp311-linux_x86_64", "cp312", False),
+    ("cp310-abi3-manylinux_2_34_x86_64", "cp310", True),
+    ("cp310-abi3-manylinux_2_34_x86_64", "cp312", True),   # the stable ABI: later ones too
+    ("cp310-abi3-manylinux_2_34_x86_64", "cp39", False),
+    ("cp312-abi3-manylinux_2_34_x86_64", "cp311", False),
+    ("py3-none-any", "cp311", True),
+])
+def test_interpreter_fits(tags: str, python: str, fits: bool) -> None:
+    assert interpreter_fits(f"x-1.0-{tags}.whl", python) is fits

@@ -42,6 +42,23 @@ class WheelInfo:
         return all(t.endswith("-none-any") for t in self.tags)
 
 
+def interpreter_fits(filename: str, python_tag: str) -> bool:
+    """Whether the wheel ``filename`` is for the CPython of ``python_tag`` (``cp311``): a
+    tag for it or for ``py3``, or a ``cpXY-abi3`` tag with X.Y no newer than it (the
+    stable ABI: one wheel for CPython X.Y and every later one)."""
+    def minor(tag: str) -> int | None:
+        return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
+
+    have = minor(python_tag)
+    for t in parse_wheel_filename(filename)[3]:
+        if t.interpreter in (python_tag, "py3"):
+            return True
+        need = minor(t.interpreter)
+        if t.abi == "abi3" and have is not None and need is not None and need <= have:
+            return True
+    return False
+
+
 def record_hash(data: bytes) -> str:
     digest = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

@@ -30,6 +30,7 @@ from ..builder.source.fetch import extract, fetch
 from ..builder.source.patch import apply_series
 from ..errors import GpuTestError, IncompatibleGpuError, NoGpuError, RecipeError, ToolchainError
 from ..recipe.model import Recipe
+from ..wheel import interpreter_fits
 from . import _gpuprobe
 
 Progress = Callable[[str], None]
@@ -125,14 +126,6 @@ def _of_recipe(rec: index.WheelRecord, recipe: Recipe) -> bool:
     return stable == recipe.build.stable_abi
 
 
-def _abi3_runs_on(interpreter: str, python_tag: str) -> bool:
-    """A cpXY-abi3 wheel runs on CPython X.Y and newer."""
-    def minor(tag: str) -> int | None:
-        return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
-    wheel, env = minor(interpreter), minor(python_tag)
-    return wheel is not None and env is not None and wheel <= env
-
-
 def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
                ) -> index.WheelRecord:
     """The newest published wheel of ``recipe`` that installs into ``env``.  A stable-ABI
@@ -148,9 +141,7 @@ def pick_wheel(records: list[index.WheelRecord], recipe: Recipe, env: BuildEnv
         if tags is not None:
             if not wtag_strs & tags:
                 continue
-        elif not any(t.interpreter in (env.python_tag, "py3") or (
-                t.abi == "abi3" and _abi3_runs_on(t.interpreter, env.python_tag))
-                for t in wtags):
+        elif not interpreter_fits(rec.filename, env.python_tag):
             continue
         if rec.torch and env.torch_major_minor and not recipe.build.stable_abi and \
                 not rec.torch.startswith(env.torch_major_minor + "."):

@@ -42,6 +42,7 @@ from ..index import health
 from ..index.health import ImportOutcome, StackStatus
 from ..index.pins import is_pure
 from ..recipe.format import RecipeBook
+from ..wheel import interpreter_fits
 from . import _stackimports, stackinputs
 from . import venv as into
 from .install import plan as install_plan
@@ -195,9 +196,11 @@ def check(index_dir: Path, channel: str | None, book: RecipeBook | None,
                         timeout=60, env=options.environ).output.strip().splitlines()[-1]
     except (_proc.CommandFailed, IndexError) as exc:
         return not_checked(f"the interpreter {options.python} does not run ({exc})")
-    wanted = sorted({t.interpreter for r in chosen if not is_pure(r.filename)
-                     for t in parse_wheel_filename(r.filename)[3]})
-    if wanted and tag not in wanted:
+    misfits = [r for r in chosen if not is_pure(r.filename)
+               and not interpreter_fits(r.filename, tag)]  # a cp310-abi3 wheel fits cp311
+    if misfits:
+        wanted = sorted({f"{t.interpreter}-{t.abi}" if t.abi == "abi3" else t.interpreter
+                         for r in misfits for t in parse_wheel_filename(r.filename)[3]})
         return not_checked(f"the channel's wheels are for {', '.join(wanted)}, the interpreter "
                            f"{options.python} is {tag}: pass --python for a matching one")
 
