@@ -424,3 +424,16 @@ def broken_torch(root: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.1+cu130\n")
     return pkg.parent
 
+
+
+def uv_torch_venv(uv: str, venv: Path, torch: str, *more: str) -> Path:
+    """A venv of this Python at ``venv`` with ``torch==TORCH`` and ``more`` installed by
+    uv as a user would; its interpreter.  (The stable-ABI e2e modules load one wheel under
+    several torches this way.)"""
+    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True,
+                   timeout=300)
+    py = venv / "bin" / "python"
+    install = subprocess.run([uv, "pip", "install", "-q", "-p", str(py), f"torch=={torch}",
+                              *more], text=True, capture_output=True, timeout=1800)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return py

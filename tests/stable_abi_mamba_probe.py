@@ -9,14 +9,7 @@ import json
 import torch  # first: the binding's torch symbols are libtorch's, loaded by torch
 
 import selective_scan_cuda  # isort: skip
-
-
-def refusal(call) -> str:  # type: ignore[no-untyped-def]
-    try:
-        call()
-    except RuntimeError as exc:
-        return str(exc)
-    return ""
+from probe_refusal import refusal  # isort: skip
 
 
 def main() -> None:

@@ -10,13 +10,7 @@ import causal_conv1d
 import causal_conv1d_cuda
 import torch
 
-
-def refusal(call) -> str:  # type: ignore[no-untyped-def]
-    try:
-        call()
-    except RuntimeError as exc:
-        return str(exc)
-    return ""
+from probe_refusal import refusal  # isort: skip
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, built_wheel
+from conftest import REPO, built_wheel, uv_torch_venv
 from wheelforge.wheel import read_metadata
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nvcc]
@@ -60,14 +60,7 @@ def test_the_wheel_is_abi3_labelled_and_requires_a_torch_floor(stable_wheel: Pat
 @pytest.mark.parametrize("torch", TORCHES)
 def test_one_wheel_loads_under_every_cuda13_torch(stable_wheel: Path, torch: str,
                                                   tmp_path: Path, uv: str) -> None:
-    venv = tmp_path / f"torch{torch}"
-    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True,
-                   timeout=300)
-    py = venv / "bin" / "python"
-    install = subprocess.run(
-        [uv, "pip", "install", "-q", "-p", str(py), f"torch=={torch}", str(stable_wheel)],
-        text=True, capture_output=True, timeout=1800)
-    assert install.returncode == 0, install.stderr[-3000:]
+    py = uv_torch_venv(uv, tmp_path / f"torch{torch}", torch, str(stable_wheel))
     probe = subprocess.run([str(py), str(PROBE)], text=True, capture_output=True,
                            timeout=600, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr[-3000:]

@@ -17,13 +17,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, uv_torch_venv
 from test_stable_abi_mamba import compile_cxx, stable_tree, torch_include  # noqa: F401
 from wheelforge.builder.artifact import abiaudit
 
@@ -68,13 +67,7 @@ def test_the_binding_links_only_stable_torch_symbols(binding: Path) -> None:
 @pytest.mark.parametrize("torch", TORCHES)
 def test_the_binding_loads_under_every_cuda13_torch(binding: Path, torch: str,
                                                     tmp_path: Path, uv: str) -> None:
-    venv = tmp_path / f"torch{torch}"
-    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True,
-                   timeout=300)
-    py = venv / "bin" / "python"
-    install = subprocess.run([uv, "pip", "install", "-q", "-p", str(py), f"torch=={torch}"],
-                             text=True, capture_output=True, timeout=1800)
-    assert install.returncode == 0, install.stderr[-3000:]
+    py = uv_torch_venv(uv, tmp_path / f"torch{torch}", torch)
     probe = subprocess.run([str(py), str(PROBE)], text=True, capture_output=True,
                            timeout=600, cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(binding.parent)})

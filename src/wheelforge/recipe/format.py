@@ -370,6 +370,13 @@ def _parse_extract(p: Problems, data: Any) -> ExtractLimits:
     return ExtractLimits(**values)
 
 
+def _gputests_dir(root: Path, name: str, project: str | None) -> Path:
+    """``gputests/NAME/``; a variant recipe without one (causal-conv1d-stable,
+    mamba-ssm-stable) tests its wheel with its project's files (``gputests/PROJECT/``)."""
+    own = root / name
+    return own if project is None or own.is_dir() else root / project
+
+
 def _parse_test(p: Problems, data: Any, tests_dir: Path) -> TestSpec:
     where = "test"
     data = section(p, data, where, _TEST_KEYS)
@@ -479,7 +486,8 @@ def parse_recipe(data: Any, path: Path, patches_dir: Path,
     project = _parse_project(p, data, name)
     build = _parse_build(p, data.get("build"))
     verify = _parse_verify(p, data.get("verify"))
-    gputests = (tests_dir or patches_dir.parent / "gputests") / (name or path.stem)
+    gputests = _gputests_dir(tests_dir or patches_dir.parent / "gputests",
+                             name or path.stem, project)
     test = _parse_test(p, data.get("test"), gputests)
     limits = _parse_extract(p, data.get("extract"))
     subsets = _parse_subsets(p, data.get("subsets"))
