@@ -430,7 +430,7 @@ def test_the_nightly_doc_counts_the_shipped_matrix_and_names_the_interrupted_exi
 
     book = RecipeBook(REPO / "recipes", REPO / "patches")
     matrix = load_matrix(REPO / "wheelforge.yaml", book.names())
-    shipped = cells(matrix, {n: book.load(n).build.kind for n in book.names()})
+    shipped = cells(matrix, {n: book.load(n).build.cell_kind for n in book.names()})
     doc = (REPO / "docs" / "nightly.md").read_text()
     said = re.search(r"The shipped matrix is (\d+) cells", doc)
     assert said and int(said.group(1)) == len(shipped), [c.label for c in shipped]

@@ -75,7 +75,7 @@ def _one(name: str, matrix: Matrix, canary: Canary, book: RecipeBook, settings: 
          reporter: Reporter, build: Builder) -> CanaryResult:
     recipe = book.load(name)
     base = CanaryResult(recipe=name, pinned=str(recipe.version), state="not checked")
-    cell = next(c for c in cells(matrix, {name: recipe.build.kind}) if c.recipe == name)
+    cell = next(c for c in cells(matrix, {name: recipe.build.cell_kind}) if c.recipe == name)
     settings.cache_dir.mkdir(parents=True, exist_ok=True)
     root = settings.cache_dir / CANARY_DIR
     root.mkdir(parents=True, exist_ok=True)

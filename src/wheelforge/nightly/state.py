@@ -125,8 +125,7 @@ class CellRunner:
         out: dict[str, str] = {}
         for name in self.matrix.recipes:
             with contextlib.suppress(WheelforgeError):
-                build = self.recipe(name).build
-                out[name] = "stable" if build.stable_abi else build.kind
+                out[name] = self.recipe(name).build.cell_kind
         return out
 
     def find_cuda(self, cfg: config.BuildConfig | None = None,

@@ -85,6 +85,13 @@ class BuildSpec:
     stable_abi: bool = False
 
     @property
+    def cell_kind(self) -> str:
+        """How the nightly plans this recipe's cells (recipe/matrix.py ``cells``):
+        "stable" for a stable-ABI extension (one cell per CUDA major and arch set), else
+        ``kind``."""
+        return "stable" if self.stable_abi else self.kind
+
+    @property
     def needs_torch(self) -> bool:
         """Whether the wheel depends on the build environment's torch: an extension, a
         pinned torch, or a local version that names torch or its CUDA."""
