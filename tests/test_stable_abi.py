@@ -177,13 +177,14 @@ def test_install_takes_an_abi3_wheel_for_a_newer_python() -> None:
     wheel runs on 3.10 and newer, a cp311-cp311 wheel on 3.11 only."""
     from packaging.tags import Tag
 
-    from wheelforge.cli.install import _runs_on
+    from wheelforge.wheel import tag_runs_on  # what install's check asks
 
     abi3 = Tag("cp310", "abi3", "manylinux_2_34_x86_64")
-    assert _runs_on("cp310", abi3) and _runs_on("cp311", abi3) and _runs_on("cp313", abi3)
-    assert not _runs_on("cp39", abi3)
+    assert tag_runs_on(abi3, "cp310") and tag_runs_on(abi3, "cp311") and \
+        tag_runs_on(abi3, "cp313")
+    assert not tag_runs_on(abi3, "cp39")
     plain = Tag("cp311", "cp311", "manylinux_2_34_x86_64")
-    assert _runs_on("cp311", plain) and not _runs_on("cp312", plain)
+    assert tag_runs_on(plain, "cp311") and not tag_runs_on(plain, "cp312")
 
 
 # ---- the port against the real sdist and torch's real stable headers (g++, no nvcc) ----

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.tags import parse_tag
+from packaging.tags import Tag, parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -42,21 +42,24 @@ class WheelInfo:
         return all(t.endswith("-none-any") for t in self.tags)
 
 
-def interpreter_fits(filename: str, python_tag: str) -> bool:
-    """Whether the wheel ``filename`` is for the CPython of ``python_tag`` (``cp311``): a
-    tag for it or for ``py3``, or a ``cpXY-abi3`` tag with X.Y no newer than it (the
-    stable ABI: one wheel for CPython X.Y and every later one)."""
-    def minor(tag: str) -> int | None:
-        return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
+def tag_runs_on(tag: Tag, python_tag: str) -> bool:
+    """Whether the CPython of ``python_tag`` (``cp311``) runs a wheel of ``tag``: a tag for
+    it or for ``py3``, or a ``cpXY-abi3`` tag with X.Y no newer than it (the stable ABI:
+    one wheel for CPython X.Y and every later one)."""
+    if tag.interpreter in (python_tag, "py3"):
+        return True
+    have, need = _cpython_minor(python_tag), _cpython_minor(tag.interpreter)
+    return tag.abi == "abi3" and have is not None and need is not None and need <= have
 
-    have = minor(python_tag)
-    for t in parse_wheel_filename(filename)[3]:
-        if t.interpreter in (python_tag, "py3"):
-            return True
-        need = minor(t.interpreter)
-        if t.abi == "abi3" and have is not None and need is not None and need <= have:
-            return True
-    return False
+
+def interpreter_fits(filename: str, python_tag: str) -> bool:
+    """Whether the wheel ``filename`` installs into the CPython of ``python_tag``
+    (:func:`tag_runs_on` for one of its tags)."""
+    return any(tag_runs_on(t, python_tag) for t in parse_wheel_filename(filename)[3])
+
+
+def _cpython_minor(tag: str) -> int | None:
+    return int(tag[3:]) if tag.startswith("cp3") and tag[3:].isdigit() else None
 
 
 def record_hash(data: bytes) -> str:

@@ -237,8 +237,10 @@ def _target(target: Path | None, installer: Installer, reporter: Reporter) -> Pa
 
 
 def _check_python(python: Path, pins: tuple[str, ...], where: str) -> None:
-    """The venv's Python must be one the wheels were built for (cp311 wheels: 3.11)."""
+    """The venv's Python must be one the wheels were built for (cp311 wheels: 3.11; a
+    cpXY-abi3 wheel: X.Y or later)."""
     from .. import _proc
+    from ..wheel import tag_runs_on
 
     done = _proc.run([str(python), "-c", "import sys; print('cp%d%d' % sys.version_info[:2])"],
                      check=False, timeout=60)
@@ -246,26 +248,13 @@ def _check_python(python: Path, pins: tuple[str, ...], where: str) -> None:
     if done.returncode != 0:
         raise ConfigError(f"{python} does not run", why=tag, fix="pass a working venv")
     wanted = _python_tags(where, pins)
-    if wanted and not all(any(_runs_on(tag, t) for t in tags) for tags in wanted):
+    if wanted and not all(any(tag_runs_on(t, tag) for t in tags) for tags in wanted):
         said = sorted({f"{t.interpreter}-abi3 (or newer)" if t.abi == "abi3" else t.interpreter
                        for tags in wanted for t in tags})
         raise ConfigError(f"{python} is {tag}; the wheels are for {', '.join(said)}",
                           why="a compiled wheel works only with the Python it was built for",
                           fix="make the venv with that Python (python3.X -m venv DIR), or "
                               "build the wheels with --python for this one")
-
-
-def _runs_on(python: str, tag: Tag) -> bool:
-    """Whether the interpreter ``python`` (cp311) runs a wheel of ``tag``: its own
-    interpreter, or an abi3 wheel of that CPython or an older one (docs/stable-abi.md)."""
-    if tag.interpreter == python:
-        return True
-    if tag.abi != "abi3" or not (python.startswith("cp3") and tag.interpreter.startswith("cp3")):
-        return False
-    try:
-        return int(python[3:]) >= int(tag.interpreter[3:])
-    except ValueError:
-        return False
 
 
 def _python_tags(where: str, pins: tuple[str, ...]) -> list[frozenset[Tag]]:
